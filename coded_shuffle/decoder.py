@@ -1,0 +1,285 @@
+"""The generic index decoder over GF(2) (design section 6).
+
+For one worker: cancel what it caches, peel (a symbol with one unknown left yields it), and
+fall back to Gaussian elimination over GF(2) on the connected components where peeling
+stalls. The result is a :class:`WorkerProgram`: XOR steps over the worker's own workspace
+rows, which the byte codec executes. A plan that some worker cannot decode raises
+:class:`UndecodableError`; so every plan the project sends is proved decodable first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from .errors import UndecodableError
+from .plan import DeliveryPlan, XorBlock, ranges, subpoints_of
+
+MAX_ELIMINATION_UNKNOWNS = 4096
+
+
+@dataclass(frozen=True)
+class WorkerProgram:
+    """How one worker rebuilds its new batch from received symbols and its own cache.
+
+    Workspace rows: ``[0, m)`` the kept symbols ``symbol_ids`` (in that order), then
+    ``num_cache`` rows of the worker's cache (in ``plan.caches[worker]`` order), then the
+    decoded sub-points. ``batch_rows[i, j]`` is the row of sub-point ``j`` of the ``i``-th
+    point of the new batch.
+    """
+
+    worker: int
+    symbol_ids: np.ndarray
+    num_cache: int
+    num_rows: int
+    blocks: tuple[XorBlock, ...]
+    batch_rows: np.ndarray
+    cache_ids: np.ndarray  # sub-points in the cache rows (sorted)
+    decoded_ids: np.ndarray  # sub-points in the decoded rows, in row order
+    eliminated: int  # sub-points that needed GF(2) elimination (0: peeling sufficed)
+
+    @property
+    def num_decoded(self) -> int:
+        return int(self.decoded_ids.size)
+
+    def rows_of(self, subpoints: np.ndarray) -> np.ndarray:
+        """Workspace rows of cached or decoded ``subpoints``; -1 where the worker lacks one."""
+        m = self.symbol_ids.size
+        rows = np.full(subpoints.size, -1, dtype=np.int64)
+        pos = np.searchsorted(self.cache_ids, subpoints)
+        pos = np.minimum(pos, max(self.cache_ids.size - 1, 0))
+        hit = self.cache_ids.size > 0
+        in_cache = hit & (self.cache_ids[pos] == subpoints) if hit else np.zeros_like(rows, bool)
+        rows[in_cache] = m + pos[in_cache]
+        order = np.argsort(self.decoded_ids, kind="stable")
+        sorted_ids = self.decoded_ids[order]
+        dpos = np.minimum(np.searchsorted(sorted_ids, subpoints), max(sorted_ids.size - 1, 0))
+        if sorted_ids.size:
+            in_dec = ~in_cache & (sorted_ids[dpos] == subpoints)
+            rows[in_dec] = m + self.num_cache + order[dpos[in_dec]]
+        return rows
+
+
+class PlanIndex:
+    """Term structure of a plan, shared by the decoders of all its workers."""
+
+    def __init__(self, plan: DeliveryPlan) -> None:
+        self.plan = plan
+        self.offsets, self.symbol_of_term, self.terms = plan.symbol_terms()
+        self.degrees = np.diff(self.offsets)
+        self.num_symbols = self.degrees.size
+        self.num_subpoints = plan.num_points * plan.splits
+        self.term_order = np.argsort(self.terms, kind="stable")
+        counts = np.bincount(self.terms, minlength=self.num_subpoints)
+        self.sub_offsets = np.zeros(self.num_subpoints + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.sub_offsets[1:])
+
+    def symbols_containing(self, subpoints: np.ndarray) -> np.ndarray:
+        """Symbol of every term that names one of ``subpoints`` (with repeats)."""
+        starts = self.sub_offsets[subpoints]
+        pos = self.term_order[ranges(starts, self.sub_offsets[subpoints + 1] - starts)]
+        return self.symbol_of_term[pos]
+
+    def term_matrix(self, symbols: np.ndarray, degree: int) -> np.ndarray:
+        """Terms of ``symbols`` (all of the given degree) as an ``(n, degree)`` matrix."""
+        return self.terms[self.offsets[symbols][:, None] + np.arange(degree)]
+
+
+def decode_plan(plan: DeliveryPlan) -> list[WorkerProgram]:
+    """Decode programs of all workers; raises :class:`UndecodableError` if one fails."""
+    index = PlanIndex(plan)
+    return [decode_worker(plan, k, index) for k in range(plan.num_workers)]
+
+
+def decode_worker(plan: DeliveryPlan, worker: int, index: PlanIndex | None = None) -> WorkerProgram:
+    """Peeling + GF(2) elimination for one worker, using only that worker's cache."""
+    index = index or PlanIndex(plan)
+    state = _DecodeState(index, plan.caches[worker])
+    demands = plan.demands(worker)
+    ready = np.flatnonzero(state.unknown == 1)
+    while True:
+        state.peel(ready)
+        missing = demands[~state.known[demands]]
+        if missing.size == 0:
+            break
+        solved = state.eliminate(missing)
+        if solved.size == 0:
+            raise UndecodableError(
+                f"{plan.scheme}: worker {worker} cannot decode {missing.size} of its "
+                f"{demands.size} missing sub-points (first: {int(missing[0])})"
+            )
+        ready = state.after_learning(solved)
+    return state.program(plan, worker, demands)
+
+
+class _DecodeState:
+    """Mutable bookkeeping of one worker's decode: what is known, and the steps taken."""
+
+    def __init__(self, index: PlanIndex, cache: np.ndarray) -> None:
+        self.index = index
+        self.cache = cache
+        self.known = np.zeros(index.num_subpoints, dtype=bool)
+        self.known[cache] = True
+        unknown_terms = ~self.known[index.terms]
+        self.unknown = np.bincount(
+            index.symbol_of_term[unknown_terms], minlength=index.num_symbols
+        ).astype(np.int64)
+        # steps: (targets, sources) with a symbol s written as -(s + 1) among the sources
+        self.steps: list[tuple[np.ndarray, np.ndarray]] = []
+        self.eliminated = 0
+
+    def peel(self, ready: np.ndarray) -> None:
+        """Resolves every symbol with one unknown left, round after round."""
+        ix = self.index
+        while ready.size:
+            pos = ranges(ix.offsets[ready], ix.degrees[ready])
+            unknown_pos = pos[~self.known[ix.terms[pos]]]
+            targets, first = np.unique(ix.terms[unknown_pos], return_index=True)
+            symbols = ready[first]
+            for degree in np.unique(ix.degrees[symbols]):
+                sel = ix.degrees[symbols] == degree
+                sources = ix.term_matrix(symbols[sel], int(degree))
+                hit = sources == targets[sel][:, None]
+                sources[hit] = -(np.repeat(symbols[sel], hit.sum(axis=1)) + 1)
+                self.steps.append((targets[sel], sources))
+            ready = self.after_learning(targets)
+
+    def after_learning(self, subpoints: np.ndarray) -> np.ndarray:
+        """Marks ``subpoints`` known; returns the symbols left with exactly one unknown."""
+        self.known[subpoints] = True
+        touched, counts = np.unique(self.index.symbols_containing(subpoints), return_counts=True)
+        self.unknown[touched] -= counts
+        return touched[self.unknown[touched] == 1]
+
+    def eliminate(self, missing: np.ndarray) -> np.ndarray:
+        """GF(2) elimination on the stalled components that hold a missing sub-point."""
+        ix = self.index
+        live = np.flatnonzero(self.unknown >= 2)
+        pos = ranges(ix.offsets[live], ix.degrees[live])
+        pos = pos[~self.known[ix.terms[pos]]]
+        sym, sub = ix.symbol_of_term[pos], ix.terms[pos]
+        subs, sub_local = np.unique(sub, return_inverse=True)
+        syms, sym_local = np.unique(sym, return_inverse=True)
+        n_sub, n_sym = subs.size, syms.size
+        graph = coo_matrix(
+            (np.ones(sub.size), (sub_local, n_sub + sym_local)), shape=(n_sub + n_sym,) * 2
+        )
+        _, label = connected_components(graph, directed=False)
+        wanted = np.unique(label[np.searchsorted(subs, missing[np.isin(missing, subs)])])
+        solved = []
+        for comp in wanted:
+            comp_subs = np.flatnonzero(label[:n_sub] == comp)
+            comp_syms = np.flatnonzero(label[n_sub:] == comp)
+            if comp_subs.size > MAX_ELIMINATION_UNKNOWNS:
+                raise UndecodableError(
+                    f"GF(2) elimination over {comp_subs.size} unknowns exceeds the limit "
+                    f"{MAX_ELIMINATION_UNKNOWNS}"
+                )
+            in_comp = np.isin(sym_local, comp_syms)
+            solved.append(
+                self._solve_component(
+                    syms[comp_syms],
+                    subs[comp_subs],
+                    np.searchsorted(comp_syms, sym_local[in_comp]),
+                    np.searchsorted(comp_subs, sub_local[in_comp]),
+                )
+            )
+        return np.concatenate(solved) if solved else np.zeros(0, dtype=np.int64)
+
+    def _solve_component(
+        self, symbols: np.ndarray, subs: np.ndarray, rows: np.ndarray, cols: np.ndarray
+    ) -> np.ndarray:
+        """Gauss-Jordan over GF(2): ``A x = b`` with ``A`` (symbols x unknowns)."""
+        m, u = symbols.size, subs.size
+        a = np.zeros((m, u), dtype=bool)
+        a[rows, cols] = True
+        combo = np.eye(m, dtype=bool)
+        rank = 0
+        pivots = []
+        for col in range(u):
+            nz = np.flatnonzero(a[rank:, col])
+            if nz.size == 0:
+                continue
+            r = rank + int(nz[0])
+            if r != rank:
+                a[[rank, r]] = a[[r, rank]]
+                combo[[rank, r]] = combo[[r, rank]]
+            others = np.flatnonzero(a[:, col])
+            others = others[others != rank]
+            a[others] ^= a[rank]
+            combo[others] ^= combo[rank]
+            pivots.append(col)
+            rank += 1
+            if rank == m:
+                break
+        solved_rows = np.flatnonzero(a[:rank].sum(axis=1) == 1)
+        targets = []
+        for r in solved_rows:
+            target = subs[int(np.flatnonzero(a[r])[0])]
+            used = symbols[combo[r]]
+            known_terms = self._known_terms_odd(used)
+            sources = np.concatenate([-(used + 1), known_terms])[None, :]
+            self.steps.append((np.array([target], dtype=np.int64), sources))
+            targets.append(target)
+        self.eliminated += len(targets)
+        return np.asarray(targets, dtype=np.int64)
+
+    def _known_terms_odd(self, symbols: np.ndarray) -> np.ndarray:
+        ix = self.index
+        terms = ix.terms[ranges(ix.offsets[symbols], ix.degrees[symbols])]
+        terms = terms[self.known[terms]]
+        values, counts = np.unique(terms, return_counts=True)
+        return values[counts % 2 == 1]
+
+    def program(self, plan: DeliveryPlan, worker: int, demands: np.ndarray) -> WorkerProgram:
+        """Prunes the steps to those the demands need and maps everything to rows."""
+        steps = _prune(self.steps, demands, self.index.num_subpoints)
+        used = [-s[s < 0] - 1 for _, s in steps]
+        symbol_ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
+        m, n_cache = symbol_ids.size, self.cache.size
+        row_of = np.full(self.index.num_subpoints, -1, dtype=np.int64)
+        row_of[self.cache] = m + np.arange(n_cache, dtype=np.int64)
+        decoded = np.concatenate([t for t, _ in steps]) if steps else np.zeros(0, np.int64)
+        row_of[decoded] = m + n_cache + np.arange(decoded.size, dtype=np.int64)
+        blocks = []
+        for targets, sources in steps:
+            mapped = np.where(
+                sources < 0,
+                np.searchsorted(symbol_ids, -sources - 1),
+                row_of[np.maximum(sources, 0)],
+            )
+            blocks.append(XorBlock(row_of[targets], mapped))
+        batch_rows = row_of[subpoints_of(plan.new_batches[worker], plan.splits)]
+        if np.any(batch_rows < 0):
+            raise UndecodableError(f"{plan.scheme}: worker {worker} lacks part of its new batch")
+        return WorkerProgram(
+            worker=worker,
+            symbol_ids=symbol_ids,
+            num_cache=n_cache,
+            num_rows=m + n_cache + decoded.size,
+            blocks=tuple(blocks),
+            batch_rows=batch_rows.reshape(-1, plan.splits),
+            cache_ids=self.cache,
+            decoded_ids=decoded,
+            eliminated=self.eliminated,
+        )
+
+
+def _prune(
+    steps: list[tuple[np.ndarray, np.ndarray]], demands: np.ndarray, num_subpoints: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Keeps only the steps on which some demanded sub-point depends."""
+    needed = np.zeros(num_subpoints, dtype=bool)
+    needed[demands] = True
+    kept = []
+    for targets, sources in reversed(steps):
+        keep = needed[targets]
+        if not keep.any():
+            continue
+        targets, sources = targets[keep], sources[keep]
+        needed[sources[sources >= 0]] = True
+        kept.append((targets, sources))
+    return kept[::-1]

@@ -1,0 +1,144 @@
+"""One epoch transition end to end: plan, prove, encode, decode, update the worker's store.
+
+A :class:`Delivery` holds one :class:`DeliveryPlan` per *byte part* of a point. Plain schemes
+use one part; memory sharing (design section 4.3) splits every point's bytes into parts and
+runs one plan on each. The load of a delivery is the byte-weighted sum of its parts' loads.
+Every delivery is proved decodable by the generic index decoder before any byte is sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import codec
+from .decoder import WorkerProgram, decode_plan
+from .plan import DeliveryPlan
+
+
+@dataclass(frozen=True)
+class SharedPlan:
+    """Memory sharing: ``plans[i]`` runs on ``fractions[i]`` of every point's bytes."""
+
+    plans: tuple[DeliveryPlan, ...]
+    fractions: tuple[float, ...]
+
+
+def byte_parts(point_bytes: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
+    """Splits ``point_bytes`` into parts by ``fractions`` (the last part takes the rest)."""
+    cuts = [round(point_bytes * f) for f in fractions[:-1]]
+    return (*cuts, point_bytes - sum(cuts))
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A planned and proved delivery: one plan and one program per worker for every part."""
+
+    plans: tuple[DeliveryPlan, ...]
+    parts: tuple[int, ...]  # bytes of every point that each plan carries
+    programs: tuple[tuple[WorkerProgram, ...], ...]
+
+    @classmethod
+    def prepare(cls, plan: DeliveryPlan | SharedPlan, point_bytes: int) -> Delivery:
+        """Proves every part decodable at every worker (raises UndecodableError if not)."""
+        if isinstance(plan, SharedPlan):
+            plans, parts = plan.plans, byte_parts(point_bytes, plan.fractions)
+        else:
+            plans, parts = (plan,), (point_bytes,)
+        return cls(plans, parts, tuple(tuple(decode_plan(p)) for p in plans))
+
+    @property
+    def point_bytes(self) -> int:
+        return sum(self.parts)
+
+    @property
+    def num_workers(self) -> int:
+        return self.plans[0].num_workers
+
+    @property
+    def load_points(self) -> float:
+        """Information-theoretic load in points: byte-weighted over the parts."""
+        return sum(p.load_points * b for p, b in zip(self.plans, self.parts, strict=True)) / max(
+            self.point_bytes, 1
+        )
+
+    @property
+    def uncoded_points(self) -> float:
+        total = sum(p.uncoded_points * b for p, b in zip(self.plans, self.parts, strict=True))
+        return total / max(self.point_bytes, 1)
+
+    def breakdown(self) -> dict[str, float]:
+        """Symbols per part of the scheme, in point units."""
+        out: dict[str, float] = {}
+        for plan, b in zip(self.plans, self.parts, strict=True):
+            for key, count in plan.breakdown.items():
+                out[key] = out.get(key, 0.0) + count / plan.splits * b / max(self.point_bytes, 1)
+        return out
+
+    def payload_bytes(self) -> int:
+        """Bytes of coded symbols on the link, sub-point padding included."""
+        return sum(
+            p.num_symbols * codec.subpoint_bytes(b, p.splits)
+            for p, b in zip(self.plans, self.parts, strict=True)
+        )
+
+    def column_slices(self) -> list[slice]:
+        edges = np.concatenate([[0], np.cumsum(self.parts)]).astype(int)
+        return [slice(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+    def encode(self, data: torch.Tensor) -> list[torch.Tensor]:
+        """Symbols of every part, each ``(num_symbols, sub_bytes)``."""
+        return [
+            codec.encode(p, data[:, cols])
+            for p, cols in zip(self.plans, self.column_slices(), strict=True)
+        ]
+
+    def decode(
+        self, worker: int, symbols: list[torch.Tensor], store: WorkerStore
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The worker's new batch ``(q, B)`` and its decode workspaces (one per part)."""
+        pieces, workspaces = [], []
+        for part, _plan in enumerate(self.plans):
+            program = self.programs[part][worker]
+            work = codec.decode_workspace(program, symbols[part], store.caches[part])
+            pieces.append(codec.batch_from_workspace(work, program, self.parts[part]))
+            workspaces.append(work)
+        return torch.cat(pieces, dim=1), workspaces
+
+
+@dataclass
+class WorkerStore:
+    """The bytes one worker stores: per part, its cached sub-points in plan order."""
+
+    caches: list[torch.Tensor]
+
+    @classmethod
+    def from_master(cls, data: torch.Tensor, delivery: Delivery, worker: int) -> WorkerStore:
+        """A worker's store cut from the master's data (initial placement, tests, CLI)."""
+        caches = []
+        for plan, cols in zip(delivery.plans, delivery.column_slices(), strict=True):
+            caches.append(codec.cache_bytes(data[:, cols], plan, worker))
+        return cls(caches)
+
+    def updated(
+        self,
+        delivery: Delivery,
+        worker: int,
+        workspaces: list[torch.Tensor],
+        next_caches: list[np.ndarray],
+    ) -> WorkerStore:
+        """The store after the delivery: ``next_caches[part]`` sub-points, from cache or decode."""
+        caches = []
+        for part, ids in enumerate(next_caches):
+            rows = delivery.programs[part][worker].rows_of(ids)
+            if np.any(rows < 0):
+                missing = int(ids[rows < 0][0])
+                raise ValueError(f"worker {worker} cannot keep sub-point {missing}: never received")
+            caches.append(workspaces[part].index_select(0, torch.from_numpy(rows)))
+        return WorkerStore(caches)
+
+    def stored_bytes(self) -> int:
+        return int(sum(c.numel() for c in self.caches))

@@ -1,0 +1,99 @@
+"""Delivery plans and XOR programs: the index-level description of a coded delivery.
+
+A point is split into ``splits`` equal *sub-points*; sub-point ``j`` of point ``p`` has the
+id ``p * splits + j``. A *symbol* is the XOR of a set of sub-points; a plan is the list of
+symbols that the master puts on the shared link plus, for every worker, what it caches before
+the delivery and which points it must hold after it (design sections 1 and 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class XorBlock:
+    """``row[targets[i]] = XOR_c row[sources[i, c]]`` for every ``i`` (rows are independent)."""
+
+    targets: np.ndarray  # (n,) int64
+    sources: np.ndarray  # (n, d) int64
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+
+@dataclass(frozen=True)
+class DeliveryPlan:
+    """One epoch transition: symbols on the link, caches before, batches after."""
+
+    scheme: str
+    num_workers: int
+    num_points: int
+    splits: int
+    symbols: tuple[np.ndarray, ...]  # blocks of shape (n_d, d): sub-point ids XORed per symbol
+    caches: tuple[np.ndarray, ...]  # per worker: sorted sub-point ids held before the delivery
+    new_batches: tuple[np.ndarray, ...]  # per worker: sorted point ids it must hold after it
+    breakdown: Mapping[str, int] = field(default_factory=dict)  # symbols per part of the scheme
+
+    @property
+    def num_symbols(self) -> int:
+        return int(sum(b.shape[0] for b in self.symbols))
+
+    @property
+    def load_points(self) -> float:
+        """Information-theoretic load ``R`` in point units (symbols are sub-point sized)."""
+        return self.num_symbols / self.splits
+
+    def demands(self, worker: int) -> np.ndarray:
+        """Sub-points of ``worker``'s new batch that it does not cache (sorted)."""
+        needed = subpoints_of(self.new_batches[worker], self.splits)
+        return np.setdiff1d(needed, self.caches[worker], assume_unique=True)
+
+    @property
+    def uncoded_points(self) -> float:
+        """Load of sending every demanded sub-point once, uncoded (design section 2)."""
+        return sum(self.demands(k).size for k in range(self.num_workers)) / self.splits
+
+    def symbol_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CSR view: ``(offsets, symbol_of_term, term)`` over all symbols in order."""
+        degrees = np.concatenate(
+            [np.full(b.shape[0], b.shape[1], dtype=np.int64) for b in self.symbols]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        offsets = np.zeros(degrees.size + 1, dtype=np.int64)
+        np.cumsum(degrees, out=offsets[1:])
+        terms = np.concatenate([b.reshape(-1) for b in self.symbols] or [np.zeros(0, np.int64)])
+        symbol_of_term = np.repeat(np.arange(degrees.size, dtype=np.int64), degrees)
+        return offsets, symbol_of_term, terms.astype(np.int64, copy=False)
+
+
+def subpoints_of(points: np.ndarray, splits: int) -> np.ndarray:
+    """All sub-point ids of ``points`` (point-major order)."""
+    points = np.asarray(points, dtype=np.int64)
+    return (points[:, None] * splits + np.arange(splits, dtype=np.int64)).reshape(-1)
+
+
+def symbol_blocks(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Drops empty blocks and makes every block a contiguous int64 matrix."""
+    out = []
+    for block in rows:
+        b = np.ascontiguousarray(block, dtype=np.int64)
+        if b.ndim == 1:
+            b = b[:, None]
+        if b.shape[0]:
+            out.append(b)
+    return tuple(out)
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + l)`` for every pair, vectorised."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
+    return offsets + np.arange(total, dtype=np.int64)

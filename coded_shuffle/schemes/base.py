@@ -1,0 +1,95 @@
+"""What every scheme implements, and the cache state it carries from epoch to epoch."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..assignment import batches
+from ..errors import UsageError
+from ..plan import DeliveryPlan, subpoints_of
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """The placement: what every worker holds before a delivery.
+
+    ``assignment`` is the epoch's assignment (who processes which point); ``caches[k]`` the
+    sorted sub-point ids worker ``k`` stores (its batch included); ``labels`` any structure a
+    scheme keeps beside it (e.g. the sub-point labels of an excess-storage placement).
+    """
+
+    assignment: np.ndarray
+    num_workers: int
+    splits: int
+    caches: tuple[np.ndarray, ...]
+    labels: Any = None
+
+    @property
+    def num_points(self) -> int:
+        return int(self.assignment.size)
+
+    def stored_points(self) -> np.ndarray:
+        """Points' worth stored by every worker (sub-points / splits)."""
+        return np.array([c.size for c in self.caches], dtype=np.float64) / self.splits
+
+
+def batch_state(assignment: np.ndarray, num_workers: int) -> CacheState:
+    """No excess storage: every worker holds exactly its batch, whole."""
+    caches = tuple(b.astype(np.int64) for b in batches(assignment, num_workers))
+    return CacheState(assignment, num_workers, 1, caches)
+
+
+class Scheme(ABC):
+    """A coded-shuffling scheme: placement, delivery plan, cache update."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+
+    def check(self, num_points: int, num_workers: int, storage: float) -> None:
+        """Raises :class:`UsageError` unless the scheme supports these parameters."""
+        if not 1 <= storage <= num_workers:
+            raise UsageError(f"storage T={storage} out of range 1..{num_workers} (workers)")
+
+    def initial_state(self, assignment: np.ndarray, num_workers: int, storage: float) -> CacheState:
+        """Placement before the first coded delivery (the first epoch's data is sent uncoded)."""
+        return batch_state(assignment, num_workers)
+
+    @abstractmethod
+    def plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan:
+        """The delivery that takes ``state`` to ``new_assignment``."""
+
+    def next_state(
+        self, state: CacheState, plan: DeliveryPlan, new_assignment: np.ndarray
+    ) -> CacheState:
+        """What every worker holds after the delivery (default: its new batch only)."""
+        return batch_state(new_assignment, state.num_workers)
+
+    def stored_points_max(self, state: CacheState) -> float:
+        return float(state.stored_points().max())
+
+
+def batch_plan_fields(state: CacheState, new_assignment: np.ndarray) -> dict[str, Any]:
+    """The plan fields shared by every scheme (caches before, batches after)."""
+    return {
+        "num_workers": state.num_workers,
+        "num_points": state.num_points,
+        "splits": state.splits,
+        "caches": state.caches,
+        "new_batches": tuple(
+            b.astype(np.int64) for b in batches(new_assignment, state.num_workers)
+        ),
+    }
+
+
+def uncoded_symbols(state: CacheState, new_assignment: np.ndarray) -> np.ndarray:
+    """Every demanded sub-point once, as degree-1 symbols (design section 2)."""
+    news = batches(new_assignment, state.num_workers)
+    demanded = [
+        np.setdiff1d(subpoints_of(b, state.splits), c, assume_unique=True)
+        for b, c in zip(news, state.caches, strict=True)
+    ]
+    return np.concatenate(demanded)[:, None]
