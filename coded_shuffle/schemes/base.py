@@ -68,6 +68,10 @@ class Scheme(ABC):
         """What every worker holds after the delivery (default: its new batch only)."""
         return batch_state(new_assignment, state.num_workers)
 
+    def part_caches(self, state: CacheState, worker: int) -> list[np.ndarray]:
+        """``worker``'s cached sub-points per byte part (one part unless memory sharing)."""
+        return [state.caches[worker]]
+
     def stored_points_max(self, state: CacheState) -> float:
         return float(state.stored_points().max())
 

@@ -1,0 +1,165 @@
+"""Core: assignments, the generic GF(2) decoder, the byte codec and Delivery/WorkerStore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle import codec
+from coded_shuffle.assignment import (
+    batches,
+    leftover_matrix,
+    random_assignment,
+    shuffle_matrix,
+    validate_assignment,
+    worst_shuffle,
+)
+from coded_shuffle.decoder import decode_plan
+from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore, byte_parts
+from coded_shuffle.errors import UndecodableError, UsageError
+from coded_shuffle.plan import DeliveryPlan, ranges, symbol_blocks
+from coded_shuffle.schemes import get_scheme
+
+
+def random_bytes(n: int, b: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, b), dtype=torch.uint8, generator=gen)
+
+
+@given(k=st.integers(1, 12), q=st.integers(1, 30), seed=st.integers(0, 2**32 - 1))
+def test_random_assignment_is_balanced_and_seeded(k, q, seed):
+    a = random_assignment(k * q, k, np.random.default_rng(seed))
+    assert np.array_equal(np.bincount(a, minlength=k), np.full(k, q))
+    assert np.array_equal(a, random_assignment(k * q, k, np.random.default_rng(seed)))
+    s = shuffle_matrix(a, random_assignment(k * q, k, np.random.default_rng(seed + 1)), k)
+    assert np.array_equal(s.sum(axis=0), np.full(k, q))
+    assert np.array_equal(s.sum(axis=1), np.full(k, q))
+    omega = leftover_matrix(s)
+    # conservation (seed 001): incoming leftovers equal outgoing leftovers at every worker
+    assert np.array_equal(omega.sum(axis=0), omega.sum(axis=1))
+    assert np.all(np.minimum(omega, omega.T) == 0)
+
+
+def test_worst_shuffle_moves_every_batch_to_the_next_worker():
+    a = random_assignment(12, 4, np.random.default_rng(1))
+    s = shuffle_matrix(a, worst_shuffle(a, 4), 4)
+    assert np.array_equal(s, 3 * np.roll(np.eye(4, dtype=np.int64), 1, axis=1))
+
+
+def test_validate_assignment_names_the_bad_value():
+    with pytest.raises(UsageError, match="worker id 7 out of range 0..2"):
+        validate_assignment(np.array([0, 1, 7]), 3, 3, "--old")
+    with pytest.raises(UsageError, match="length 6"):
+        validate_assignment(np.array([0, 1, 2]), 6, 3, "--new")
+    with pytest.raises(UsageError, match="worker 0 holds 2 points"):
+        validate_assignment(np.array([0, 0, 1]), 3, 3, "--old")
+
+
+def test_ranges_concatenates_aranges():
+    assert ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist() == [5, 6, 9, 10, 11]
+
+
+def _hand_plan() -> DeliveryPlan:
+    """Worker 0 holds {0, 1, 5} and needs {2, 3, 4}: only GF(2) elimination decodes it."""
+    return DeliveryPlan(
+        scheme="hand",
+        num_workers=2,
+        num_points=6,
+        splits=1,
+        symbols=symbol_blocks(
+            [np.array([[2, 3], [3, 4]]), np.array([[2, 3, 4]]), np.array([[0], [1], [5]])]
+        ),
+        caches=(np.array([0, 1, 5]), np.array([2, 3, 4])),
+        new_batches=(np.array([2, 3, 4]), np.array([0, 1, 5])),
+    )
+
+
+@pytest.mark.parametrize("point_bytes", [1, 13, 64])
+def test_elimination_fallback_decodes_byte_exactly(point_bytes):
+    plan = _hand_plan()
+    programs = decode_plan(plan)
+    assert programs[0].eliminated > 0 and programs[1].eliminated == 0
+    data = random_bytes(6, point_bytes)
+    symbols = codec.encode(plan, data)
+    for k, program in enumerate(programs):
+        out = codec.decode(program, symbols, codec.cache_bytes(data, plan, k), point_bytes)
+        assert torch.equal(out, data[torch.from_numpy(plan.new_batches[k])])
+
+
+def test_undecodable_plan_is_rejected():
+    plan = _hand_plan()
+    broken = DeliveryPlan(**{**plan.__dict__, "symbols": symbol_blocks([np.array([[2, 3]])])})
+    with pytest.raises(UndecodableError, match="worker 0 cannot decode"):
+        decode_plan(broken)
+
+
+def test_split_points_pads_and_joins():
+    data = random_bytes(5, 10)
+    subs = codec.split_points(data, 3)
+    assert subs.shape == (15, 4)
+    assert torch.equal(codec.join_subpoints(subs, 3, 10), data)
+    assert torch.all(subs.view(5, 12)[:, 10:] == 0)
+
+
+def _chain_plan(num_points: int, splits: int) -> DeliveryPlan:
+    """Worker 1 holds sub-point 0 and peels a long chain x0^x1, x1^x2, ... (worker 0 has all)."""
+    n = num_points * splits
+    chain = np.stack([np.arange(n - 1), np.arange(1, n)], axis=1)
+    everything = np.arange(n)
+    return DeliveryPlan(
+        scheme="chain",
+        num_workers=2,
+        num_points=num_points,
+        splits=splits,
+        symbols=symbol_blocks([chain]),
+        caches=(everything, np.array([0])),
+        new_batches=(np.arange(num_points), np.arange(num_points)),
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(points=st.integers(1, 20), splits=st.integers(1, 4), point_bytes=st.integers(1, 40))
+def test_peeling_chains_and_subpoints(points, splits, point_bytes):
+    plan = _chain_plan(points, splits)
+    delivery = Delivery.prepare(plan, point_bytes)
+    data = random_bytes(points, point_bytes, seed=points)
+    symbols = delivery.encode(data)
+    store = WorkerStore.from_master(data, delivery, 1)
+    batch, workspaces = delivery.decode(1, symbols, store)
+    assert torch.equal(batch, data)
+    kept = store.updated(delivery, 1, workspaces, [np.arange(points * splits)])
+    assert torch.equal(codec.join_subpoints(kept.caches[0], splits, point_bytes), data)
+    assert delivery.payload_bytes() == (points * splits - 1) * codec.subpoint_bytes(point_bytes, splits)
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(2, 8), q=st.integers(1, 12), seed=st.integers(0, 10**6), b=st.integers(1, 70))
+def test_uncoded_delivery_round_trip(k, q, seed, b):
+    rng = np.random.default_rng(seed)
+    old, new = random_assignment(k * q, k, rng), random_assignment(k * q, k, rng)
+    scheme = get_scheme("uncoded")
+    state = scheme.initial_state(old, k, 1)
+    plan = scheme.plan(state, new)
+    s = shuffle_matrix(old, new, k)
+    assert plan.load_points == plan.uncoded_points == s.sum() - np.trace(s)
+    delivery = Delivery.prepare(plan, b)
+    data = random_bytes(k * q, b, seed % 1000)
+    symbols = delivery.encode(data)
+    for w in range(k):
+        batch, _ = delivery.decode(w, symbols, WorkerStore.from_master(data, delivery, w))
+        assert torch.equal(batch, data[torch.from_numpy(batches(new, k)[w])])
+
+
+def test_shared_plan_splits_bytes_and_weights_the_load():
+    plan = _chain_plan(4, 2)
+    assert byte_parts(10, (0.25, 0.75)) == (2, 8)
+    delivery = Delivery.prepare(SharedPlan((plan, plan), (0.25, 0.75)), 10)
+    assert delivery.parts == (2, 8)
+    assert delivery.load_points == pytest.approx(plan.load_points)
+    data = random_bytes(4, 10)
+    symbols = delivery.encode(data)
+    batch, _ = delivery.decode(1, symbols, WorkerStore.from_master(data, delivery, 1))
+    assert torch.equal(batch, data)
