@@ -1,0 +1,118 @@
+"""The ``coded-shuffle`` command: JSON lines, exit codes, one-line errors (interfaces.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from coded_shuffle.cli import main
+
+KEYS = {
+    "scheme": str,
+    "workers": int,
+    "points": int,
+    "storage": float,
+    "epoch": int,
+    "load_points": float,
+    "uncoded_points": float,
+    "lower_bound_points": float,
+    "lower_bound_exact": bool,
+    "broadcast_bytes": int,
+    "verified": bool,
+}
+
+
+def json_lines(capsys, argv: list[str]) -> list[dict]:
+    assert main(argv) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_json_lines_have_the_promised_keys(capsys):
+    rows = json_lines(
+        capsys, ["evaluate", "--scheme", "uncoded", "-K", "4", "-N", "40", "-E", "3", "--json"]
+    )
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        for key, kind in KEYS.items():
+            assert isinstance(row[key], kind), key
+        assert row["verified"] is True
+        assert row["load_points"] == row["uncoded_points"]
+        assert row["lower_bound_points"] <= row["load_points"]
+        # 64 bytes per point, plus one frame header
+        assert row["broadcast_bytes"] >= 64 * row["load_points"]
+
+
+def test_old_new_files_give_one_transition(tmp_path, capsys):
+    old = np.repeat(np.arange(3), 5)
+    new = np.array([0, 0, 1, 2, 2, 0, 0, 1, 2, 2, 0, 1, 1, 1, 2])
+    np.save(tmp_path / "old.npy", old)
+    np.save(tmp_path / "new.npy", new)
+    argv = ["evaluate", "--scheme", "uncoded", "-K", "3", "-N", "15", "--json"]
+    rows = json_lines(
+        capsys, [*argv, "--old", str(tmp_path / "old.npy"), "--new", str(tmp_path / "new.npy")]
+    )
+    assert len(rows) == 1
+    assert rows[0]["uncoded_points"] == 11  # the seed-001 example shuffle
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scheme", "nope", "-K", "3", "-N", "15"], "unknown scheme 'nope'"),
+        (["--scheme", "uncoded", "-K", "3", "-N", "16"], "multiple of workers"),
+        (["--scheme", "uncoded", "-K", "3", "-N", "15", "-T", "4"], "out of range 1..3"),
+        (["--scheme", "uncoded", "-K", "3", "-N", "15", "-T", "0.5"], "out of range 1..3"),
+        (["--scheme", "uncoded", "-K", "0", "-N", "15"], "workers must be >= 1"),
+        (["--scheme", "uncoded", "-K", "3", "-N", "15", "--shuffle", "sideways"], "sideways"),
+        (["--scheme", "uncoded", "-K", "3", "-N", "15", "-B", "0"], "point bytes"),
+        (["--scheme", "uncoded", "-K", "3", "-N", "15", "--old", "x.npy"], "go together"),
+        (["--scheme", "uncoded", "-K", "x", "-N", "15"], "invalid int value: 'x'"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args, message, capsys):
+    assert main(["evaluate", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("coded-shuffle: error:") and message in err[0]
+
+
+def test_bad_files_give_one_line(tmp_path, capsys):
+    np.save(tmp_path / "short.npy", np.zeros(4, dtype=np.int64))
+    np.save(tmp_path / "ok.npy", np.repeat(np.arange(3), 5))
+    (tmp_path / "junk.npy").write_text("not numpy")
+    base = [
+        "evaluate",
+        "--scheme",
+        "uncoded",
+        "-K",
+        "3",
+        "-N",
+        "15",
+        "--new",
+        str(tmp_path / "ok.npy"),
+    ]
+    for bad, message in [
+        ("short.npy", "length 15"),
+        ("junk.npy", "cannot read"),
+        ("none.npy", "cannot read"),
+    ]:
+        assert main([*base, "--old", str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    np.save(tmp_path / "ids.npy", np.array([0] * 5 + [1] * 5 + [3] * 5))
+    assert main([*base, "--old", str(tmp_path / "ids.npy")]) == 2
+    assert "worker id 3 out of range 0..2" in capsys.readouterr().err
+
+
+def test_module_entry_point_has_no_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "coded_shuffle", "evaluate", "--scheme", "x", "-K", "2", "-N", "4"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
