@@ -9,13 +9,35 @@ allows.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+
 import numpy as np
 import torch
 
 from .decoder import WorkerProgram
 from .plan import DeliveryPlan, XorBlock
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 1 << 20
+HUGE_PAGE_BYTES = 32 << 20  # outputs from this size on are backed by transparent huge pages
+
+
+def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
+    """An uninitialised ``(rows, row_bytes)`` uint8 tensor for a codec output.
+
+    Below 32 MiB the C allocator reuses freed heap memory, so ``torch.empty`` is cheap after
+    warm-up. Larger blocks are always fresh mappings, and with 4 KiB pages the first touch
+    of every page (a page fault) costs as much as the XORs. From ``HUGE_PAGE_BYTES`` on, the
+    buffer is a private anonymous mapping advised ``MADV_HUGEPAGE`` (the tensor keeps the
+    mapping alive); where the advice is unavailable, ordinary pages.
+    """
+    nbytes = rows * row_bytes
+    if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty((rows, row_bytes), dtype=torch.uint8)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # without huge pages: ordinary pages, same bytes
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(buf, dtype=torch.uint8).view(rows, row_bytes)
 
 
 def subpoint_bytes(point_bytes: int, splits: int) -> int:
@@ -36,30 +58,62 @@ def split_points(data: torch.Tensor, splits: int) -> torch.Tensor:
 
 def join_subpoints(rows: torch.Tensor, splits: int, point_bytes: int) -> torch.Tensor:
     """Inverse of :func:`split_points` for ``(n * s, sub)`` rows in point-major order."""
-    return rows.reshape(-1, splits * rows.shape[1])[:, :point_bytes]
+    return rows.reshape(rows.shape[0] // splits, splits * rows.shape[1])[:, :point_bytes]
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
     """The same bytes viewed as the widest integer type that divides a row."""
     for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        if t.shape[1] % size == 0 and t.is_contiguous():
+        aligned = t.numel() > 0 and t.storage_offset() % size == 0  # empty or offset parts
+        if aligned and t.shape[1] % size == 0 and t.is_contiguous():
             return t.view(dtype)
     return t
 
 
+def _target_start(targets: np.ndarray) -> int | None:
+    """The first row when ``targets`` is one ascending run of rows, else None."""
+    n = targets.size
+    if n and targets[-1] - targets[0] == n - 1 and np.all(np.diff(targets) == 1):
+        return int(targets[0])
+    return None
+
+
 def run_blocks(blocks: tuple[XorBlock, ...], src: torch.Tensor, dst: torch.Tensor) -> None:
-    """``dst[targets] = XOR_c src[sources[:, c]]`` for every block, in bounded chunks."""
+    """``dst[targets] = XOR_c src[sources[:, c]]`` for every block, in bounded chunks.
+
+    Gathers go into two scratch buffers allocated once per call; the last XOR writes straight
+    into ``dst`` when a block's targets are one run of rows (always so for the encoder and the
+    decoder's programs), else the result is scattered with ``index_copy_``.
+    """
     src_w, dst_w = _wide(src), _wide(dst)
+    if src_w.dtype != dst_w.dtype:  # one side unaligned: XOR both as bytes
+        src_w, dst_w = src, dst
     chunk = max(1, CHUNK_BYTES // max(1, src.shape[1]))
+    rows = min(chunk, max((len(b) for b in blocks), default=0))
+    acc = torch.empty((rows, *src_w.shape[1:]), dtype=src_w.dtype)
+    tmp = torch.empty_like(acc)
     for block in blocks:
+        start = _target_start(block.targets)
         targets = torch.from_numpy(np.ascontiguousarray(block.targets))
         sources = torch.from_numpy(np.ascontiguousarray(block.sources.T))
+        degree = sources.shape[0]
         for a in range(0, len(block), chunk):
             b = min(a + chunk, len(block))
-            acc = src_w.index_select(0, sources[0, a:b])
-            for c in range(1, sources.shape[0]):
-                acc.bitwise_xor_(src_w.index_select(0, sources[c, a:b]))
-            dst_w.index_copy_(0, targets[a:b], acc)
+            n = b - a
+            out = dst_w[start + a : start + b] if start is not None else acc[:n]
+            if degree == 1:
+                torch.index_select(src_w, 0, sources[0, a:b], out=acc[:n])
+                if start is not None:
+                    out.copy_(acc[:n])
+            else:
+                torch.index_select(src_w, 0, sources[0, a:b], out=acc[:n])
+                for c in range(1, degree - 1):
+                    torch.index_select(src_w, 0, sources[c, a:b], out=tmp[:n])
+                    acc[:n].bitwise_xor_(tmp[:n])
+                torch.index_select(src_w, 0, sources[degree - 1, a:b], out=tmp[:n])
+                torch.bitwise_xor(acc[:n], tmp[:n], out=out)
+            if start is None:
+                dst_w.index_copy_(0, targets[a:b], out)
 
 
 def encode_blocks(plan: DeliveryPlan) -> tuple[XorBlock, ...]:
@@ -75,7 +129,7 @@ def encode_blocks(plan: DeliveryPlan) -> tuple[XorBlock, ...]:
 def encode(plan: DeliveryPlan, data: torch.Tensor) -> torch.Tensor:
     """All symbols of ``plan`` as a ``(num_symbols, sub_bytes)`` uint8 tensor."""
     subs = split_points(data, plan.splits)
-    out = torch.empty((plan.num_symbols, subs.shape[1]), dtype=torch.uint8)
+    out = empty_rows(plan.num_symbols, subs.shape[1])
     run_blocks(encode_blocks(plan), subs, out)
     return out
 
@@ -98,7 +152,7 @@ def decode_workspace(
     """
     m = program.symbol_ids.size
     sub = cache.shape[1] if cache.numel() else symbols.shape[1]
-    work = torch.empty((program.num_rows, sub), dtype=torch.uint8)
+    work = empty_rows(program.num_rows, sub)
     if symbols.shape[0] == m:
         work[:m] = symbols
     else:
@@ -114,7 +168,9 @@ def batch_from_workspace(
     """The new batch ``(q, B)`` gathered from a decoded workspace."""
     rows = torch.from_numpy(np.ascontiguousarray(program.batch_rows.reshape(-1)))
     splits = program.batch_rows.shape[1]
-    return join_subpoints(work.index_select(0, rows), splits, point_bytes)
+    out = empty_rows(rows.numel(), work.shape[1])
+    torch.index_select(_wide(work), 0, rows, out=_wide(out))
+    return join_subpoints(out, splits, point_bytes)
 
 
 def cache_bytes(data: torch.Tensor, plan: DeliveryPlan, worker: int) -> torch.Tensor:

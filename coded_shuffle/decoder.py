@@ -100,6 +100,7 @@ def decode_worker(plan: DeliveryPlan, worker: int, index: PlanIndex | None = Non
     state = _DecodeState(index, plan.caches[worker])
     demands = plan.demands(worker)
     ready = np.flatnonzero(state.unknown == 1)
+    ready = ready[state.reachable(demands)[ready]]
     while True:
         state.peel(ready)
         missing = demands[~state.known[demands]]
@@ -130,6 +131,26 @@ class _DecodeState:
         # steps: (targets, sources) with a symbol s written as -(s + 1) among the sources
         self.steps: list[tuple[np.ndarray, np.ndarray]] = []
         self.eliminated = 0
+
+    def reachable(self, subpoints: np.ndarray) -> np.ndarray:
+        """Mask of the symbols connected to ``subpoints`` through unknown sub-points.
+
+        Only these can ever help decode ``subpoints``: peeling the others is wasted work
+        (with uncoded symbols it would decode all ``N`` points at every worker).
+        """
+        ix = self.index
+        seen_sub = np.zeros(ix.num_subpoints, dtype=bool)
+        seen_sym = np.zeros(ix.num_symbols, dtype=bool)
+        frontier = subpoints[~self.known[subpoints]]
+        seen_sub[frontier] = True
+        while frontier.size:
+            symbols = np.unique(ix.symbols_containing(frontier))
+            symbols = symbols[~seen_sym[symbols]]
+            seen_sym[symbols] = True
+            terms = ix.terms[ranges(ix.offsets[symbols], ix.degrees[symbols])]
+            frontier = np.unique(terms[~self.known[terms] & ~seen_sub[terms]])
+            seen_sub[frontier] = True
+        return seen_sym
 
     def peel(self, ready: np.ndarray) -> None:
         """Resolves every symbol with one unknown left, round after round."""

@@ -73,6 +73,7 @@ class Evaluation:
             raise UsageError(f"storage T={self.storage} out of range 1..{self.workers} (workers)")
         scheme = get_scheme(self.scheme)
         scheme.check(self.points, self.workers, self.storage)
+        scheme.fit_point_bytes(self.workers, self.storage, self.point_bytes)
         return scheme
 
     def assignments(self, rng: np.random.Generator) -> Iterator[np.ndarray]:

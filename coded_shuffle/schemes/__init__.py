@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from ..errors import UsageError
+from .attia_tandon import AttiaTandon
+from .attia_tandon_excess import AttiaTandonExcess
 from .base import CacheState, Scheme
+from .best import Best
+from .cycles import Cycles
+from .elmahdy_mohajer import ElmahdyMohajer
 from .uncoded import Uncoded
 
-REGISTRY: dict[str, type[Scheme]] = {cls.name: cls for cls in (Uncoded,)}
+REGISTRY: dict[str, type[Scheme]] = {
+    cls.name: cls for cls in (Uncoded, AttiaTandon, Cycles, AttiaTandonExcess, ElmahdyMohajer, Best)
+}
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:

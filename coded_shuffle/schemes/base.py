@@ -48,6 +48,28 @@ class Scheme(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    placement: ClassVar[str | None] = None  # family name; None: derived by placement_family
+
+    @classmethod
+    def placement_family(cls) -> str:
+        """Schemes of one family share placement and cache update (``best`` mixes them).
+
+        ``placement`` if set; else ``"batch"`` for schemes that keep the default placement and
+        update (whole batches, no excess storage); else the scheme's own name.
+        """
+        if cls.placement is not None:
+            return cls.placement
+        default = cls.initial_state is Scheme.initial_state and cls.next_state is Scheme.next_state
+        return "batch" if default else cls.name
+
+    @classmethod
+    def applicable(cls, num_points: int, num_workers: int, storage: float) -> bool:
+        """Whether :meth:`check` accepts these parameters (``best`` asks every scheme)."""
+        try:
+            cls().check(num_points, num_workers, storage)
+        except UsageError:
+            return False
+        return True
 
     def check(self, num_points: int, num_workers: int, storage: float) -> None:
         """Raises :class:`UsageError` unless the scheme supports these parameters."""
@@ -67,6 +89,10 @@ class Scheme(ABC):
     ) -> CacheState:
         """What every worker holds after the delivery (default: its new batch only)."""
         return batch_state(new_assignment, state.num_workers)
+
+    def fit_point_bytes(self, num_workers: int, storage: float, point_bytes: int) -> None:
+        """Adapts the scheme to ``point_bytes``-byte points; raises :class:`UsageError` when
+        sub-points would become tiny (design 4.4). Whole-point schemes need nothing."""
 
     def part_caches(self, state: CacheState, worker: int) -> list[np.ndarray]:
         """``worker``'s cached sub-points per byte part (one part unless memory sharing)."""

@@ -1,0 +1,36 @@
+"""Coded elastic computing (seed 002): exact gradient descent while workers leave and join.
+
+Pure numpy: the generator, the encoding, the cyclic usage and group decoding, the events and
+the master's loop behind a transport interface. The torch.distributed job is
+``train/elastic_gd.py``.
+"""
+
+from .cyclic import CyclicUsage, GroupCode
+from .encoding import block_rows, encode, split_blocks
+from .generator import Generator, systematic_generator, with_fresh_row, worst_condition
+from .membership import Event, Membership, parse_events, rebalance
+from .problem import Problem, make_problem
+from .runner import METHODS, ElasticMaster, Settings, make_settings, simulate
+
+__all__ = [
+    "METHODS",
+    "CyclicUsage",
+    "ElasticMaster",
+    "Event",
+    "Generator",
+    "GroupCode",
+    "Membership",
+    "Problem",
+    "Settings",
+    "block_rows",
+    "encode",
+    "make_problem",
+    "make_settings",
+    "parse_events",
+    "rebalance",
+    "simulate",
+    "split_blocks",
+    "systematic_generator",
+    "with_fresh_row",
+    "worst_condition",
+]

@@ -1,0 +1,77 @@
+"""A worker's persistent store: its coded block (and a baseline's uncoded rows) on its own disk.
+
+Each slot is ``<slot>.npy`` plus ``<slot>.json`` (digest and metadata), written to a temporary
+file and renamed, so a worker killed mid-write leaves either the old slot or the new one. A
+restarted worker reloads its slot and proves it to the master by the SHA-256 digest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .encoding import digest
+
+
+class BlockStore:
+    """Named arrays persisted under ``root`` (one directory per worker)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._cache: dict[str, np.ndarray] = {}
+
+    def _paths(self, slot: str) -> tuple[Path, Path]:
+        return self.root / f"{slot}.npy", self.root / f"{slot}.json"
+
+    def save(self, slot: str, array: np.ndarray, meta: dict[str, Any] | None = None) -> bytes:
+        """Persists ``array`` in ``slot`` atomically; returns its digest."""
+        data, info = self._paths(slot)
+        array = np.ascontiguousarray(array, dtype=np.float64)
+        d = digest(array)
+        tmp = data.with_suffix(".npy.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, data)
+        tmp_info = info.with_suffix(".json.tmp")
+        tmp_info.write_text(json.dumps({"digest": d.hex(), **(meta or {})}))
+        os.replace(tmp_info, info)
+        self._cache[slot] = array
+        return d
+
+    def load(self, slot: str) -> np.ndarray | None:
+        """The slot's array if present and intact (digest matches), else None."""
+        if slot in self._cache:
+            return self._cache[slot]
+        data, info = self._paths(slot)
+        try:
+            meta = json.loads(info.read_text())
+            array = np.load(data)
+        except (OSError, ValueError):
+            return None
+        if digest(array).hex() != meta.get("digest"):
+            return None
+        self._cache[slot] = array
+        return array
+
+    def meta(self, slot: str) -> dict[str, Any]:
+        try:
+            return json.loads(self._paths(slot)[1].read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wipe(self) -> None:
+        """A new machine: nothing stored."""
+        self._cache.clear()
+        for child in self.root.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()

@@ -1,0 +1,478 @@
+"""Elmahdy-Mohajer coded shuffling with excess storage (seed 003; design section 4.2).
+
+Placement (seed 003, Section III): the point processed by worker ``h`` is split into
+``C(K-1, t-1)`` sub-points labelled by the ``(t-1)``-subsets ``L`` of the other workers;
+worker ``k != h`` caches the sub-points whose label contains ``k``. Every sub-point is known by
+``L + {h}``: exactly ``t`` workers, and every worker stores ``t * q`` points.
+
+Delivery for general ``N = q*K`` (Section VI-A): the shuffle's worker-to-worker multigraph is
+``q``-regular, so it splits into ``q`` permutations (a maximum-cycle Birkhoff split, fixed points
+first); each permutation is a canonical ``N = K`` problem on its own ``K`` points. For one
+permutation in which worker ``k`` needs the point of worker ``pi(k)``, the sub-message of a
+``t``-subset ``S`` is (the design note's hand-checked case, generalised)::
+
+    X_S = XOR_{k in S} ( F_{pi(k)}^{S - k}  XOR  F_k^{S - k} )
+
+where ``F_j^L`` with ``j in L`` is the *virtual* sub-point ``XOR_{a not in L} F_j^{L - j + a}``
+(so ``F_k^{S-k}`` and ``F_{pi(k)}^{S-k}`` are both known to every member of ``S`` but ``k``, and
+``k`` gets one equation in its own unknowns). With one representative per cycle of ``pi``
+(fixed points are cycles) and ``u`` one of them (the *ignored worker*), the master sends
+``X_S`` for every ``S`` of the other ``K-1`` workers except the subsets of the other
+representatives: ``C(K-1, t) - C(g-1, t)`` sub-messages (Theorem 2; ``(K-t)/t`` points for a
+single cycle, Theorem 1). Every plan is proved by the generic index decoder before use.
+
+Update (Section IV, cache update and relabelling): the new processor ``h'`` keeps the point
+whole; in the labels of a moved point ``h'`` is replaced by ``h``, so the old processor keeps
+exactly the sub-points it must cache, and the structure is the same in every epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from math import comb
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching
+
+from ..assignment import points_by_pair, shuffle_matrix
+from ..plan import DeliveryPlan
+from .base import CacheState, batch_plan_fields
+from .memory_sharing import CornerScheme, grouped_blocks
+
+SHORT_CYCLE_MAX = 3  # the greedy split packs cycles up to this length before completing
+PACK_ATTEMPTS = 6  # seeded tie orders tried when packing cycles into permutations
+
+
+@dataclass(frozen=True)
+class EMLabels:
+    """The E-M placement: ``masks[x, j]`` = label bitmask of sub-point ``j`` of point ``x``.
+
+    Labels are ``(t-1)``-subsets of the workers other than the point's processor; relabelling
+    changes which label a stored sub-point carries, never its bytes.
+    """
+
+    t: int
+    masks: np.ndarray  # (N, splits) int64
+
+
+def em_splits(num_workers: int, t: int) -> int:
+    """Sub-points per point: ``C(K-1, t-1)`` (seed 003, eq. (7))."""
+    return comb(num_workers - 1, t - 1)
+
+
+def _comb_table(n: int) -> np.ndarray:
+    table = np.zeros((n + 1, n + 2), dtype=np.int64)
+    for a in range(n + 1):
+        for b in range(a + 1):
+            table[a, b] = comb(a, b)
+    return table
+
+
+def label_rank(masks: np.ndarray, owner: np.ndarray, num_workers: int) -> np.ndarray:
+    """Colex rank of every label among the ``(t-1)``-subsets of ``[K] - {owner}`` (vectorised)."""
+    masks, owner = np.broadcast_arrays(
+        np.asarray(masks, dtype=np.int64), np.asarray(owner, dtype=np.int64)
+    )
+    table = _comb_table(num_workers)
+    rank = np.zeros(masks.shape, dtype=np.int64)
+    seen = np.zeros(masks.shape, dtype=np.int64)
+    for b in range(num_workers):
+        bit = (masks >> b) & 1
+        seen += bit
+        pos = b - (owner < b)
+        rank += bit * table[np.maximum(pos, 0), seen]
+    return rank
+
+
+def label_table(num_workers: int, t: int) -> np.ndarray:
+    """``table[h, j]`` = the label of rank ``j`` for points processed by ``h`` (initial slots)."""
+    s = em_splits(num_workers, t)
+    table = np.zeros((num_workers, s), dtype=np.int64)
+    for h in range(num_workers):
+        others = [w for w in range(num_workers) if w != h]
+        masks = np.array([sum(1 << w for w in c) for c in combinations(others, t - 1)], np.int64)
+        table[h, label_rank(masks, np.full(masks.size, h), num_workers)] = masks
+    return table
+
+
+def em_caches(assignment: np.ndarray, masks: np.ndarray, num_workers: int) -> tuple:
+    """Worker ``k`` caches its batch whole and every sub-point whose label contains ``k``."""
+    caches = []
+    for k in range(num_workers):
+        held = ((masks >> k) & 1).astype(bool) | (assignment == k)[:, None]
+        caches.append(np.flatnonzero(held.reshape(-1)).astype(np.int64))
+    return tuple(caches)
+
+
+def em_state(assignment: np.ndarray, num_workers: int, t: int, masks: np.ndarray) -> CacheState:
+    return CacheState(
+        assignment=np.asarray(assignment, dtype=np.int64),
+        num_workers=num_workers,
+        splits=em_splits(num_workers, t),
+        caches=em_caches(assignment, masks, num_workers),
+        labels=EMLabels(t, masks),
+    )
+
+
+def em_initial_state(assignment: np.ndarray, num_workers: int, t: int) -> CacheState:
+    """Algorithms 1-2 of seed 003: canonical labels, slot ``j`` = label of rank ``j``."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    masks = label_table(num_workers, t)[assignment]
+    return em_state(assignment, num_workers, t, masks)
+
+
+def em_next_state(state: CacheState, new_assignment: np.ndarray) -> CacheState:
+    """Algorithm 5 of seed 003: relabel moved points (``h'`` in a label becomes ``h``)."""
+    old, new = state.assignment, np.asarray(new_assignment, dtype=np.int64)
+    masks = state.labels.masks
+    has_new = ((masks >> new[:, None]) & 1).astype(bool) & (old != new)[:, None]
+    swap = (np.int64(1) << new) | (np.int64(1) << old)
+    masks = np.where(has_new, masks ^ swap[:, None], masks)
+    return em_state(new, state.num_workers, state.labels.t, masks)
+
+
+# ---------------------------------------------------------------- permutation split
+
+
+def _extendable(counts: np.ndarray, free: np.ndarray) -> np.ndarray | None:
+    """A perfect matching of the ``free`` workers in the support of ``counts``, or ``None``."""
+    idx = np.flatnonzero(free)
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    sub = csr_matrix((counts[np.ix_(idx, idx)] > 0).astype(np.int8))
+    match = maximum_bipartite_matching(sub, perm_type="column")
+    if np.any(match < 0):
+        return None
+    return idx[match]
+
+
+def _short_cycles(counts: np.ndarray, free: np.ndarray, length: int):
+    """Directed cycles of ``length`` among ``free`` workers in the support of ``counts``."""
+    k = counts.shape[0]
+    support = counts > 0
+    for start in range(k):
+        if not free[start]:
+            continue
+        stack = [(start, [start])]
+        while stack:
+            v, path = stack.pop()
+            if len(path) == length:
+                if support[v, start]:
+                    yield path
+                continue
+            for w in range(start + 1, k):
+                if free[w] and support[v, w] and w not in path:
+                    stack.append((w, [*path, w]))
+
+
+def max_cycle_permutation(counts: np.ndarray) -> np.ndarray:
+    """A permutation in the support of ``counts`` with many cycles (fixed points, short cycles).
+
+    Greedy: every available fixed point, then cycles of length 2..SHORT_CYCLE_MAX while the rest
+    still has a perfect matching (checked with scipy's bipartite matching), then any completion.
+    """
+    k = counts.shape[0]
+    sigma = np.full(k, -1, dtype=np.int64)
+    free = np.ones(k, dtype=bool)
+
+    def take(cycle: list[int]) -> bool:
+        trial = free.copy()
+        trial[cycle] = False
+        if _extendable(counts, trial) is None:
+            return False
+        for a, b in zip(cycle, [*cycle[1:], cycle[0]], strict=True):
+            sigma[a] = b
+        free[cycle] = False
+        return True
+
+    for v in range(k):
+        if counts[v, v] > 0:
+            take([v])
+    for length in range(2, SHORT_CYCLE_MAX + 1):
+        for cycle in _short_cycles(counts, free, length):
+            if all(free[cycle]):
+                take(cycle)
+    rest = _extendable(counts, free)
+    sigma[np.flatnonzero(free)] = rest
+    return sigma
+
+
+def permutation_split(shuffle: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """The shuffle matrix as permutations with multiplicities (Birkhoff-von Neumann).
+
+    Row and column sums are equal, so every support has a perfect matching (Konig); each step
+    takes a maximum-cycle permutation as often as its smallest entry allows.
+    """
+    counts = np.array(shuffle, dtype=np.int64)
+    out = []
+    while counts.any():
+        sigma = max_cycle_permutation(counts)
+        rows = np.arange(counts.shape[0])
+        mult = int(counts[rows, sigma].min())
+        counts[rows, sigma] -= mult
+        out.append((sigma, mult))
+    return out
+
+
+def cycles_of(sigma: np.ndarray) -> list[list[int]]:
+    """The cycles of a permutation (fixed points included), each from its smallest worker."""
+    seen = np.zeros(sigma.size, dtype=bool)
+    cycles = []
+    for v in range(sigma.size):
+        if seen[v]:
+            continue
+        cycle, w = [], v
+        while not seen[w]:
+            seen[w] = True
+            cycle.append(w)
+            w = int(sigma[w])
+        cycles.append(cycle)
+    return cycles
+
+
+def _shortest_cycle(support: np.ndarray) -> list[int] | None:
+    """A shortest directed cycle of the support graph (BFS from every worker), or ``None``."""
+    k = support.shape[0]
+    best: list[int] | None = None
+    for start in range(k):
+        parent = {start: -1}
+        frontier = [start]
+        found = None
+        while frontier and found is None:
+            nxt = []
+            for v in frontier:
+                if support[v, start]:
+                    found = v
+                    break
+                for w in np.flatnonzero(support[v]):
+                    if int(w) not in parent:
+                        parent[int(w)] = v
+                        nxt.append(int(w))
+            frontier = nxt
+        if found is not None:
+            path = [found]
+            while parent[path[-1]] != -1:
+                path.append(parent[path[-1]])
+            cycle = path[::-1]
+            if best is None or len(cycle) < len(best):
+                best = cycle
+                if len(best) == 2:
+                    break
+    return best
+
+
+def cycle_decomposition(shuffle: np.ndarray) -> list[tuple[list[int], int]]:
+    """Off-diagonal arcs as directed cycles with multiplicities, shortest first (design 3.2)."""
+    counts = np.array(shuffle, dtype=np.int64)
+    np.fill_diagonal(counts, 0)
+    out = []
+    while counts.any():
+        cycle = _shortest_cycle(counts > 0)
+        arcs = (np.array(cycle), np.roll(np.array(cycle), -1))
+        mult = int(counts[arcs].min())
+        counts[arcs] -= mult
+        out.append((cycle, mult))
+    return out
+
+
+def _first_fit(k: int, q: int, cycles: list[tuple[list[int], int]]) -> np.ndarray | None:
+    sigmas = np.tile(np.arange(k, dtype=np.int64), (q, 1))
+    free = np.ones((k, q), dtype=bool)
+    for cycle, mult in cycles:
+        rows = np.flatnonzero(free[cycle].all(axis=0))[:mult]
+        if rows.size < mult:
+            return None
+        free[np.ix_(cycle, rows)] = False
+        sigmas[np.ix_(rows, cycle)] = np.roll(np.array(cycle), -1)
+    return sigmas
+
+
+def pack_cycles(shuffle: np.ndarray, attempts: int = PACK_ATTEMPTS) -> np.ndarray | None:
+    """``q`` permutations (rows) made of the shortest-first cycles, or ``None``.
+
+    First fit, longest cycles first (ties in a few seeded orders). A worker left out of a row
+    keeps one of its diagonal points there (a fixed point); first fit concentrates the cycles
+    in the first rows, which the E-M load favours (``C(g-1, t)`` is convex in ``g``).
+    """
+    k = shuffle.shape[0]
+    q = int(shuffle[0].sum())
+    cycles = cycle_decomposition(shuffle)
+    units = [(c, 1) for c, m in cycles for _ in range(m)]
+    for attempt in range(attempts):
+        if attempt == 0:
+            order = sorted(cycles, key=lambda c: -len(c[0]))
+        else:
+            perm = np.random.default_rng(attempt).permutation(len(units))
+            order = sorted((units[i] for i in perm), key=lambda c: -len(c[0]))
+        sigmas = _first_fit(k, q, order)
+        if sigmas is not None:
+            return sigmas
+    return None
+
+
+def split_rows(shuffle: np.ndarray, t: int = 1) -> np.ndarray:
+    """The shuffle as ``q`` permutations (rows): the cycle packing or the greedy Birkhoff split,
+    whichever gives the lower E-M load at ``t``."""
+    greedy = np.concatenate(
+        [np.tile(sigma, (mult, 1)) for sigma, mult in permutation_split(shuffle)]
+    )
+    packed = pack_cycles(shuffle)
+    if packed is None:
+        return greedy
+    return min((packed, greedy), key=lambda rows: _rows_load(rows, t))
+
+
+def _rows_load(sigmas: np.ndarray, t: int) -> float:
+    from ..rate_memory import em_load
+
+    uniq, counts = np.unique(sigmas, axis=0, return_counts=True)
+    k = sigmas.shape[1]
+    return sum(c * em_load(k, t, len(cycles_of(u))) for u, c in zip(uniq, counts, strict=True))
+
+
+@dataclass(frozen=True)
+class SubProblems:
+    """``q`` canonical problems: row ``m`` has points ``points[m, i]`` (processed by ``i``)."""
+
+    points: np.ndarray  # (q, K): the point worker i processes in sub-problem m
+    needs: np.ndarray  # (q, K): pi[m, k] = worker whose point k needs
+    ignored: np.ndarray  # (q,): the ignored worker u
+    others: np.ndarray  # (q,): bitmask of the other cycle representatives
+    cycles: np.ndarray  # (q,): number of cycles g
+
+
+def sub_problems(old: np.ndarray, new: np.ndarray, num_workers: int, t: int = 1) -> SubProblems:
+    """Splits the transition into permutations and takes concrete points for every row."""
+    k = num_workers
+    sigmas = split_rows(shuffle_matrix(old, new, k), t)
+    order, offsets = points_by_pair(old, new, k)
+    keys = (np.arange(k)[None, :] * k + sigmas).reshape(-1)
+    by_key = np.argsort(keys, kind="stable")
+    rank = np.empty_like(by_key)
+    rank[by_key] = np.arange(keys.size) - offsets[keys[by_key]]
+    points = order[offsets[keys] + rank].reshape(sigmas.shape)
+    needs = np.empty_like(sigmas)
+    np.put_along_axis(needs, sigmas, np.broadcast_to(np.arange(k), sigmas.shape), 1)
+    uniq, inverse = np.unique(sigmas, axis=0, return_inverse=True)
+    ignored, others, cycles = [], [], []
+    for sigma in uniq:
+        cyc = cycles_of(sigma)
+        reps = [min(c) for c in cyc]
+        u = reps[int(np.argmax([len(c) for c in cyc]))]
+        ignored.append(u)
+        others.append(sum(1 << r for r in reps if r != u))
+        cycles.append(len(cyc))
+    inverse = inverse.reshape(-1)
+    return SubProblems(
+        points=points,
+        needs=needs,
+        ignored=np.array(ignored, dtype=np.int64)[inverse],
+        others=np.array(others, dtype=np.int64)[inverse],
+        cycles=np.array(cycles, dtype=np.int64)[inverse],
+    )
+
+
+# ---------------------------------------------------------------- delivery
+
+
+def _subpoint_ids(
+    state: CacheState,
+    inv: np.ndarray,
+    points: np.ndarray,
+    owner: np.ndarray,
+    masks: np.ndarray,
+    valid: np.ndarray | bool = True,
+) -> np.ndarray:
+    """Sub-point ids of label ``masks`` of ``points`` (processed by ``owner``); -1 if not valid."""
+    ranks = np.where(valid, label_rank(masks, owner, state.num_workers), 0)
+    return np.where(valid, points * state.splits + inv[points, ranks], -1)
+
+
+def em_symbol_rows(state: CacheState, new_assignment: np.ndarray) -> list[np.ndarray]:
+    """Terms of every sub-message, as ``(rows, width)`` matrices padded with ``-1``.
+
+    Loops over the ``t``-subsets ``S`` and their members; vectorised over the ``q`` rows.
+    """
+    new = np.asarray(new_assignment, dtype=np.int64)
+    sp = sub_problems(state.assignment, new, state.num_workers, state.labels.t)
+    return sub_message_rows(state, sp)
+
+
+def sub_message_rows(state: CacheState, sp: SubProblems) -> list[np.ndarray]:
+    """``X_S`` for every sent ``S`` of every sub-problem row (see the module docstring)."""
+    k, t, s = state.num_workers, state.labels.t, state.splits
+    if t >= k:
+        return []
+    masks = state.labels.masks
+    inv = np.empty_like(masks)
+    ranks = label_rank(masks, state.assignment[:, None], k)
+    np.put_along_axis(inv, ranks, np.broadcast_to(np.arange(s), masks.shape), 1)
+    rows_out = []
+    workers = np.arange(k)
+    for members in combinations(range(k), t):
+        smask = sum(1 << w for w in members)
+        send = (((smask >> sp.ignored) & 1) == 0) & ((smask & ~sp.others) != 0)
+        rows = np.flatnonzero(send)
+        if rows.size == 0:
+            continue
+        cols = []
+        for kk in members:
+            lab = smask & ~(1 << kk)
+            p_rows = sp.points[rows]
+            # F_k^{S-k}: a real sub-point of k's own point, known to all of S
+            cols.append(_subpoint_ids(state, inv, p_rows[:, kk], np.full(rows.size, kk), lab))
+            # F_{pi(k)}^{S-k}: real if pi(k) not in S, else virtual (a sum over a not in S-k)
+            j = sp.needs[rows, kk]
+            xj = p_rows[np.arange(rows.size), j]
+            virtual = ((smask >> j) & 1).astype(bool) & (j != kk)
+            cols.append(_subpoint_ids(state, inv, xj, j, lab, ~virtual))
+            for a in workers[((lab >> workers) & 1) == 0]:
+                vmask = (lab & ~(np.int64(1) << j)) | (1 << int(a))
+                cols.append(_subpoint_ids(state, inv, xj, j, vmask, virtual))
+        rows_out.append(_cancel_pairs(np.stack(cols, axis=1)))
+    return rows_out
+
+
+def _cancel_pairs(terms: np.ndarray) -> np.ndarray:
+    """XOR semantics: a sub-point named twice in a symbol cancels (rows padded with ``-1``)."""
+    terms = np.sort(terms, axis=1)
+    dup = (terms[:, 1:] == terms[:, :-1]) & (terms[:, 1:] >= 0)
+    # multiplicities are at most two, so equal neighbours form disjoint pairs
+    kill = np.zeros(terms.shape, dtype=bool)
+    kill[:, 1:] |= dup
+    kill[:, :-1] |= dup
+    return np.where(kill, -1, terms)
+
+
+def em_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
+    """The cycle-aware E-M delivery (Theorems 2 and 4 of seed 003) for one transition."""
+    blocks = grouped_blocks(em_symbol_rows(state, new_assignment))
+    count = int(sum(b.shape[0] for b in blocks))
+    return DeliveryPlan(
+        scheme=scheme,
+        symbols=blocks,
+        breakdown={f"t={state.labels.t}": count},
+        **batch_plan_fields(state, new_assignment),
+    )
+
+
+class ElmahdyMohajer(CornerScheme):
+    """Elmahdy-Mohajer: optimal worst-case load ``q(K-t)/t`` at integer ``T = t``."""
+
+    name = "elmahdy-mohajer"
+    summary = "excess storage T: cycle-aware E-M delivery, memory sharing between integer T"
+
+    def corners(self, num_workers: int) -> list[tuple[int, float, int, float]]:
+        k = num_workers
+        return [(t, float(t), em_splits(k, t), (k - t) / t) for t in range(1, k + 1)]
+
+    def corner_state(self, assignment: np.ndarray, num_workers: int, param: int) -> CacheState:
+        return em_initial_state(assignment, num_workers, param)
+
+    def corner_plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan:
+        return em_plan(state, new_assignment, self.name)
+
+    def corner_next(self, state: CacheState, new_assignment: np.ndarray) -> CacheState:
+        return em_next_state(state, new_assignment)

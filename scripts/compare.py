@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Comparison plots of training runs: ``compare.py RUN_DIR... --out DIR``.
+
+Every ``RUN_DIR`` is a run directory with ``metrics.jsonl`` (or a sweep directory: every
+``metrics.jsonl`` below it is a run). Writes ``loss.png`` (train/test loss and test accuracy
+against epoch), ``bytes.png`` (bytes on the shared link per epoch: coded, uncoded, lower bound)
+and ``cumulative.png`` (the same, summed over epochs), one line per run, labelled by scheme;
+prints a one-line summary per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+@dataclass
+class Run:
+    path: Path
+    rows: list[dict]
+    label: str = ""
+
+    def series(self, key: str) -> np.ndarray:
+        return np.array([float(r.get(key, np.nan)) for r in self.rows])
+
+    @property
+    def epochs(self) -> np.ndarray:
+        return self.series("epoch")
+
+
+def find_runs(paths: list[str]) -> list[Run]:
+    """Runs under the given directories (a sweep directory holds several)."""
+    runs = []
+    for arg in paths:
+        root = Path(arg)
+        if not root.exists():
+            raise SystemExit(f"compare.py: error: {arg!r} does not exist")
+        files = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else []
+        files = files or sorted(root.rglob("metrics.jsonl"))
+        if not files:
+            raise SystemExit(f"compare.py: error: no metrics.jsonl in {arg!r}")
+        for f in files:
+            rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+            if rows:
+                runs.append(Run(f.parent, rows))
+    return runs
+
+
+def label_runs(runs: list[Run]) -> None:
+    """Scheme name; storage and run directory added only where needed to tell runs apart."""
+    for run in runs:
+        run.label = str(run.rows[0]["scheme"])
+    for extra in (
+        lambda r: f"T={r.rows[0]['storage']:g}",
+        lambda r: f"K={r.rows[0]['workers']}",
+        lambda r: r.path.name,
+    ):
+        labels = [r.label for r in runs]
+        for run in runs:
+            if labels.count(run.label) > 1:
+                run.label = f"{run.label} {extra(run)}"
+
+
+def byte_unit(values: list[float]) -> tuple[float, str]:
+    top = max([v for v in values if np.isfinite(v)] or [1.0])
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if top >= scale:
+            return float(scale), unit
+    return 1.0, "bytes"
+
+
+def shared(runs: list[Run], key: str) -> np.ndarray | None:
+    """The series if every run has the same one (same seed and shuffles), else None."""
+    first = runs[0].series(key)
+    same = all(
+        r.series(key).shape == first.shape and np.allclose(r.series(key), first) for r in runs
+    )
+    return first if same else None
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def styles(n: int) -> list[dict]:
+    """Colour, marker and width per run: earlier runs wider, so identical curves stay visible."""
+    cmap = plt.get_cmap("tab10")
+    widths = np.linspace(3.2, 1.2, n) if n > 1 else [1.8]
+    return [
+        {
+            "color": cmap(i % 10),
+            "marker": MARKERS[i % len(MARKERS)],
+            "lw": float(widths[i]),
+            "ms": 4 + 2 * (n - 1 - i) / max(n - 1, 1),
+        }
+        for i in range(n)
+    ]
+
+
+def plot_loss(runs: list[Run], out: Path) -> Path:
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for run, st in zip(runs, styles(len(runs)), strict=True):
+        e = run.epochs
+        ax_loss.plot(e, run.series("train_loss"), "-", **st, label=f"{run.label} train")
+        ax_loss.plot(e, run.series("test_loss"), "--", **st, label=f"{run.label} test")
+        ax_acc.plot(e, 100 * run.series("test_accuracy"), "-", **st, label=run.label)
+    title = "Loss (solid: train, dashed: test)"
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title=title)
+    ax_loss.set_yscale("log")
+    ax_acc.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if len({tuple(r.series("train_loss")) for r in runs}) == 1 and len(runs) > 1:
+        fig.suptitle(
+            "identical curves: the scheme changes the bytes on the link, not the model", fontsize=9
+        )
+    return save(fig, out / "loss.png")
+
+
+def plot_bytes(runs: list[Run], out: Path, cumulative: bool) -> Path:
+    keys = ("broadcast_bytes", "uncoded_bytes", "lower_bound_bytes")
+    values = {(id(r), k): r.series(k) for r in runs for k in keys}
+    if cumulative:
+        values = {key: np.cumsum(v) for key, v in values.items()}
+    scale, unit = byte_unit([float(v.max()) for v in values.values()])
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    common = {k: shared(runs, k) for k in keys[1:]}
+    for run, st in zip(runs, styles(len(runs)), strict=True):
+        e, c = run.epochs, st["color"]
+        ax.plot(e, values[(id(run), keys[0])] / scale, "-", **st, label=f"{run.label}")
+        if common["uncoded_bytes"] is None:
+            uncoded = values[(id(run), keys[1])] / scale
+            ax.plot(e, uncoded, "--", color=c, label=f"{run.label} uncoded")
+        if common["lower_bound_bytes"] is None:
+            bound = values[(id(run), keys[2])] / scale
+            ax.plot(e, bound, ":", color=c, label=f"{run.label} bound")
+    e = runs[0].epochs
+    if common["uncoded_bytes"] is not None:
+        ax.plot(
+            e,
+            values[(id(runs[0]), keys[1])] / scale,
+            "--",
+            color="black",
+            lw=1.2,
+            zorder=5,
+            label="uncoded (same shuffles)",
+        )
+    if common["lower_bound_bytes"] is not None:
+        ax.plot(
+            e,
+            values[(id(runs[0]), keys[2])] / scale,
+            ":",
+            color="black",
+            lw=1.5,
+            marker="x",
+            ms=6,
+            zorder=6,
+            label="lower bound (payload only)",
+        )
+    what = "Cumulative bytes on the shared link" if cumulative else "Bytes on the shared link"
+    ax.set(xlabel="epoch", ylabel=f"{unit}", title=f"{what} (epoch 1 = uncoded placement)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save(fig, out / ("cumulative.png" if cumulative else "bytes.png"))
+
+
+def save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def summary_line(run: Run) -> str:
+    coded = [r for r in run.rows if r.get("phase") == "coded"]
+    c = sum(r["broadcast_bytes"] for r in coded)
+    u = sum(r["uncoded_bytes"] for r in coded)
+    saved = 100 * (1 - c / u) if u else 0.0
+    ok = all(r.get("verified") for r in run.rows)
+    acc = run.rows[-1].get("test_accuracy", float("nan"))
+    return (
+        f"{run.label:28s} coded epochs {c:>12,d} B  uncoded {u:>12,d} B  saved {saved:5.1f}%  "
+        f"final acc {acc:.3f}  verified {ok}  ({run.path})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs")
+    args = parser.parse_args(argv)
+    runs = find_runs(args.runs)
+    label_runs(runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [plot_loss(runs, out), plot_bytes(runs, out, False), plot_bytes(runs, out, True)]
+    for run in runs:
+        print(summary_line(run))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

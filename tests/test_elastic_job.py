@@ -1,0 +1,149 @@
+"""The elastic_gd job over real torch.distributed processes (P = 4 workers + master = 5).
+
+The job is started by its own local launcher (``python -m train.elastic_gd``, torch's elastic
+launcher with restarts). One run applies scheduled events to all four methods; another has a
+worker process SIGKILLed by this test mid-run and must resume with the survivors' stored blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coded_shuffle.elastic import make_problem, make_settings, simulate
+
+pytestmark = pytest.mark.distributed
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["workers=4", "job.elastic.recovery_threshold=2", "dist.timeout_seconds=30"]
+N, D = 360, 20  # conf/job/elastic_gd.yaml defaults
+
+
+def job(args: list[str], **kw) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "train.elastic_gd", *BASE, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def records(run_dir: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.setdefault(r["method"], []).append(r)
+    return out
+
+
+def reference_losses(steps: int) -> list[float]:
+    """Exact gradient descent on the same data (single process): the no-failure curve."""
+    s = make_settings(4, 2, steps, methods=["nofailure"])
+    with tempfile.TemporaryDirectory() as root:
+        return [r["train_loss"] for r in simulate(make_problem(N, D, 4, seed=0), s, root)]
+
+
+def stored_digests(run_dir: Path) -> dict[str, str]:
+    stores = run_dir / "elastic" / "stores"
+    return {
+        p.parent.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(stores.glob("worker_*/coded.npy"))
+    }
+
+
+def test_job_events_all_methods_and_plot(tmp_path: Path) -> None:
+    events = "job.elastic.events=[{step: 4, leave: [2]}, {step: 8, join: 1}]"
+    proc = job([events, "job.steps=12", f"run_dir={tmp_path}"])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    runs = records(tmp_path)
+    assert set(runs) == {"coded", "nofailure", "ignore", "repartition"}
+    coded = runs["coded"]
+    assert [r["workers_available"] for r in coded] == [4] * 4 + [3] * 4 + [4] * 4
+    assert max(r["grad_rel_error"] for r in coded) < 1e-9
+    assert all(r["rows_used_max"] == N // r["workers_available"] for r in coded)
+    assert coded[4]["events"] == ["leave 2"] and coded[4]["bytes_moved"] == 0
+    assert coded[8]["bytes_moved"] == N // 2 * D * 8 + 64  # one coded block to the joiner
+    clean = [r["train_loss"] for r in runs["nofailure"]]
+    assert np.allclose([r["train_loss"] for r in coded], clean, rtol=1e-12)
+    assert np.allclose(clean, reference_losses(12), rtol=1e-12)
+    assert runs["repartition"][4]["bytes_moved"] >= (N // 4) * (D + 2) * 8
+    assert max(r["grad_rel_error"] for r in runs["repartition"]) < 1e-9
+    assert runs["ignore"][5]["grad_rel_error"] > 0.1
+    status = json.loads((tmp_path / "elastic_status.json").read_text())
+    assert status["status"] == "finished" and status["restarts"] == 0
+    plot = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "plot_elastic.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "elastic.png").stat().st_size > 10_000
+
+
+def wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended early: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached {count} lines")
+
+
+def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> None:
+    steps = 30
+    args = ["job.elastic.events=[]", f"job.steps={steps}", "job.elastic.methods=[coded]"]
+    proc = job([*args, "job.elastic.step_delay=0.05", f"run_dir={tmp_path}"])
+    try:
+        wait_for_lines(tmp_path / "metrics.jsonl", 6, proc, timeout=90)
+        before = stored_digests(tmp_path)
+        victim = int((tmp_path / "elastic" / "pids" / "rank_3").read_text())
+        os.kill(victim, signal.SIGKILL)  # a pre-empted machine: no chance to clean up
+        killed_at = len((tmp_path / "metrics.jsonl").read_text().splitlines())
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    status = json.loads((tmp_path / "elastic_status.json").read_text())
+    assert status == {**status, "status": "finished", "restarts": 1, "lost": [3]}
+    coded = records(tmp_path)["coded"]
+    assert [r["step"] for r in coded] == list(range(steps))  # resumed, nothing repeated
+    lost = [r for r in coded if r["events"]]
+    assert len(lost) == 1 and lost[0]["events"] == ["lost 3 (process died, job restarted)"]
+    first = lost[0]["step"]
+    assert 6 <= first < steps and abs(first - killed_at) <= 2  # it died mid-run
+    assert [r["workers_available"] for r in coded] == [4] * first + [3] * (steps - first)
+    assert all(r["restarts"] == (r["step"] >= first) for r in coded)
+    assert all(r["rows_used_max"] == N // r["workers_available"] for r in coded)
+    assert sum(r["bytes_moved"] for r in coded) == 0  # survivors reused their stored blocks
+    assert stored_digests(tmp_path) == before
+    assert max(r["grad_rel_error"] for r in coded) < 1e-9
+    assert np.allclose([r["train_loss"] for r in coded], reference_losses(steps), rtol=1e-12)
+
+
+def test_bad_config_is_one_line_without_traceback(tmp_path: Path) -> None:
+    events = "job.elastic.events=[{step: 3, leave: [1, 2, 3]}]"
+    proc = job([events, f"run_dir={tmp_path}"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "fewer than the recovery threshold L=2" in lines[0]
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -1,0 +1,412 @@
+"""Excess storage: Attia-Tandon structural invariant, Elmahdy-Mohajer, memory sharing, bounds."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle.assignment import batch_size, random_assignment, shuffle_matrix, worst_shuffle
+from coded_shuffle.decoder import decode_plan
+from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore
+from coded_shuffle.errors import UndecodableError, UsageError
+from coded_shuffle.rate_memory import (
+    _exact,
+    _local_search,
+    _types,
+    at_corners,
+    at_worst_case,
+    em_load,
+    em_worst_case,
+    envelope,
+    placement_lower_bound,
+)
+from coded_shuffle.schemes import get_scheme
+from coded_shuffle.schemes.attia_tandon_excess import at_load_for, needed_points
+from coded_shuffle.schemes.elmahdy_mohajer import (
+    EMLabels,
+    SubProblems,
+    cycle_decomposition,
+    cycles_of,
+    em_initial_state,
+    em_plan,
+    pack_cycles,
+    permutation_split,
+    split_rows,
+    sub_message_rows,
+)
+from coded_shuffle.schemes.memory_sharing import (
+    check_subpacketization,
+    load_points,
+    part_states,
+    stored_bytes,
+)
+
+
+@dataclass
+class Epoch:
+    load: float
+    uncoded: float
+    payload_bytes: int
+    stored_points_max: float
+    stored_bytes_max: int
+    bound: float
+    needs: list[int]
+    effective_storage: float  # byte-weighted storage in batches (<= T with byte-exact parts)
+    ideal_load: float  # load with the placement's fractions (what the bound is computed for)
+    mix_cap: float  # byte-weighted worst-case load of the corners used
+
+
+def corner_worst(state, k: int, q: int) -> float:
+    """Worst-case load of one corner state: E-M ``q(K-t)/t``; A-T ``q(K-p)/(p+1)``, p=0: q(K-1)."""
+    labels = state.labels
+    if isinstance(labels, EMLabels):
+        return q * (k - labels.t) / labels.t
+    return q * (k - labels.p) / (labels.p + 1)
+
+
+def run_epochs(
+    name: str,
+    k: int,
+    n: int,
+    storage: float,
+    epochs: int,
+    *,
+    point_bytes: int = 48,
+    worst: bool = False,
+    seed: int = 0,
+    byte_exact: bool = False,
+) -> list[Epoch]:
+    """Plans, proves, encodes, decodes at every worker from its own store, updates the stores.
+
+    The stores are cut from the master's data once (the uncoded initial placement); after that
+    every worker keeps only what it cached or decoded.
+    """
+    rng = np.random.default_rng(seed)
+    scheme = get_scheme(name)
+    if byte_exact:
+        check_subpacketization(scheme, k, storage, point_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (n, point_bytes), dtype=torch.uint8, generator=gen)
+    old = random_assignment(n, k, rng)
+    state = scheme.initial_state(old, k, storage)
+    stores = None
+    out = []
+    for _ in range(epochs):
+        new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
+        plan = scheme.plan(state, new)
+        delivery = Delivery.prepare(plan, point_bytes)
+        symbols = delivery.encode(data)
+        if stores is None:
+            stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
+        nxt = scheme.next_state(state, plan, new)
+        updated = []
+        for w in range(k):
+            batch, work = delivery.decode(w, symbols, stores[w])
+            want = data.index_select(0, torch.from_numpy(delivery.plans[0].new_batches[w]))
+            assert torch.equal(batch, want), f"worker {w} decoded wrong bytes"
+            updated.append(stores[w].updated(delivery, w, work, scheme.part_caches(nxt, w)))
+        stores = updated
+        q = batch_size(n, k)
+        parts, _ = part_states(nxt)
+        byte_fracs = [b / point_bytes for b in delivery.parts]
+        eff = (
+            sum(
+                f * float(np.max(p.stored_points())) for p, f in zip(parts, byte_fracs, strict=True)
+            )
+            / q
+        )
+        mix_cap = sum(f * corner_worst(p, k, q) for p, f in zip(parts, byte_fracs, strict=True))
+        assert np.array_equal(
+            np.array([s.stored_bytes() for s in stores]), stored_bytes(nxt, point_bytes)
+        )
+        out.append(
+            Epoch(
+                load=delivery.load_points,
+                uncoded=delivery.uncoded_points,
+                payload_bytes=delivery.payload_bytes(),
+                stored_points_max=scheme.stored_points_max(nxt),
+                stored_bytes_max=max(s.stored_bytes() for s in stores),
+                bound=placement_lower_bound(state, new)[0],
+                needs=[int(x.size) for x in needed_points(old, new, k)],
+                effective_storage=eff,
+                ideal_load=load_points(plan),
+                mix_cap=mix_cap,
+            )
+        )
+        state, old = nxt, new
+    return out
+
+
+# ---------------------------------------------------------------- Attia-Tandon (seed 004)
+
+
+def test_zero_byte_part_still_decodes():
+    """A tiny sharing fraction rounds to a 0-byte part (ideal fractions, 23-byte points)."""
+    for e in run_epochs("elmahdy-mohajer", 2, 2, 1.015625, 2, point_bytes=23, worst=True):
+        assert e.load == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("storage", "load"),
+    [
+        (Fraction(1), Fraction(3)),
+        (Fraction(7, 4), Fraction(3, 2)),
+        (Fraction(5, 2), Fraction(2, 3)),
+        (Fraction(13, 4), Fraction(1, 4)),
+        (Fraction(4), Fraction(0)),
+    ],
+)
+def test_seed004_table_k4_n4(storage, load):
+    """Seed 004, Example 1: (storage, load) pairs measured on worst shuffles, byte-exactly."""
+    for e in run_epochs("attia-tandon-excess", 4, 4, float(storage), 3, worst=True):
+        assert e.load == pytest.approx(float(load), abs=1e-12)
+        assert e.stored_points_max == pytest.approx(float(storage))
+        assert e.bound <= e.load + 1e-9
+
+
+@given(
+    k=st.integers(2, 6),
+    q=st.integers(1, 3),
+    p_frac=st.floats(0, 1),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=25, deadline=None)
+def test_attia_tandon_excess_equals_its_formula(k, q, p_frac, seed):
+    """Any shuffle: ``sum_G max n_k / C(K,p)``; worst case ``q(K-p)/(p+1)`` (Theorem 1)."""
+    p = 1 + round(p_frac * (k - 1))
+    storage = 1 + p * (k - 1) / k
+    for e in run_epochs("attia-tandon-excess", k, k * q, storage, 2, seed=seed):
+        assert e.load == pytest.approx(at_load_for(np.array(e.needs), k, p))
+        assert e.stored_points_max <= storage * q + 1e-9
+    for e in run_epochs("attia-tandon-excess", k, k * q, storage, 2, seed=seed, worst=True):
+        assert e.load == pytest.approx(q * (k - p) / (p + 1))
+
+
+# ---------------------------------------------------------------- Elmahdy-Mohajer (seed 003)
+
+
+def test_design_hand_case_k4_t2():
+    """Design 4.2: K=4, t=2, demand w1<-w4, w2<-w1, w3<-w2, w4<-w3, ignored w4: X_12, X_13, X_23."""
+    k, t = 4, 2
+    state = em_initial_state(np.arange(4), k, t)  # worker j processes point j
+
+    def f(j: int, a: int) -> int:  # F_j^(a): sub-point of w_j's point cached by w_a (1-based)
+        row = state.labels.masks[j - 1]
+        return (j - 1) * state.splits + int(np.flatnonzero(row == 1 << (a - 1))[0])
+
+    pi = np.array([3, 0, 1, 2])  # w1 needs w4's point, w2 needs w1's, ...
+    sp = SubProblems(
+        points=np.arange(4)[None, :],
+        needs=pi[None, :],
+        ignored=np.array([3]),
+        others=np.array([0]),
+        cycles=np.array([1]),
+    )
+    got = {frozenset(r[r >= 0].tolist()) for r in np.concatenate(sub_message_rows(state, sp))}
+    want = {
+        frozenset([f(4, 2), f(1, 3), f(1, 4), f(2, 1)]),
+        frozenset([f(4, 3), f(2, 1), f(1, 3), f(3, 1)]),
+        frozenset([f(2, 1), f(2, 4), f(3, 2), f(1, 3)]),
+    }
+    assert got == want
+    plan = em_plan(state, np.array([1, 2, 3, 0]), "elmahdy-mohajer")
+    assert plan.load_points == 1.0 == (k - t) / t
+    decode_plan(plan)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_worst_case_load_every_t_over_epochs(k):
+    """Worst shuffle: ``q(K-t)/t`` at every integer t, epoch after epoch, byte-exactly."""
+    q = 2
+    for t in range(1, k + 1):
+        for e in run_epochs("elmahdy-mohajer", k, k * q, t, 3, worst=True, seed=t):
+            assert e.load == pytest.approx(q * (k - t) / t)
+            assert e.stored_points_max == pytest.approx(t * q)
+            assert e.bound == pytest.approx(e.load)  # the ordering bound meets it
+    # t = 1 is the no-excess optimum (K-1)N/K; t = K sends nothing
+    assert em_load(k, 1) * q == (k - 1) * k * q / k
+    assert em_load(k, k) == 0
+
+
+@pytest.mark.parametrize("k", [3, 4, 5])
+def test_cycle_formula_is_achieved_and_optimal_for_every_permutation(k):
+    """``(C(K-1,t) - C(g-1,t))/C(K-1,t-1)`` (Theorem 2), checked exactly: the plan decodes, has
+    that load, and the ordering cut-set bound of the placement (valid for any code) equals it."""
+    for t in range(1, k + 1):
+        for perm in itertools.permutations(range(k)):
+            new = np.array(perm)
+            state = em_initial_state(np.arange(k), k, t)
+            plan = em_plan(state, new, "elmahdy-mohajer")
+            g = len(cycles_of(new))
+            assert plan.load_points == pytest.approx(em_load(k, t, g))
+            assert placement_lower_bound(state, new)[0] == pytest.approx(em_load(k, t, g))
+            if k <= 4:
+                decode_plan(plan)
+
+
+def test_split_rows_are_permutations_that_rebuild_the_shuffle():
+    """Both splits (cycle packing and greedy Birkhoff) reproduce the shuffle matrix exactly."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        k, q = int(rng.integers(2, 8)), int(rng.integers(1, 12))
+        s = shuffle_matrix(random_assignment(k * q, k, rng), random_assignment(k * q, k, rng), k)
+        greedy = [np.tile(sigma, (m, 1)) for sigma, m in permutation_split(s)]
+        for rows in (split_rows(s, 2), np.concatenate(greedy), pack_cycles(s)):
+            if rows is None:
+                continue
+            assert rows.shape == (q, k)
+            assert np.all(np.sort(rows, axis=1) == np.arange(k))
+            total = np.zeros_like(s)
+            np.add.at(total, (np.tile(np.arange(k), q), rows.reshape(-1)), 1)
+            assert np.array_equal(total, s)
+
+
+def test_cycle_packing_reaches_the_bound_on_random_shuffles_at_t1():
+    """At t = 1 the E-M delivery is the cycle scheme: moves - cycles, near the ordering bound."""
+    rng = np.random.default_rng(0)
+    k, n = 8, 800
+    old, new = random_assignment(n, k, rng), random_assignment(n, k, rng)
+    state = em_initial_state(old, k, 1)
+    plan = em_plan(state, new, "elmahdy-mohajer")
+    s = shuffle_matrix(old, new, k)
+    cycles = sum(m for _, m in cycle_decomposition(s))
+    assert plan.load_points == s.sum() - np.trace(s) - cycles
+    bound, exact = placement_lower_bound(state, new)
+    assert exact and bound <= plan.load_points <= 1.01 * bound
+
+
+def test_dropping_a_symbol_makes_the_plan_undecodable():
+    """The decoder really checks: one sub-message fewer and some worker fails."""
+    state = em_initial_state(np.arange(5), 5, 2)
+    plan = em_plan(state, np.array([1, 2, 3, 4, 0]), "elmahdy-mohajer")
+    decode_plan(plan)
+    first, *rest = plan.symbols
+    cut = replace(plan, symbols=(first[1:], *rest))
+    with pytest.raises(UndecodableError):
+        decode_plan(cut)
+
+
+# ---------------------------------------------------------------- properties, memory sharing
+
+
+@given(
+    name=st.sampled_from(["elmahdy-mohajer", "attia-tandon-excess"]),
+    k=st.integers(2, 7),
+    q=st.integers(1, 3),
+    storage_frac=st.floats(0, 1),
+    worst=st.booleans(),
+    byte_exact=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=60, deadline=None)
+def test_random_schemes_decode_within_budget(name, k, q, storage_frac, worst, byte_exact, seed):
+    """Every worker decodes from its own store; no worker exceeds ``T q`` (points) nor, with
+    byte-exact parts, ``T q B`` bytes; E-M never exceeds its worst-case load; load >= bound."""
+    storage = 1 + storage_frac * (k - 1)
+    point_bytes = 8 * 35 if byte_exact else 23
+    epochs = run_epochs(
+        name,
+        k,
+        k * q,
+        storage,
+        3,
+        point_bytes=point_bytes,
+        worst=worst,
+        seed=seed,
+        byte_exact=byte_exact,
+    )
+    for e in epochs:
+        assert e.stored_points_max <= storage * q + 1e-9
+        assert e.bound <= e.ideal_load + 1e-9  # no scheme beats the cut-set bound
+        assert e.load <= e.uncoded + 1e-9
+        assert e.load <= e.mix_cap + 1e-9  # never above the corners' worst case
+        if byte_exact:
+            assert e.load == pytest.approx(e.ideal_load)  # parts are whole bytes: no rounding
+            assert e.stored_bytes_max <= storage * q * point_bytes + 1e-9
+            assert e.effective_storage <= storage + 1e-9
+        elif name == "elmahdy-mohajer":
+            assert e.ideal_load <= em_worst_case(k, k * q, storage) + 1e-9
+        if worst and not byte_exact:
+            want = em_worst_case if name == "elmahdy-mohajer" else at_worst_case
+            assert e.ideal_load == pytest.approx(float(want(k, k * q, storage)))
+
+
+def test_memory_sharing_returns_a_shared_plan_on_byte_fractions():
+    scheme = get_scheme("elmahdy-mohajer")
+    state = scheme.initial_state(random_assignment(12, 4, np.random.default_rng(0)), 4, 2.25)
+    plan = scheme.plan(state, worst_shuffle(state.assignment, 4))
+    assert isinstance(plan, SharedPlan)
+    assert plan.fractions == pytest.approx((0.75, 0.25))
+    assert [p.splits for p in plan.plans] == [3, 3]
+    assert load_points(plan) == pytest.approx(0.75 * 3 + 0.25 * 3 * 1 / 3)
+    assert scheme.stored_points_max(state) == pytest.approx(2.25 * 3)
+
+
+def test_byte_exact_parts_have_no_padding_and_fit_the_budget():
+    scheme = get_scheme("elmahdy-mohajer")
+    parts = check_subpacketization(scheme, 4, 2, 64)  # t=2 has 3 sub-points: 63 + 1 bytes
+    assert parts == [(1, 1, 1), (2, 63, 3)]
+    epochs = run_epochs("elmahdy-mohajer", 4, 8, 2, 2, point_bytes=64, worst=True, byte_exact=True)
+    for e in epochs:
+        assert e.stored_bytes_max <= 2 * 2 * 64
+        assert e.payload_bytes == round(e.load * 64)  # no padding on the link either
+    # without the point size the codec pads 64 bytes to 3 x 22: counted, over the budget
+    padded = run_epochs("elmahdy-mohajer", 4, 8, 2, 1, point_bytes=64, worst=True)
+    assert padded[0].stored_bytes_max == 2 * 2 * 66
+    assert padded[0].payload_bytes == 6 * 22
+
+
+def test_tiny_subpoints_are_refused_with_the_numbers():
+    with pytest.raises(UsageError, match=r"20 sub-points of 3\.20 bytes.*T <= 2 or points of"):
+        check_subpacketization(get_scheme("elmahdy-mohajer"), 7, 4, 64)
+    with pytest.raises(UsageError, match=r"at least 80 bytes"):
+        check_subpacketization(get_scheme("attia-tandon-excess"), 5, 2.2, 64)
+    scheme = get_scheme("elmahdy-mohajer")
+    scheme.point_bytes = 16
+    with pytest.raises(UsageError, match="sub-points of"):
+        scheme.initial_state(np.arange(7), 7, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "k", "storage", "match"),
+    [
+        ("elmahdy-mohajer", 10, 4, 2, "multiple of workers"),
+        ("elmahdy-mohajer", 8, 4, 4.5, r"T=4\.5 out of range 1\.\.4"),
+        ("attia-tandon-excess", 8, 4, 0.5, r"out of range 1\.\.4"),
+        ("elmahdy-mohajer", 1 << 20, 16, 8, "exceeds"),
+    ],
+)
+def test_check_refuses_bad_parameters(name, n, k, storage, match):
+    with pytest.raises(UsageError, match=match):
+        get_scheme(name).check(n, k, storage)
+
+
+# ---------------------------------------------------------------- bounds and curves
+
+
+def test_ordering_bound_local_search_never_exceeds_the_exact_search():
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        k, q, t = 6, 3, int(rng.integers(1, 4))
+        state = em_initial_state(random_assignment(k * q, k, rng), k, t)
+        new = random_assignment(k * q, k, rng)
+        dem, mask, wts = _types(state, new, 1 / state.splits)
+        exact = _exact(k, dem, mask, wts)
+        assert _local_search(k, dem, mask, wts) <= exact + 1e-9
+        assert exact <= em_plan(state, new, "em").load_points + 1e-9
+
+
+def test_curves_match_the_corner_points():
+    assert at_corners(4, 4) == [(1.0, 3.0), (1.75, 1.5), (2.5, 2 / 3), (3.25, 0.25), (4.0, 0.0)]
+    assert em_worst_case(4, 8, [1, 2, 3, 4]).tolist() == pytest.approx([6, 2, 2 / 3, 0])
+    assert float(envelope([(1, 4), (2, 3), (3, 0)], 2.0)) == 2.0  # a non-convex corner drops
+    # K=4: the A-T corners lie on E-M's optimal curve (seed 004 Theorem 4 closes the gap)
+    for s, r in at_corners(4, 4):
+        assert float(em_worst_case(4, 4, s)) == pytest.approx(r)

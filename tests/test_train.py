@@ -1,0 +1,331 @@
+"""The training harness: records, data sources, the worker's own-store protocol for every
+scheme (in process), config validation, and real multi-process jobs (at most 5 processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib.util import module_from_spec, spec_from_file_location
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from coded_shuffle.assignment import batches
+from coded_shuffle.delivery import Delivery
+from coded_shuffle.errors import UsageError
+from coded_shuffle.schemes import REGISTRY, get_scheme
+from train import data, shuffle_sgd
+from train.entry import CONF_DIR
+from train.metrics import EPOCH_KEYS
+from train.schedule import Chain, kept_points, own_delivery, store_from_points
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
+EXCESS = ("attia-tandon-excess", 1.5)  # memory sharing: two byte parts
+JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.timeout_seconds=30"]
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+# --- records and data ------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 20), st.integers(1, 12), st.data())
+def test_records_round_trip_exactly(n, d, draw):
+    x = np.array(
+        draw.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=n * d, max_size=n * d)),
+        dtype=np.float32,
+    ).reshape(n, d)
+    y = np.array(draw.draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n)))
+    rows = data.to_records(x, y)
+    assert rows.dtype == torch.uint8 and rows.shape == (n, data.record_bytes(d))
+    xb, yb = data.from_records(rows, d)
+    assert xb.numpy().tobytes() == x.tobytes() and yb.tolist() == y.tolist()
+
+
+def test_digits_are_trimmed_to_a_multiple_of_the_workers():
+    cfg = compose("data=digits").data
+    ds = data.load(cfg, workers=7, seed=0)
+    assert ds.num_points % 7 == 0 and 0 <= ds.dropped < 7
+    assert ds.num_points + ds.dropped + ds.x_test.shape[0] == 1797
+    assert abs(float(ds.x_train.mean())) < 1e-3  # standardised with the training statistics
+    assert data.describe(cfg).train_points == ds.num_points + ds.dropped
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".pt"])
+def test_file_source(tmp_path, suffix):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 3, 3)).astype(np.float32), rng.integers(0, 4, 50)
+    path = tmp_path / f"d{suffix}"
+    if suffix == ".npz":
+        np.savez(path, X=x, y=y)
+    else:
+        torch.save({"X": torch.from_numpy(x), "y": torch.from_numpy(y)}, path)
+    cfg = compose("data=file", f"data.path={path}", "data.test_fraction=0.2").data
+    assert data.describe(cfg) == data.DataInfo(40, 9, 4)
+    ds = data.load(cfg, workers=3, seed=1)
+    assert (ds.num_points, ds.dropped, ds.features) == (39, 1, 9)
+
+
+def test_synthetic_sizes_come_from_the_config():
+    cfg = compose("data=synthetic", "data.points=101", "data.features=5", "data.classes=3").data
+    ds = data.load(cfg, workers=4, seed=0)
+    assert (ds.num_points, ds.dropped, ds.features, ds.classes) == (100, 1, 5, 3)
+
+
+# --- the worker's protocol for every scheme, in process ------------------------------------
+
+
+CASES = [(s, 1.0) for s in ("uncoded", "attia-tandon", "cycles", "best")] + [
+    ("attia-tandon-excess", 2.0),
+    ("attia-tandon-excess", 1.5),
+    ("elmahdy-mohajer", 2.0),
+    ("elmahdy-mohajer", 2.5),
+]
+
+
+@pytest.mark.parametrize(("name", "storage"), CASES)
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
+    """Placement keep-set, own-program decode, store update: what every worker rank does."""
+    if name not in REGISTRY:
+        pytest.skip(f"{name} not registered yet")
+    k_workers, n, b, epochs = 4, 24, 72, 4
+    scheme = get_scheme(name)
+    scheme.check(n, k_workers, storage)
+    gen = torch.Generator().manual_seed(seed)
+    records = torch.randint(0, 256, (n, b), dtype=torch.uint8, generator=gen)
+    chain = Chain(scheme, n, k_workers, storage, seed)
+    transitions = list(chain.transitions(epochs))
+    firsts = batches(chain.first, k_workers)
+    stores = []
+    for k in range(k_workers):  # epoch 1: each worker keeps only what it places
+        delivery = own_delivery(transitions[0].plan, b, k)
+        keep = np.union1d(firsts[k], kept_points(delivery, k))
+        stores.append(store_from_points(delivery, k, keep, records[torch.from_numpy(keep)]))
+    for tr in transitions:
+        symbols = Delivery.prepare(tr.plan, b).encode(records)
+        for k in range(k_workers):
+            mine = own_delivery(tr.plan, b, k)
+            heard = [
+                s.index_select(0, torch.from_numpy(mine.programs[p][k].symbol_ids))
+                for p, s in enumerate(symbols)
+            ]
+            batch, work = mine.decode(k, heard, stores[k])
+            want = records[torch.from_numpy(tr.plans[0].new_batches[k])]
+            assert torch.equal(batch, want), f"{name} epoch {tr.epoch} worker {k}"
+            stores[k] = stores[k].updated(mine, k, work, scheme.part_caches(tr.next_state, k))
+
+
+# --- validation: before any process starts -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=synthetic", "data.points=3"], "workers=4 exceeds the 3 training points"),
+        (["storage=9"], "out of range 1..4"),
+        (["storage=0.5"], "out of range 1..4"),
+        (["workers=0"], "workers=0 out of range"),
+        (["optim.batch_size=0"], "optim.batch_size=0"),
+        (["model=cnn", "data=synthetic", "data.features=10"], "square"),
+        (["data=file", "data.path=/no/such.npz"], "is not a file"),
+        (["debug.die_rank=7"], "debug.die_rank=7 out of range 0..4"),
+    ],
+)
+def test_invalid_configs_raise_one_usage_error(overrides, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        shuffle_sgd.validate(compose(*overrides))
+
+
+def test_unknown_scheme_is_a_usage_error():
+    cfg = compose()
+    cfg.scheme.name = "no-such-scheme"
+    with pytest.raises(UsageError, match="unknown scheme 'no-such-scheme'; valid: "):
+        shuffle_sgd.validate(cfg)
+
+
+def _command() -> list[str]:
+    exe = shutil.which("coded-shuffle-train")
+    return [exe] if exe else [sys.executable, "-m", "train.launch"]
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(
+        _command() + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["scheme=no-such-scheme"], "unknown scheme 'no-such-scheme'; valid:"),
+        (["workers=5000"], "workers=5000 exceeds the 1438 training points"),
+    ],
+)
+def test_command_line_errors_are_one_line_and_start_nothing(tmp_path, args, message):
+    out = _run([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not (tmp_path / "run" / "config.yaml").exists()  # stopped before any process
+
+
+# --- real multi-process jobs ---------------------------------------------------------------
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One sweep over the registered SCHEMES plus one memory-sharing run, same seed."""
+    root = tmp_path_factory.mktemp("train")
+    names = [s for s in SCHEMES if s in REGISTRY]
+    sweep = root / "sweep"
+    out = _run(["-m", f"scheme={','.join(names)}", *JOB, f"hydra.sweep.dir={sweep}"], root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = {}
+    for metrics in sweep.rglob("metrics.jsonl"):
+        found[_metrics(metrics.parent)[0]["scheme"]] = metrics.parent
+    name, storage = EXCESS
+    if name in REGISTRY:
+        run_dir = root / "excess"
+        args = [f"scheme={name}", f"storage={storage}", *JOB, f"hydra.run.dir={run_dir}"]
+        out = _run(args, root)
+        assert out.returncode == 0, out.stderr[-3000:]
+        found[f"{name} T={storage}"] = run_dir
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheme", [*SCHEMES, f"{EXCESS[0]} T={EXCESS[1]}"])
+def test_every_epoch_is_verified_and_recorded(runs, scheme):
+    if scheme not in runs:
+        pytest.skip(f"{scheme} not registered yet")
+    rows = _metrics(runs[scheme])
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert [r["phase"] for r in rows] == ["placement", "coded", "coded"]
+    for row in rows:
+        assert set(EPOCH_KEYS) <= set(row), set(EPOCH_KEYS) - set(row)
+        assert row["verified"] is True
+        assert row["broadcast_bytes"] == row["payload_bytes"] + row["header_bytes"]
+        assert row["gloo_tree_bytes"] == row["broadcast_bytes"] * 4  # 5 processes
+        assert row["lower_bound_bytes"] <= row["payload_bytes"]
+        assert np.isfinite(row["train_loss"]) and 0 <= row["test_accuracy"] <= 1
+    first = rows[0]
+    assert first["broadcast_bytes"] == first["uncoded_bytes"]  # the placement is uncoded
+    assert first["payload_bytes"] >= first["points"] * first["point_bytes"]
+    for row in rows[1:]:
+        if row["scheme"] == "uncoded":
+            assert row["broadcast_bytes"] == row["uncoded_bytes"]  # same framing, same bytes
+        else:
+            assert row["broadcast_bytes"] < row["uncoded_bytes"]
+    summary = _summary(runs[scheme])
+    assert summary["all_verified"] and summary["workers_params_agree"]
+    assert len(summary["final_params_sha256"]) == 64
+    config = OmegaConf.load(runs[scheme] / "config.yaml")
+    assert config.seed == 3 and config.workers == 4
+
+
+@pytest.mark.distributed
+def test_every_scheme_trains_bit_identical_parameters(runs):
+    if len(runs) < 2:
+        pytest.skip("needs two registered schemes")
+    hashes = {name: _summary(path)["final_params_sha256"] for name, path in runs.items()}
+    assert len(set(hashes.values())) == 1, hashes
+    losses = {name: [r["test_loss"] for r in _metrics(path)] for name, path in runs.items()}
+    assert len({tuple(v) for v in losses.values()}) == 1
+
+
+@pytest.mark.distributed
+def test_compare_script_writes_the_plots(runs, tmp_path):
+    spec = spec_from_file_location("compare", REPO / "scripts" / "compare.py")
+    compare = module_from_spec(spec)
+    sys.modules["compare"] = compare  # dataclasses look their module up
+    spec.loader.exec_module(compare)
+    assert compare.main([*(str(p) for p in runs.values()), "--out", str(tmp_path)]) == 0
+    for name in ("loss.png", "bytes.png", "cumulative.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+@pytest.mark.distributed
+def test_a_dead_worker_fails_the_job_naming_its_rank(tmp_path):
+    t0 = time.perf_counter()
+    args = ["scheme=uncoded", *JOB, "debug.die_rank=2", "debug.die_epoch=2"]
+    out = _run([*args, "dist.timeout_seconds=20", f"hydra.run.dir={tmp_path}"], tmp_path)
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("coded-shuffle-train: error: rank 2 (worker 1) failed"), out.stderr
+    assert "Traceback" not in out.stderr
+    assert elapsed < 60
+    assert [r["epoch"] for r in _metrics(tmp_path)] == [1]  # epoch 1 finished, then the death
+
+
+@pytest.mark.distributed
+def test_a_wrong_decode_fails_loudly_at_the_worker(tmp_path):
+    """The master corrupts one symbol (its payload digest still matches what it sends)."""
+    args = ["scheme=uncoded", *JOB, "debug.corrupt_epoch=2", f"hydra.run.dir={tmp_path}"]
+    out = _run(args, tmp_path)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert "failed: VerificationError: epoch 2: worker" in last, out.stderr
+    assert "the master's is" in last
+    assert [r["epoch"] for r in _metrics(tmp_path)] == [1]
+
+
+@pytest.mark.distributed
+def test_a_stalled_worker_times_out_and_is_named(tmp_path):
+    args = ["scheme=uncoded", *JOB, "debug.die_rank=3", "debug.die_mode=hang"]
+    t0 = time.perf_counter()
+    out = _run([*args, "dist.timeout_seconds=3", f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert out.returncode == 1 and time.perf_counter() - t0 < 60
+    last = out.stderr.strip().splitlines()[-1]
+    assert "stalled: rank 3 (worker 2) at 'epoch 1 trained'" in last, out.stderr
+
+
+@pytest.mark.distributed
+def test_torchrun_module_trains_like_the_local_launcher(tmp_path):
+    """The documented ``torchrun ... -m train`` path: same parameters as the Hydra launcher."""
+    args = ["workers=2", "epochs=2", "seed=3", "scheme=uncoded", "model.hidden=16"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    out = subprocess.run(
+        [*torchrun, "--nproc-per-node", "3", "-m", "train", *args, f"hydra.run.dir={tmp_path}/tr"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    local = _run([*args, f"hydra.run.dir={tmp_path}/local"], tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    a, b = _summary(tmp_path / "tr"), _summary(tmp_path / "local")
+    assert a["all_verified"] and b["all_verified"]
+    assert a["final_params_sha256"] == b["final_params_sha256"]
+    assert (tmp_path / "tr" / "config.yaml").exists()

@@ -1,0 +1,415 @@
+"""``job=elastic_gd``: coded elastic gradient descent over torch.distributed (seed 002).
+
+Rank 0 is the master (it holds ``X``, ``y`` and runs :class:`ElasticMaster`); ranks ``1..P``
+are the workers, each with its own persistent store under ``RUN_DIR/elastic/stores``. All
+traffic is point-to-point between the master and one worker, so a worker that dies is named by
+the connection that fails. The master then checkpoints the loss and exits; torch's elastic
+launcher restarts every process (``max_restarts``), the master resumes from the checkpoint
+without the lost worker, and the survivors reuse the coded blocks on their disks.
+
+Entry points: ``run(cfg)`` (per rank, the harness contract of :mod:`train.entry`),
+``validate(cfg)``, ``max_restarts(cfg)``, and ``python -m train.elastic_gd key=value ...``, a
+small local launcher that also enables restarts (see docs/elastic.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from coded_shuffle.elastic.generator import systematic_generator
+from coded_shuffle.elastic.problem import Problem, make_problem
+from coded_shuffle.elastic.protocol import HEADER_INTS, Message, Op, WorkerLost, WorkerNode
+from coded_shuffle.elastic.runner import (
+    ElasticMaster,
+    FileCheckpoint,
+    JsonlSink,
+    Settings,
+    make_settings,
+)
+from coded_shuffle.elastic.store import BlockStore
+from coded_shuffle.errors import UsageError
+
+CONF = Path(__file__).resolve().parent.parent / "conf" / "job" / "elastic_gd.yaml"
+PROG = "python -m train.elastic_gd"
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+def settings_from(cfg: Any) -> Settings:
+    """Validated :class:`Settings` from the Hydra config (``workers`` = ``P``)."""
+    job, el = cfg.job, cfg.job.elastic
+    events = OmegaConf.to_container(el.events, resolve=True) if el.get("events") else None
+    return make_settings(
+        workers=cfg.workers,
+        recovery_threshold=el.recovery_threshold,
+        steps=job.steps,
+        events=events,
+        methods=list(el.methods),
+        generator=str(el.generator),
+        seed=int(cfg.get("seed", 0)),
+        max_condition=float(el.max_condition),
+        lr=None if job.get("lr") is None else float(job.lr),
+        max_workers=int(cfg.workers),
+        step_delay=float(el.get("step_delay", 0.0)),
+    )
+
+
+def problem_from(cfg: Any) -> Problem:
+    p = cfg.job.problem
+    return make_problem(
+        int(p.points),
+        int(p.features),
+        int(cfg.workers),
+        float(p.noise),
+        float(p.heterogeneity),
+        float(cfg.job.get("ridge", 0.0)),
+        int(cfg.get("seed", 0)),
+    )
+
+
+def validate(cfg: Any) -> None:
+    """Every check that can fail before a process starts (one :class:`UsageError` line)."""
+    s = settings_from(cfg)
+    problem_from(cfg).step_size(s.lr)
+    if "coded" in s.methods:
+        systematic_generator(s.workers, s.recovery_threshold, s.generator, s.seed, s.max_condition)
+    if int(cfg.job.elastic.get("max_restarts", 0)) < 0:
+        raise UsageError(f"job.elastic.max_restarts={cfg.job.elastic.max_restarts} must be >= 0")
+
+
+def max_restarts(cfg: Any) -> int:
+    """How often the launcher restarts the job after a process dies (``job.elastic``)."""
+    return int(cfg.job.elastic.get("max_restarts", 0))
+
+
+def _timeout(cfg: Any) -> timedelta:
+    dist_cfg = cfg.get("dist") or {}
+    return timedelta(seconds=float(dist_cfg.get("timeout_seconds", 60)))
+
+
+# --- transport ---------------------------------------------------------------------------
+
+
+def _isend(msg: Message, dst: int) -> list[tuple[dist.Work, torch.Tensor]]:
+    header = torch.tensor([msg.op, msg.ints.size, msg.floats.size], dtype=torch.int64)
+    tensors = [header]
+    if msg.ints.size:
+        tensors.append(torch.from_numpy(msg.ints))
+    if msg.floats.size:
+        tensors.append(torch.from_numpy(msg.floats))
+    return [(dist.isend(t, dst), t) for t in tensors]
+
+
+def _recv(src: int) -> Message:
+    header = torch.empty(HEADER_INTS, dtype=torch.int64)
+    dist.recv(header, src)
+    op, n_ints, n_floats = (int(v) for v in header)
+    ints = torch.empty(n_ints, dtype=torch.int64)
+    floats = torch.empty(n_floats, dtype=torch.float64)
+    if n_ints:
+        dist.recv(ints, src)
+    if n_floats:
+        dist.recv(floats, src)
+    return Message(op, ints.numpy(), floats.numpy())
+
+
+def _recv_after(msg: Message, rank: int) -> Message:
+    works = _isend(msg, rank)
+    reply = _recv(rank)
+    for work, _ in works:
+        work.wait()
+    return reply
+
+
+class DistTransport:
+    """Point-to-point gloo messages between the master and the workers (ranks = worker ids).
+
+    Idle ranks (departed workers, a killed rank after the restart) get a 24-byte keep-alive
+    header whenever they have not heard from the master for a quarter of the timeout, so their
+    blocking receive never times out; those bytes are counted in ``overhead_bytes``.
+    """
+
+    def __init__(self, world: int, timeout: timedelta) -> None:
+        self.ranks = list(range(1, world))
+        self.keepalive = timeout.total_seconds() / 4
+        self.last = {r: time.monotonic() for r in self.ranks}
+        self.overhead_bytes = 0
+
+    def exchange(self, requests: dict[int, Message]) -> dict[int, Message]:
+        pending = []
+        for rank, msg in requests.items():
+            try:
+                pending += [(rank, w, t) for w, t in _isend(msg, rank)]
+            except RuntimeError:
+                raise WorkerLost([rank]) from None
+        replies = {}
+        for rank in requests:
+            try:
+                replies[rank] = _recv(rank)
+            except RuntimeError:
+                raise WorkerLost([rank]) from None
+            self.last[rank] = time.monotonic()
+        for rank, work, _ in pending:
+            try:
+                work.wait()
+            except RuntimeError:
+                raise WorkerLost([rank]) from None
+        self._keep_alive(set(requests))
+        return replies
+
+    def _keep_alive(self, contacted: set[int]) -> None:
+        now = time.monotonic()
+        for rank in self.ranks:
+            if rank not in contacted and now - self.last[rank] > self.keepalive:
+                noop = Message.make(Op.NOOP)
+                try:
+                    for work, _ in _isend(noop, rank):
+                        work.wait()
+                except RuntimeError:
+                    continue  # an idle rank that is gone: nothing depends on it
+                self.overhead_bytes += noop.nbytes
+                self.last[rank] = now
+
+    def killed_ranks(self) -> list[int]:
+        """Ranks whose previous incarnation died without an exit record (SIGKILL), by HELLO."""
+        replies = {r: _recv_after(Message.make(Op.HELLO), r) for r in self.ranks}
+        hello = Message.make(Op.HELLO).nbytes
+        self.overhead_bytes += sum(hello + m.nbytes for m in replies.values())
+        return [r for r, m in replies.items() if int(m.ints[0]) == 0]
+
+    def stop(self) -> None:
+        """Tells every worker rank to finish (ranks that are gone are skipped)."""
+        for rank in self.ranks:
+            try:
+                for work, _ in _isend(Message.make(Op.STOP), rank):
+                    work.wait()
+            except RuntimeError:
+                continue
+
+
+# --- per-rank code -----------------------------------------------------------------------
+
+
+def elastic_dir(cfg: Any, run_dir: Path) -> Path:
+    custom = cfg.job.elastic.get("store_dir")
+    return Path(custom) if custom else run_dir / "elastic"
+
+
+def _receiver(inbox: queue.Queue[Message | BaseException]) -> None:
+    """Blocking gloo receives in a thread, so the main thread stays responsive to SIGTERM."""
+    while True:
+        try:
+            msg = _recv(0)
+        except BaseException as exc:  # the master is gone: hand the error to the main thread
+            inbox.put(exc)
+            return
+        inbox.put(msg)
+        if msg.op == Op.STOP:
+            return
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def worker_loop(rank: int, root: Path) -> None:
+    """A worker: answer the master's messages from its own store until STOP.
+
+    Every exit path except SIGKILL (a pre-empted machine) leaves ``pids/rank_<r>.exit``; after
+    a restart the master asks every rank (HELLO) whether its previous incarnation left one.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    pids = root / "pids"
+    pids.mkdir(parents=True, exist_ok=True)
+    marker = pids / f"rank_{rank}.exit"
+    previous = marker.read_text().split()[0] if marker.exists() else ""
+    clean = -1 if attempt == 0 else int(previous == str(attempt - 1))
+    marker.unlink(missing_ok=True)
+    (pids / f"rank_{rank}").write_text(str(os.getpid()))
+    node = WorkerNode(BlockStore(root / "stores" / f"worker_{rank}"))
+    inbox: queue.Queue[Message | BaseException] = queue.Queue()
+    threading.Thread(target=_receiver, args=(inbox,), daemon=True).start()
+    signal.signal(signal.SIGTERM, _terminated)
+    reason = "error"
+    try:
+        while True:
+            try:
+                msg = inbox.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if isinstance(msg, BaseException):
+                raise msg
+            if msg.op == Op.STOP:
+                reason = "stop"
+                return
+            if msg.op == Op.NOOP:
+                continue
+            reply = Message.make(Op.HELLO, [clean]) if msg.op == Op.HELLO else node.handle(msg)
+            for work, _ in _isend(reply, 0):
+                work.wait()
+    except SystemExit:
+        reason = "terminated"
+        raise
+    finally:
+        marker.write_text(f"{attempt} {reason}")
+
+
+def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None:
+    """The master: the methods in turn, metrics, checkpoints; a lost worker ends the process."""
+    settings, problem = settings_from(cfg), problem_from(cfg)
+    root = elastic_dir(cfg, run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    transport = DistTransport(world, timeout)
+    master = ElasticMaster(
+        problem,
+        settings,
+        transport,
+        JsonlSink(run_dir / "metrics.jsonl"),
+        FileCheckpoint(root / "checkpoint.pkl"),
+    )
+    (run_dir / "elastic_summary.json").write_text(json.dumps(master.summary(), indent=1))
+    status: dict[str, Any] = {"status": "finished"}
+    try:
+        master.run(killed=transport.killed_ranks())
+    except UsageError as exc:  # e.g. a real loss below the recovery threshold
+        status = {"status": "stopped", "reason": str(exc)}
+        print(f"elastic_gd: stopped: {exc}", file=sys.stderr, flush=True)
+    status.update(restarts=master.restarts, lost=master.lost)
+    status["overhead_bytes"] = transport.overhead_bytes  # HELLO and keep-alive headers
+    (run_dir / "elastic_status.json").write_text(json.dumps(status, indent=1))
+    transport.stop()
+
+
+def init_process_group(timeout: timedelta) -> None:
+    """gloo from the launcher's environment, with a store prefix per restart attempt.
+
+    torch's elastic agent keeps one TCPStore for every attempt, so without the prefix a
+    restarted group reads the dead group's addresses and ``connectFullMesh`` fails.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"elastic_gd/attempt_{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
+
+
+def _harness_run_dir() -> Path | None:
+    try:
+        from .dist import context
+    except ImportError:
+        return None
+    try:
+        return context().run_dir
+    except RuntimeError:
+        return None
+
+
+def run(cfg: Any, run_dir: str | os.PathLike[str] | None = None) -> None:
+    """One rank of the job (the harness has usually set the process group up already)."""
+    timeout = _timeout(cfg)
+    own_group = not dist.is_initialized()
+    if own_group:
+        init_process_group(timeout)
+    path = Path(run_dir) if run_dir is not None else _harness_run_dir() or Path(os.getcwd())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != int(cfg.workers) + 1:
+        need = int(cfg.workers) + 1
+        raise UsageError(f"elastic_gd needs workers+1={need} processes, not {world}")
+    try:
+        if rank == 0:
+            master_main(cfg, path, world, timeout)
+        else:
+            worker_loop(rank, elastic_dir(cfg, path))
+    finally:
+        if own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# --- a small local launcher (restarts enabled) ------------------------------------------
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """``workers``, ``seed``, ``dist`` and ``job`` (conf/job/elastic_gd.yaml) plus overrides."""
+    base = OmegaConf.create(
+        {"workers": 6, "seed": 0, "run_dir": "outputs/elastic_gd", "dist": {"timeout_seconds": 60}}
+    )
+    base.job = OmegaConf.load(CONF)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise UsageError(f"override {bad[0]!r} must look like key=value")
+    return OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
+
+
+def _rank_entry(cfg_yaml: str, run_dir: str) -> None:
+    run(OmegaConf.create(cfg_yaml), run_dir)
+
+
+def launch_local(cfg: DictConfig, run_dir: str | os.PathLike[str]) -> None:
+    """Starts ``workers + 1`` local processes with torch's elastic launcher."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=int(cfg.workers) + 1,
+        run_id=f"elastic-gd-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=max_restarts(cfg),
+        monitor_interval=0.1,
+        start_method="fork",
+    )
+    elastic_launch(config, _rank_entry)(OmegaConf.to_yaml(cfg, resolve=True), str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m train.elastic_gd workers=4 job.elastic.recovery_threshold=2 run_dir=D``."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        cfg = compose(list(sys.argv[1:] if argv is None else argv))
+        validate(cfg)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        launch_local(cfg, str(cfg.run_dir))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        print(f"{PROG}: error: rank {rank} failed (exit code {failure.exitcode})", file=sys.stderr)
+        return 1
+    status = Path(str(cfg.run_dir)) / "elastic_status.json"
+    stopped = status.exists() and json.loads(status.read_text())["status"] == "stopped"
+    return 3 if stopped else 0  # the master printed why it stopped
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

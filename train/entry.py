@@ -1,0 +1,160 @@
+"""Per-rank entry point: set up the process group, then dispatch to ``train.<job>.run(cfg)``.
+
+Contract for a job module ``train/<name>.py`` (selected by ``job=<name>``, whose
+``conf/job/<name>.yaml`` holds ``name: <name>``):
+
+* ``run(cfg)`` runs on every rank after gloo is set up; ``train.dist.context()`` gives the
+  :class:`~train.dist.RankContext` (rank, world size, workers' subgroup, run directory).
+* optional ``validate(cfg)`` raises :class:`~coded_shuffle.errors.UsageError`; the launcher
+  calls it before any process starts (one clear line, no traceback).
+* optional ``num_processes(cfg)``; default ``workers + 1``.
+* optional ``max_restarts(cfg)``: how often the launcher restarts all processes after a
+  failure; default 0 (the job fails with one line naming the failed rank).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from coded_shuffle.errors import UsageError
+
+from .dist import (
+    PEER_LOSS_GRACE_SECONDS,
+    deterministic,
+    is_peer_loss,
+    setup,
+    stalled_ranks,
+    teardown,
+)
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+log = logging.getLogger("train")
+
+
+class PeerLost(RuntimeError):
+    """A collective failed because another rank died or stalled."""
+
+
+def available_jobs() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "job").glob("*.yaml"))
+
+
+def job_module(name: str) -> ModuleType:
+    """``train.<name>``; :class:`UsageError` naming the valid jobs if it does not exist."""
+    valid = ", ".join(available_jobs())
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise UsageError(f"job {name!r} unknown; valid: {valid}")
+    try:
+        module = importlib.import_module(f"train.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"train.{name}":
+            raise UsageError(f"job {name!r} unknown; valid: {valid}") from None
+        raise
+    if not callable(getattr(module, "run", None)):
+        raise UsageError(f"job {name!r}: train.{name} has no run(cfg)")
+    return module
+
+
+def num_processes(cfg: Any, module: ModuleType) -> int:
+    hook = getattr(module, "num_processes", None)
+    return int(hook(cfg)) if hook else int(cfg.workers) + 1
+
+
+def max_restarts(cfg: Any, module: ModuleType) -> int:
+    hook = getattr(module, "max_restarts", None)
+    return int(hook(cfg)) if hook else 0
+
+
+def validate(cfg: Any) -> ModuleType:
+    """The job module, after its ``validate(cfg)`` passed."""
+    module = job_module(str(cfg.job.name))
+    hook = getattr(module, "validate", None)
+    if hook:
+        hook(cfg)
+    return module
+
+
+def write_config(cfg: Any, run_dir: str | Path) -> None:
+    """The resolved config beside the metrics (``RUN_DIR/config.yaml``)."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def _logging(run_dir: str | Path, rank: int) -> None:
+    """Console (and ``train.log`` on rank 0) when the process did not inherit handlers."""
+    logger = logging.getLogger("train")
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if logging.getLogger().handlers:
+        return
+    logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(message)s", datefmt="%X")
+    if rank == 0:
+        handler = logging.FileHandler(Path(run_dir) / "train.log")
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
+        logger.addHandler(handler)
+
+
+def run_rank(cfg: DictConfig, run_dir: str) -> None:
+    """One rank: deterministic torch, process group, the job's ``run(cfg)``."""
+    import os
+
+    rank = int(os.environ.get("RANK", "0"))
+    deterministic(int(cfg.threads))
+    _logging(run_dir, rank)
+    module = job_module(str(cfg.job.name))
+    try:
+        setup(cfg, run_dir)
+        module.run(cfg)
+    except Exception as exc:
+        if not is_peer_loss(exc):
+            raise
+        time.sleep(PEER_LOSS_GRACE_SECONDS)  # let the rank that failed first be reported
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)  # gloo's source location
+        raise PeerLost(f"{first}; {stalled_ranks() or 'no rank is behind'}") from exc
+    teardown()
+
+
+@record
+def rank_main(cfg_yaml: str, run_dir: str) -> None:
+    """What the local launcher starts in every process (picklable, module level)."""
+    run_rank(OmegaConf.create(cfg_yaml), run_dir)
+
+
+def torchrun_main(argv: list[str]) -> None:
+    """``torchrun ... -m train [overrides]``: compose the config here, run this rank."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import setup_globals
+
+    from .launch import register_schemes
+
+    setup_globals()
+    register_schemes()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        cfg = compose("config", overrides=argv, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    run_dir = str(cfg.hydra.run.dir)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        if rank == 0:
+            validate(cfg)
+            write_config(cfg, run_dir)
+    except UsageError as exc:
+        print(f"python -m train: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    run_rank(cfg, run_dir)

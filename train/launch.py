@@ -1,0 +1,142 @@
+"""``coded-shuffle-train``: a Hydra app that validates the config and starts ``workers + 1``
+local processes through torch's elastic launcher (the machinery behind ``torchrun``).
+
+``coded-shuffle-train -m scheme=uncoded,attia-tandon,cycles`` sweeps; every run writes
+``metrics.jsonl``, ``summary.json`` and ``config.yaml`` into its Hydra run directory.
+Invalid configs stop before any process starts, with one line on stderr; a rank that fails
+makes the job fail with one line naming the rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import uuid
+from typing import Any
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from coded_shuffle.errors import UsageError
+from coded_shuffle.schemes import REGISTRY
+
+from .dist import rank_label
+from .entry import CONF_DIR, max_restarts, num_processes, rank_main, validate, write_config
+
+PROG = "coded-shuffle-train"
+QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
+
+
+def fail(message: str, code: int) -> None:
+    """One line on stderr, then exit (no traceback)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def register_schemes() -> None:
+    """Makes every registered scheme a ``scheme=`` option, even without a conf/scheme YAML."""
+    store = ConfigStore.instance()
+    for name in REGISTRY:
+        if not (CONF_DIR / "scheme" / f"{name}.yaml").exists():
+            store.store(group="scheme", name=name, node={"name": name})
+
+
+GROUPS = ("scheme", "data", "model", "optim", "job")
+
+
+def group_options(group: str) -> list[str]:
+    """Valid ``group=`` values: the YAML files in ``conf/<group>`` (and registered schemes)."""
+    names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+    if group == "scheme":
+        names = set(REGISTRY)  # a scheme YAML without a registered scheme is not valid
+    return sorted(names)
+
+
+def check_group_overrides(argv: list[str]) -> None:
+    """Unknown ``scheme=``/``data=``/... values fail in one line (Hydra's own spans many)."""
+    for arg in argv:
+        m = re.fullmatch(r"[+~]?(\w+)=(.*)", arg)
+        if not m or m.group(1) not in GROUPS or re.search(r"[()\[\]{}*$]", m.group(2)):
+            continue
+        valid = group_options(m.group(1))
+        for name in filter(None, m.group(2).split(",")):
+            if name not in valid:
+                fail(f"unknown {m.group(1)} {name!r}; valid: {', '.join(valid)}", 2)
+
+
+def failure_line(exc: Any) -> str:
+    """The first failed rank of a ``ChildFailedError`` and why, in one line."""
+    rank, failure = exc.get_first_failure()
+    detail = failure.message
+    if isinstance(detail, dict):
+        detail = str(detail.get("message", ""))
+    if not detail or detail.startswith("To enable traceback"):
+        detail = (
+            f"killed by {failure.signal_name()}"
+            if failure.exitcode < 0
+            else f"exited with code {failure.exitcode}"
+        )
+    detail = detail.strip().splitlines()[0] if detail.strip() else detail
+    return f"{rank_label(rank)} failed: {detail}"
+
+
+def launch(cfg: DictConfig, run_dir: str) -> None:
+    """Validate, write ``config.yaml``, start the processes, report a failed rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    try:
+        module = validate(cfg)
+        nproc = num_processes(cfg, module)
+        restarts = max_restarts(cfg, module)
+        start_method = str(cfg.dist.start_method)
+        if start_method not in ("fork", "spawn", "forkserver"):
+            raise UsageError(f"dist.start_method={start_method!r}; valid: fork, spawn, forkserver")
+    except UsageError as exc:
+        fail(str(exc), 2)
+    except OmegaConfBaseException as exc:  # a key missing or mistyped in the config
+        fail(f"config: {str(exc).strip().splitlines()[0]}", 2)
+    write_config(cfg, run_dir)
+    os.environ["OMP_NUM_THREADS"] = str(int(cfg.threads))
+    import torch
+
+    # Imports torch's compiler config once here (about 1-3 s), not in every forked process.
+    torch.use_deterministic_algorithms(True)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"coded-shuffle-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=restarts,
+        monitor_interval=float(cfg.dist.monitor_interval),
+        start_method=start_method,
+    )
+    try:
+        elastic_launch(config, rank_main)(OmegaConf.to_yaml(cfg, resolve=True), run_dir)
+    except ChildFailedError as exc:
+        fail(f"{failure_line(exc)} (run directory {run_dir})", 1)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    launch(cfg, HydraConfig.get().runtime.output_dir)
+
+
+def main() -> None:
+    """Console script ``coded-shuffle-train``."""
+    check_group_overrides(sys.argv[1:])
+    register_schemes()
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,471 @@
+"""Job ``shuffle_sgd``: random-reshuffling SGD whose epoch data moves as a coded broadcast.
+
+Rank 0 (master) holds the training set as records; every epoch it draws the assignment from
+the seed, plans the delivery with the configured scheme, proves it, encodes it and broadcasts
+the symbols over gloo (:mod:`coded_shuffle.transport`). Epoch 1 is the placement: every point
+sent once, uncoded. Workers (ranks 1..K) decode with their own store only, check the SHA-256
+of the decoded batch against the master's and fail loudly on a difference. They then run
+synchronous data-parallel SGD (gradient all-reduce in the workers' gloo subgroup) over their
+batch; worker 0 sends the parameters to the master, which evaluates them on the test split.
+
+The scheme changes the bytes on the link, never the batches or their order: with the same seed
+every scheme yields bit-identical parameters (``final_params_sha256`` in ``summary.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from coded_shuffle.assignment import batches
+from coded_shuffle.delivery import Delivery, WorkerStore
+from coded_shuffle.errors import UsageError, VerificationError
+from coded_shuffle.schemes import Scheme, get_scheme
+from coded_shuffle.transport import (
+    KIND_DIGESTS,
+    KIND_META,
+    KIND_PLACEMENT,
+    KIND_SYMBOLS,
+    Link,
+    LinkStats,
+    dist_broadcast,
+    framed_bytes,
+)
+
+from . import data, models
+from .dist import RankContext, context, die_if_asked, mark
+from .metrics import MetricsWriter, saved_percent
+from .schedule import (
+    Chain,
+    Transition,
+    kept_points,
+    lower_bound,
+    minibatch_order,
+    own_delivery,
+    store_from_points,
+    symbol_bytes,
+    uncoded_link_bytes,
+)
+
+log = logging.getLogger("train")
+
+DIGEST_BYTES = 32
+META_FIELDS = 5  # points, features, classes, point bytes, dropped points (int64 each)
+REPORT_FIELDS = 4  # verified, decode seconds, stored bytes, link bytes received
+
+
+def validate(cfg: Any) -> None:
+    """Everything that can be checked before a process starts (raises :class:`UsageError`)."""
+    workers, epochs = int(cfg.workers), int(cfg.epochs)
+    if workers < 1:
+        raise UsageError(f"workers={workers} out of range (must be >= 1)")
+    if epochs < 1:
+        raise UsageError(f"epochs={epochs} out of range (must be >= 1)")
+    info = data.describe(cfg.data)
+    if info.train_points < workers:
+        raise UsageError(
+            f"workers={workers} exceeds the {info.train_points} training points of "
+            f"data.source={cfg.data.source} (valid: 1..{info.train_points})"
+        )
+    points = info.train_points - info.train_points % workers
+    scheme = get_scheme(str(cfg.scheme.name))
+    if not 1 <= float(cfg.storage) <= workers:
+        raise UsageError(f"storage={cfg.storage} out of range 1..{workers} (workers)")
+    scheme.check(points, workers, float(cfg.storage))
+    models.check(cfg.model, info.features)
+    if float(cfg.optim.lr) <= 0:
+        raise UsageError(f"optim.lr={cfg.optim.lr} out of range (must be > 0)")
+    if int(cfg.optim.batch_size) < 1:
+        raise UsageError(f"optim.batch_size={cfg.optim.batch_size} out of range (must be >= 1)")
+    if int(cfg.dist.chunk_bytes) < 1:
+        raise UsageError(f"dist.chunk_bytes={cfg.dist.chunk_bytes} out of range (must be >= 1)")
+    die = cfg.get("debug", {}).get("die_rank")
+    if die is not None and not 0 <= int(die) <= workers:
+        raise UsageError(f"debug.die_rank={die} out of range 0..{workers}")
+
+
+def run(cfg: Any) -> None:
+    """Per-rank body (the process group is already set up by :mod:`train.entry`)."""
+    ctx = context()
+    link = Link(*dist_broadcast(None, 0), chunk_bytes=int(cfg.dist.chunk_bytes))
+    pair = dist.new_group([0, 1], timeout=ctx.timeout)  # worker 0 -> master: parameters
+    if ctx.is_master:
+        Master(cfg, ctx, link, pair).run()
+    else:
+        Worker(cfg, ctx, link, pair).run()
+
+
+def sha256(rows: torch.Tensor) -> bytes:
+    return hashlib.sha256(rows.contiguous().numpy().tobytes()).digest()
+
+
+def batch_digests(records: torch.Tensor, new_batches: Sequence[np.ndarray]) -> torch.Tensor:
+    """SHA-256 of every worker's new batch (its records in sorted point order), ``(K, 32)``."""
+    out = [sha256(records.index_select(0, torch.from_numpy(b))) for b in new_batches]
+    return torch.frombuffer(bytearray(b"".join(out)), dtype=torch.uint8).reshape(-1, DIGEST_BYTES)
+
+
+class _Rank:
+    """State shared by master and workers: config, scheme, model, optimiser settings."""
+
+    def __init__(self, cfg: Any, ctx: RankContext, link: Link, pair: Any) -> None:
+        self.cfg, self.ctx, self.link, self.pair = cfg, ctx, link, pair
+        self.workers, self.epochs, self.seed = int(cfg.workers), int(cfg.epochs), int(cfg.seed)
+        self.storage = float(cfg.storage)
+        self.scheme: Scheme = get_scheme(str(cfg.scheme.name))
+        self.chunk = int(cfg.dist.chunk_bytes)
+
+    def build_model(self, features: int, classes: int) -> torch.nn.Module:
+        torch.manual_seed(self.seed)
+        return models.build(self.cfg.model, features, classes)
+
+    def begin(self, epoch: int) -> None:
+        die_if_asked(self.cfg, self.ctx.rank, epoch)
+        mark(f"epoch {epoch} start")
+
+    def gather_reports(self, epoch: int, mine: torch.Tensor) -> torch.Tensor | None:
+        """Every worker's :data:`REPORT_FIELDS` report at the master (``None`` elsewhere)."""
+        out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+        if self.ctx.is_master:
+            dist.gather(mine, gather_list=out, dst=0)
+        else:
+            dist.gather(mine, dst=0)
+        mark(f"epoch {epoch} delivered")
+        return torch.stack(out[1:]) if self.ctx.is_master else None
+
+
+class Master(_Rank):
+    """Rank 0: holds the records, plans, proves, encodes, broadcasts, evaluates, records."""
+
+    def run(self) -> None:
+        t_start = time.perf_counter()
+        ds = data.load(self.cfg.data, self.workers, self.seed)
+        if ds.dropped:
+            log.info(
+                f"data: dropped {ds.dropped} training points so that {self.workers} workers "
+                f"divide N = {ds.num_points}"
+            )
+        self.records = data.to_records(ds.x_train, ds.y_train)
+        self.n, self.b = self.records.shape
+        self.dropped = ds.dropped
+        meta = torch.tensor([self.n, ds.features, ds.classes, self.b, ds.dropped])
+        self.link.send(meta.view(torch.uint8).reshape(1, -1), 0, 0, KIND_META)
+        self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
+        self.model = self.build_model(ds.features, ds.classes)
+        self.x_test, self.y_test = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
+        self.writer = MetricsWriter(self.ctx.run_dir, self.epochs, bool(self.cfg.tensorboard))
+        q = self.n // self.workers
+        self.steps = math.ceil(q / int(self.cfg.optim.batch_size))
+        log.info(
+            f"shuffle_sgd: scheme {self.scheme.name}, {self.workers} workers, storage "
+            f"{self.storage:g}, N = {self.n} records of {self.b} bytes, {self.epochs} epochs"
+        )
+        self.begin(1)
+        self.finish_epoch(self.placement())
+        for tr in self.chain.transitions(self.epochs):
+            self.begin(tr.epoch)
+            self.finish_epoch(self.deliver(tr))
+        self.finish(time.perf_counter() - t_start)
+
+    def placement(self) -> dict[str, Any]:
+        """Epoch 1: every point broadcast once, uncoded; workers keep what they place."""
+        t0 = time.perf_counter()
+        firsts = batches(self.chain.first, self.workers)
+        self.link.send(self.records, 1, 0, KIND_PLACEMENT)
+        self.link.send(batch_digests(self.records, firsts), 1, 0, KIND_DIGESTS)
+        reports = self.gather_reports(1, torch.zeros(REPORT_FIELDS, dtype=torch.float64))
+        seconds = time.perf_counter() - t0
+        stats = self.link.take_stats()
+        return self.delivery_row(
+            epoch=1,
+            phase="placement",
+            stats=stats,
+            reports=reports,
+            uncoded_bytes=stats.link_bytes,
+            load_points=float(self.n),
+            uncoded_points=float(self.n),
+            bound=(float(self.n), True),
+            seconds={"delivery": seconds, "plan": 0.0, "encode": 0.0},
+            stored=self.scheme.stored_points_max(self.chain.initial),
+            breakdown={"placement": float(self.n)},
+        )
+
+    def deliver(self, tr: Transition) -> dict[str, Any]:
+        """A coded epoch: prove, encode, broadcast symbols and batch digests, collect reports."""
+        t0 = time.perf_counter()
+        delivery = Delivery.prepare(tr.plan, self.b)
+        plan_seconds = tr.plan_seconds + time.perf_counter() - t0
+        bound = lower_bound(tr.state, tr.new_assignment)
+        t1 = time.perf_counter()
+        symbols = delivery.encode(self.records)
+        encode_seconds = time.perf_counter() - t1
+        self.corrupt_if_asked(tr.epoch, symbols)
+        for part, rows in enumerate(symbols):
+            self.link.send(rows, tr.epoch, part, KIND_SYMBOLS)
+        digests = batch_digests(self.records, delivery.plans[0].new_batches)
+        self.link.send(digests, tr.epoch, 0, KIND_DIGESTS)
+        reports = self.gather_reports(tr.epoch, torch.zeros(REPORT_FIELDS, dtype=torch.float64))
+        seconds = time.perf_counter() - t1
+        stats = self.link.take_stats()
+        uncoded = uncoded_link_bytes(delivery, self.chunk)
+        uncoded += framed_bytes(self.workers, DIGEST_BYTES, self.chunk)
+        return self.delivery_row(
+            epoch=tr.epoch,
+            phase="coded",
+            stats=stats,
+            reports=reports,
+            uncoded_bytes=uncoded,
+            load_points=delivery.load_points,
+            uncoded_points=delivery.uncoded_points,
+            bound=bound,
+            seconds={"delivery": seconds, "plan": plan_seconds, "encode": encode_seconds},
+            stored=self.scheme.stored_points_max(tr.next_state),
+            breakdown=delivery.breakdown(),
+        )
+
+    def corrupt_if_asked(self, epoch: int, symbols: list[torch.Tensor]) -> None:
+        """Debug knob ``debug.corrupt_epoch``: flips a byte of the first symbol before sending.
+
+        The payload digests still match (they cover what is sent), so only the workers' batch
+        digests can catch it: the test that a wrong decode fails loudly.
+        """
+        target = (self.cfg.get("debug") or {}).get("corrupt_epoch")
+        if target is None or int(target) != epoch or not symbols or not symbols[0].numel():
+            return
+        symbols[0][0, 0] ^= 0xFF
+        log.warning(f"debug: epoch {epoch}: flipped byte 0 of symbol 0 (debug.corrupt_epoch)")
+
+    def delivery_row(
+        self,
+        *,
+        epoch: int,
+        phase: str,
+        stats: LinkStats,
+        reports: torch.Tensor,
+        uncoded_bytes: int,
+        load_points: float,
+        uncoded_points: float,
+        bound: tuple[float, bool],
+        seconds: dict[str, float],
+        stored: float,
+        breakdown: dict[str, float],
+    ) -> dict[str, Any]:
+        """The epoch's metrics object (losses are added once the parameters arrive)."""
+        verified = bool(
+            torch.all(reports[:, 0] == 1) and torch.all(reports[:, 3] == stats.link_bytes)
+        )
+        return {
+            "epoch": epoch,
+            "phase": phase,
+            "scheme": self.scheme.name,
+            "workers": self.workers,
+            "storage": self.storage,
+            "points": self.n,
+            "point_bytes": self.b,
+            "dropped_points": self.dropped,
+            "broadcast_bytes": stats.link_bytes,
+            "payload_bytes": stats.payload_bytes,
+            "header_bytes": stats.header_bytes,
+            "messages": stats.messages,
+            "uncoded_bytes": int(uncoded_bytes),
+            "lower_bound_points": bound[0],
+            "lower_bound_exact": bound[1],
+            "lower_bound_bytes": round(bound[0] * self.b),
+            "load_points": float(load_points),
+            "uncoded_points": float(uncoded_points),
+            "saved_percent": saved_percent(stats.link_bytes, uncoded_bytes),
+            "gloo_tree_bytes": stats.tree_bytes,
+            "link_seconds": stats.seconds,
+            "delivery_seconds": seconds["delivery"],
+            "plan_seconds": seconds["plan"],
+            "encode_seconds": seconds["encode"],
+            "decode_seconds": float(reports[:, 1].max()),
+            "verified": verified,
+            "stored_points_max": float(stored),
+            "worker_stored_bytes_max": int(reports[:, 2].max()),
+            "breakdown": breakdown,
+        }
+
+    def finish_epoch(self, row: dict[str, Any]) -> None:
+        """Waits for the workers' parameters, evaluates them, writes the epoch's record."""
+        t0 = time.perf_counter()
+        flat = models.flat_params(self.model).clone()
+        dist.broadcast(flat, src=1, group=self.pair)
+        loss = torch.zeros(2, dtype=torch.float64)
+        dist.broadcast(loss, src=1, group=self.pair)
+        row["train_seconds"] = time.perf_counter() - t0
+        mark(f"epoch {row['epoch']} trained")
+        models.load_flat(self.model, flat)
+        self.model.eval()
+        with torch.no_grad():
+            logits = self.model(self.x_test)
+            row["test_loss"] = float(F.cross_entropy(logits, self.y_test))
+            row["test_accuracy"] = float((logits.argmax(1) == self.y_test).double().mean())
+        row["train_loss"] = float(loss[0] / loss[1])
+        row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
+        row["allreduce_payload_bytes"] = self.steps * flat.numel() * flat.element_size()
+        self.writer.epoch(row)
+
+    def finish(self, wall: float) -> None:
+        final = models.params_sha256(self.model)
+        theirs = self.gather_digest(bytes.fromhex(final))
+        agree = all(t == final for t in theirs)
+        summary = self.writer.summary(
+            {
+                "scheme": self.scheme.name,
+                "workers": self.workers,
+                "storage": self.storage,
+                "seed": self.seed,
+                "points": self.n,
+                "point_bytes": self.b,
+                "dropped_points": self.dropped,
+                "model": str(self.cfg.model.name),
+                "data": str(self.cfg.data.source),
+                "workers_params_agree": agree,
+                "final_params_sha256": final,
+                "wall_seconds": wall,
+            }
+        )
+        if not agree:
+            raise VerificationError(f"workers' final parameters differ: {theirs} vs {final}")
+        log.info(
+            f"done: test accuracy {summary['final_test_accuracy']:.3f}, coded epochs "
+            f"{summary['coded_epochs_broadcast_bytes']} B vs uncoded "
+            f"{summary['coded_epochs_uncoded_bytes']} B "
+            f"({summary['coded_epochs_saved_percent']:.1f}% saved), all verified: "
+            f"{summary['all_verified']}, params sha256 {final[:16]}"
+        )
+
+    def gather_digest(self, mine: bytes) -> list[str]:
+        out = [torch.zeros(DIGEST_BYTES, dtype=torch.uint8) for _ in range(self.ctx.world_size)]
+        dist.gather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), gather_list=out, dst=0)
+        return [bytes(t.tolist()).hex() for t in out[1:]]
+
+
+class Worker(_Rank):
+    """Ranks 1..K: receive, decode with the own store only, verify, train."""
+
+    def run(self) -> None:
+        k = self.ctx.worker
+        meta = self.link.receive(1, 8 * META_FIELDS, 0, 0, KIND_META)
+        self.n, self.d, classes, self.b, _ = meta.view(torch.int64).reshape(-1).tolist()
+        self.k, self.q = k, self.n // self.workers
+        self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
+        self.model = self.build_model(self.d, classes)
+        o = self.cfg.optim
+        self.opt = torch.optim.SGD(
+            self.model.parameters(),
+            lr=float(o.lr),
+            momentum=float(o.get("momentum", 0.0)),
+            weight_decay=float(o.get("weight_decay", 0.0)),
+        )
+        transitions = self.chain.transitions(self.epochs)
+        upcoming = next(transitions, None)
+        delivery = None if upcoming is None else own_delivery(upcoming.plan, self.b, k)
+        self.begin(1)
+        batch = self.placement(delivery)
+        self.train(1, batch)
+        while upcoming is not None:
+            self.begin(upcoming.epoch)
+            assert delivery is not None
+            batch = self.deliver(upcoming, delivery)
+            self.train(upcoming.epoch, batch)
+            upcoming = next(transitions, None)
+            delivery = None if upcoming is None else own_delivery(upcoming.plan, self.b, k)
+        self.gather_digest()
+
+    def placement(self, delivery: Delivery | None) -> torch.Tensor:
+        """Keeps the placement's points it stores (and its first batch) from the broadcast."""
+        first = batches(self.chain.first, self.workers)[self.k]
+        keep = first if delivery is None else np.union1d(first, kept_points(delivery, self.k))
+        rows = self.link.receive(self.n, self.b, 1, 0, KIND_PLACEMENT, keep=keep)
+        digests = self.link.receive(self.workers, DIGEST_BYTES, 1, 0, KIND_DIGESTS)
+        t0 = time.perf_counter()
+        batch = rows.index_select(0, torch.from_numpy(np.searchsorted(keep, first)))
+        self.check(1, batch, digests)
+        self.store = None if delivery is None else store_from_points(delivery, self.k, keep, rows)
+        seconds = time.perf_counter() - t0
+        stored = batch.numel() if self.store is None else self.store.stored_bytes()
+        self.report(1, seconds, stored)
+        return batch
+
+    def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
+        """Receives the epoch's symbols, decodes with its own store only, verifies, updates."""
+        symbols = []
+        for part, (plan, sub) in enumerate(
+            zip(delivery.plans, symbol_bytes(delivery), strict=True)
+        ):
+            keep = delivery.programs[part][self.k].symbol_ids
+            symbols.append(
+                self.link.receive(plan.num_symbols, sub, tr.epoch, part, KIND_SYMBOLS, keep=keep)
+            )
+        digests = self.link.receive(self.workers, DIGEST_BYTES, tr.epoch, 0, KIND_DIGESTS)
+        t0 = time.perf_counter()
+        store: WorkerStore = self.store  # type: ignore[assignment]
+        batch, workspaces = delivery.decode(self.k, symbols, store)
+        self.check(tr.epoch, batch, digests)
+        next_caches = self.scheme.part_caches(tr.next_state, self.k)
+        self.store = store.updated(delivery, self.k, workspaces, next_caches)
+        self.report(tr.epoch, time.perf_counter() - t0, self.store.stored_bytes())
+        return batch
+
+    def check(self, epoch: int, batch: torch.Tensor, digests: torch.Tensor) -> None:
+        mine, theirs = sha256(batch), bytes(digests[self.k].tolist())
+        if mine != theirs:
+            raise VerificationError(
+                f"epoch {epoch}: worker {self.k} decoded a batch with SHA-256 {mine.hex()[:16]}, "
+                f"the master's is {theirs.hex()[:16]}"
+            )
+
+    def report(self, epoch: int, decode_seconds: float, stored_bytes: int) -> None:
+        received = self.link.take_stats().link_bytes
+        mine = torch.tensor([1.0, decode_seconds, stored_bytes, received], dtype=torch.float64)
+        self.gather_reports(epoch, mine)
+
+    def train(self, epoch: int, batch: torch.Tensor) -> None:
+        """One epoch of synchronous SGD over the own batch; worker 0 sends the result."""
+        x, y = data.from_records(batch, self.d)
+        order = torch.from_numpy(minibatch_order(self.seed, epoch, self.k, self.q))
+        size = int(self.cfg.optim.batch_size)
+        params = list(self.model.parameters())
+        self.model.train()
+        loss_sum, count = 0.0, 0
+        for a in range(0, self.q, size):
+            idx = order[a : a + size]
+            loss = F.cross_entropy(self.model(x[idx]), y[idx])
+            self.opt.zero_grad(set_to_none=False)
+            loss.backward()
+            self.all_reduce_grads(params)
+            self.opt.step()
+            loss_sum += float(loss.detach()) * idx.numel()
+            count += idx.numel()
+        totals = torch.tensor([loss_sum, count], dtype=torch.float64)
+        dist.all_reduce(totals, group=self.ctx.workers_group)
+        if self.k == 0:
+            dist.broadcast(models.flat_params(self.model), src=1, group=self.pair)
+            dist.broadcast(totals, src=1, group=self.pair)
+        mark(f"epoch {epoch} trained")
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Averages the gradients over the workers (one flat all-reduce per step)."""
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=self.ctx.workers_group)
+        flat /= self.workers
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+
+    def gather_digest(self) -> None:
+        mine = bytes.fromhex(models.params_sha256(self.model))
+        dist.gather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), dst=0)
