@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import codec
-from .decoder import WorkerProgram, decode_plan
+from .decoder import WorkerProgram, decode_plan, decode_worker
 from .plan import DeliveryPlan
 
 
@@ -33,6 +33,14 @@ def byte_parts(point_bytes: int, fractions: tuple[float, ...]) -> tuple[int, ...
     return (*cuts, point_bytes - sum(cuts))
 
 
+def _plans_and_parts(
+    plan: DeliveryPlan | SharedPlan, point_bytes: int
+) -> tuple[tuple[DeliveryPlan, ...], tuple[int, ...]]:
+    if isinstance(plan, SharedPlan):
+        return plan.plans, byte_parts(point_bytes, plan.fractions)
+    return (plan,), (point_bytes,)
+
+
 @dataclass(frozen=True)
 class Delivery:
     """A planned and proved delivery: one plan and one program per worker for every part."""
@@ -44,11 +52,20 @@ class Delivery:
     @classmethod
     def prepare(cls, plan: DeliveryPlan | SharedPlan, point_bytes: int) -> Delivery:
         """Proves every part decodable at every worker (raises UndecodableError if not)."""
-        if isinstance(plan, SharedPlan):
-            plans, parts = plan.plans, byte_parts(point_bytes, plan.fractions)
-        else:
-            plans, parts = (plan,), (point_bytes,)
+        plans, parts = _plans_and_parts(plan, point_bytes)
         return cls(plans, parts, tuple(tuple(decode_plan(p)) for p in plans))
+
+    @classmethod
+    def prepare_worker(
+        cls, plan: DeliveryPlan | SharedPlan, point_bytes: int, worker: int
+    ) -> Delivery:
+        """One worker's view: only its own program is derived; the others' entries are None."""
+        plans, parts = _plans_and_parts(plan, point_bytes)
+        programs = tuple(
+            tuple(decode_worker(p, worker) if k == worker else None for k in range(p.num_workers))
+            for p in plans
+        )
+        return cls(plans, parts, programs)  # type: ignore[arg-type]
 
     @property
     def point_bytes(self) -> int:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import codec
 from .assignment import batch_size, random_assignment, worst_shuffle
 from .bounds_api import lower_bound
 from .delivery import Delivery, WorkerStore
 from .errors import UsageError
 from .schemes import Scheme, get_scheme
-
-FRAME_HEADER_BYTES = 32  # per part and epoch: epoch, part, symbols, sub-point bytes, digest
+from .transport import DEFAULT_CHUNK_BYTES, framed_bytes
 
 
 @dataclass
@@ -125,7 +125,7 @@ def run(ev: Evaluation) -> Iterator[EpochReport]:
             uncoded_points=delivery.uncoded_points,
             lower_bound_points=bound,
             lower_bound_exact=exact,
-            broadcast_bytes=delivery.payload_bytes() + FRAME_HEADER_BYTES * len(delivery.plans),
+            broadcast_bytes=link_bytes(delivery),
             verified=verified,
             plan_scheme=",".join(sorted({p.scheme for p in delivery.plans})),
             stored_points_max=scheme.stored_points_max(next_state),
@@ -135,6 +135,14 @@ def run(ev: Evaluation) -> Iterator[EpochReport]:
             decode_seconds=decode_seconds,
         )
         state = next_state
+
+
+def link_bytes(delivery: Delivery, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Bytes on the shared link: every part's symbols in framed messages (transport.py)."""
+    return sum(
+        framed_bytes(plan.num_symbols, codec.subpoint_bytes(b, plan.splits), chunk_bytes)
+        for plan, b in zip(delivery.plans, delivery.parts, strict=True)
+    )
 
 
 def _decode_all(

@@ -28,17 +28,28 @@ BASE = ["workers=4", "job.elastic.recovery_threshold=2", "dist.timeout_seconds=3
 N, D = 360, 20  # conf/job/elastic_gd.yaml defaults
 
 
-def job(args: list[str], **kw) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "train.elastic_gd", *BASE, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
+class Job:
+    """The job in a subprocess; its output goes to a file (a full pipe would stall it)."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        self.log = log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "train.elastic_gd", *BASE, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        return code, self.log.read_text()
 
 
 def records(run_dir: Path) -> dict[str, list[dict]]:
@@ -66,9 +77,8 @@ def stored_digests(run_dir: Path) -> dict[str, str]:
 
 def test_job_events_all_methods_and_plot(tmp_path: Path) -> None:
     events = "job.elastic.events=[{step: 4, leave: [2]}, {step: 8, join: 1}]"
-    proc = job([events, "job.steps=12", f"run_dir={tmp_path}"])
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    code, log = Job([events, "job.steps=12", f"run_dir={tmp_path}"], tmp_path / "job.log").wait(120)
+    assert code == 0, log[-3000:]
     runs = records(tmp_path)
     assert set(runs) == {"coded", "nofailure", "ignore", "repartition"}
     coded = runs["coded"]
@@ -95,13 +105,13 @@ def test_job_events_all_methods_and_plot(tmp_path: Path) -> None:
     assert (tmp_path / "elastic.png").stat().st_size > 10_000
 
 
-def wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout: float) -> None:
+def wait_for_lines(path: Path, count: int, job: Job, timeout: float) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if path.exists() and len(path.read_text().splitlines()) >= count:
             return
-        if proc.poll() is not None:
-            raise AssertionError(f"job ended early: {proc.communicate()[1][-2000:]}")
+        if job.proc.poll() is not None:
+            raise AssertionError(f"job ended early: {job.log.read_text()[-3000:]}")
         time.sleep(0.05)
     raise AssertionError(f"{path} never reached {count} lines")
 
@@ -109,18 +119,16 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout: floa
 def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> None:
     steps = 30
     args = ["job.elastic.events=[]", f"job.steps={steps}", "job.elastic.methods=[coded]"]
-    proc = job([*args, "job.elastic.step_delay=0.05", f"run_dir={tmp_path}"])
+    job = Job([*args, "job.elastic.step_delay=0.05", f"run_dir={tmp_path}"], tmp_path / "job.log")
     try:
-        wait_for_lines(tmp_path / "metrics.jsonl", 6, proc, timeout=90)
+        wait_for_lines(tmp_path / "metrics.jsonl", 6, job, timeout=90)
         before = stored_digests(tmp_path)
         victim = int((tmp_path / "elastic" / "pids" / "rank_3").read_text())
         os.kill(victim, signal.SIGKILL)  # a pre-empted machine: no chance to clean up
         killed_at = len((tmp_path / "metrics.jsonl").read_text().splitlines())
-        _, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-2000:]
+        code, log = job.wait(120)
+    assert code == 0, log[-3000:]
     status = json.loads((tmp_path / "elastic_status.json").read_text())
     assert status == {**status, "status": "finished", "restarts": 1, "lost": [3]}
     coded = records(tmp_path)["coded"]
@@ -140,10 +148,9 @@ def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> Non
 
 def test_bad_config_is_one_line_without_traceback(tmp_path: Path) -> None:
     events = "job.elastic.events=[{step: 3, leave: [1, 2, 3]}]"
-    proc = job([events, f"run_dir={tmp_path}"])
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err
+    code, log = Job([events, f"run_dir={tmp_path}"], tmp_path.parent / "bad.log").wait(60)
+    assert code == 2
+    lines = log.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in log
     assert "fewer than the recovery threshold L=2" in lines[0]
     assert not (tmp_path / "metrics.jsonl").exists()

@@ -22,7 +22,7 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.plan import XorBlock
 from coded_shuffle.schemes import REGISTRY, get_scheme
 from coded_shuffle.schemes.attia_tandon import ignored_worker, theorem1_load
-from coded_shuffle.schemes.best import Best
+from coded_shuffle.schemes.best import PROBE_SEED, Best, probe_reshuffle
 from coded_shuffle.schemes.cycle_plan import (
     Cycle,
     cycle_arcs,
@@ -258,3 +258,16 @@ def test_run_blocks_with_an_unaligned_source():
     )
     s = src.numpy()
     assert np.array_equal(dst.numpy(), s[[0, 2, 4, 6]] ^ s[[1, 3, 5, 8]])
+
+
+def test_best_probe_moves_points_even_for_an_assignment_from_its_seed():
+    """Regression: the probe once equalled an assignment drawn from the same seed (load 0)."""
+    old = random_assignment(40, 4, np.random.default_rng(PROBE_SEED))
+    probe = probe_reshuffle(old)
+    assert np.array_equal(np.bincount(probe, minlength=4), np.full(4, 10))
+    assert np.trace(shuffle_matrix(old, probe, 4)) < 40
+    best = Best()
+    if len(best.families(40, 4, 2.0)) == 1:
+        pytest.skip("no excess-storage scheme registered")
+    best.initial_state(old, 4, 2.0)  # with twice the storage, an excess family must win
+    assert next(iter(best.members.values())).placement_family() != "batch"

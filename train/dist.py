@@ -73,7 +73,7 @@ def setup(cfg: Any, run_dir: str | Path | None = None) -> RankContext:
         return _CONTEXT
     timeout = timedelta(seconds=float(cfg.dist.timeout_seconds))
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timeout)
+        init_gloo(timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     expected = int(cfg.workers) + 1
     if world != expected:
@@ -85,6 +85,25 @@ def setup(cfg: Any, run_dir: str | Path | None = None) -> RankContext:
     path = Path(run_dir) if run_dir is not None else Path(os.getcwd())
     _CONTEXT = RankContext(rank, world, path, timeout, workers_group)
     return _CONTEXT
+
+
+def init_gloo(timeout: timedelta) -> None:
+    """gloo from the launcher's environment, with a store prefix per restart attempt.
+
+    The elastic agent keeps one store for all attempts; without the prefix a restarted group
+    would read the addresses of the group that died.
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=rank == 0 and not agent_store,
+        timeout=timeout,
+    )
+    prefixed = dist.PrefixStore(f"coded-shuffle/attempt_{attempt}", store)
+    dist.init_process_group("gloo", store=prefixed, rank=rank, world_size=world, timeout=timeout)
 
 
 def context() -> RankContext:

@@ -223,8 +223,22 @@ def _receiver(inbox: queue.Queue[Message | BaseException]) -> None:
             return
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+def _exit_record(marker: Path, attempt: int, reason: str) -> None:
+    """Writes the exit record atomically (a torn file would read as a kill)."""
+    tmp = marker.with_name(f"{marker.name}.{reason}.tmp")
+    tmp.write_text(f"{attempt} {reason}")
+    os.replace(tmp, marker)
+
+
+def _on_sigterm(marker: Path, attempt: int) -> Any:
+    """SIGTERM from the launcher: record the exit here (a second SIGTERM is ignored), leave."""
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _exit_record(marker, attempt, "terminated")
+        raise SystemExit(128 + signum)
+
+    return handler
 
 
 def worker_loop(rank: int, root: Path) -> None:
@@ -244,7 +258,7 @@ def worker_loop(rank: int, root: Path) -> None:
     node = WorkerNode(BlockStore(root / "stores" / f"worker_{rank}"))
     inbox: queue.Queue[Message | BaseException] = queue.Queue()
     threading.Thread(target=_receiver, args=(inbox,), daemon=True).start()
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, _on_sigterm(marker, attempt))
     reason = "error"
     try:
         while True:
@@ -262,11 +276,10 @@ def worker_loop(rank: int, root: Path) -> None:
             reply = Message.make(Op.HELLO, [clean]) if msg.op == Op.HELLO else node.handle(msg)
             for work, _ in _isend(reply, 0):
                 work.wait()
-    except SystemExit:
-        reason = "terminated"
-        raise
     finally:
-        marker.write_text(f"{attempt} {reason}")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if reason != "error" or not marker.exists():  # the handler may have written it
+            _exit_record(marker, attempt, reason)
 
 
 def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None:
@@ -399,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         launch_local(cfg, str(cfg.run_dir))
     except ChildFailedError as exc:

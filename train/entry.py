@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 import sys
 import time
@@ -106,8 +107,6 @@ def _logging(run_dir: str | Path, rank: int) -> None:
 
 def run_rank(cfg: DictConfig, run_dir: str) -> None:
     """One rank: deterministic torch, process group, the job's ``run(cfg)``."""
-    import os
-
     rank = int(os.environ.get("RANK", "0"))
     deterministic(int(cfg.threads))
     _logging(run_dir, rank)
@@ -131,10 +130,9 @@ def rank_main(cfg_yaml: str, run_dir: str) -> None:
     run_rank(OmegaConf.create(cfg_yaml), run_dir)
 
 
+@record
 def torchrun_main(argv: list[str]) -> None:
     """``torchrun ... -m train [overrides]``: compose the config here, run this rank."""
-    import os
-
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import setup_globals

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 
 from coded_shuffle import codec
-from coded_shuffle.assignment import random_assignment, shuffle_matrix
-from coded_shuffle.decoder import decode_worker
-from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore, byte_parts
+from coded_shuffle.assignment import random_assignment
+from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore
 from coded_shuffle.plan import DeliveryPlan
 from coded_shuffle.schemes import CacheState, Scheme
 from coded_shuffle.transport import framed_bytes
@@ -73,23 +72,6 @@ class Chain:
             state = next_state
 
 
-def own_delivery(plan: DeliveryPlan | SharedPlan, point_bytes: int, worker: int) -> Delivery:
-    """A worker's view of a delivery: only its own decode program (proved by the decoder).
-
-    The master proves every worker's program (:meth:`Delivery.prepare`); a worker needs and
-    computes only its own, so the other entries of ``programs`` are ``None``.
-    """
-    if isinstance(plan, SharedPlan):
-        plans, parts = plan.plans, byte_parts(point_bytes, plan.fractions)
-    else:
-        plans, parts = (plan,), (point_bytes,)
-    programs = tuple(
-        tuple(decode_worker(p, worker) if k == worker else None for k in range(p.num_workers))
-        for p in plans
-    )
-    return Delivery(plans, parts, programs)  # type: ignore[arg-type]
-
-
 def symbol_bytes(delivery: Delivery) -> list[int]:
     """Bytes of one symbol of every part (sub-point size, padding included)."""
     return [
@@ -131,28 +113,3 @@ def uncoded_link_bytes(delivery: Delivery, chunk_bytes: int) -> int:
     for plan, sub in zip(delivery.plans, symbol_bytes(delivery), strict=True):
         total += framed_bytes(round(plan.uncoded_points * plan.splits), sub, chunk_bytes)
     return total
-
-
-def lower_bound(state: CacheState, new_assignment: np.ndarray) -> tuple[float, bool]:
-    """``(points, exact)``: the project's best lower bound for the transition, if available.
-
-    Uses ``coded_shuffle.bounds_api.lower_bound`` when present, else Theorem 2 of seed 001
-    (``coded_shuffle.bounds.ordering_bound`` on the shuffle matrix) for whole-batch placements,
-    else ``0`` with ``exact`` False.
-    """
-    try:
-        from coded_shuffle.bounds_api import lower_bound as best_bound
-
-        value, exact = best_bound(state, new_assignment)
-        return float(value), bool(exact)
-    except ImportError:
-        pass
-    try:
-        from coded_shuffle.bounds import ordering_bound
-    except ImportError:
-        return 0.0, False
-    if state.splits != 1 or sum(c.size for c in state.caches) != state.num_points:
-        return 0.0, False
-    s = shuffle_matrix(state.assignment, new_assignment, state.num_workers)
-    value, exact, _ = ordering_bound(s)
-    return float(value), bool(exact)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from coded_shuffle.assignment import batches
+from coded_shuffle.bounds_api import lower_bound
 from coded_shuffle.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UsageError, VerificationError
 from coded_shuffle.schemes import Scheme, get_scheme
@@ -48,9 +49,7 @@ from .schedule import (
     Chain,
     Transition,
     kept_points,
-    lower_bound,
     minibatch_order,
-    own_delivery,
     store_from_points,
     symbol_bytes,
     uncoded_link_bytes,
@@ -81,6 +80,7 @@ def validate(cfg: Any) -> None:
     if not 1 <= float(cfg.storage) <= workers:
         raise UsageError(f"storage={cfg.storage} out of range 1..{workers} (workers)")
     scheme.check(points, workers, float(cfg.storage))
+    scheme.fit_point_bytes(workers, float(cfg.storage), data.record_bytes(info.features))
     models.check(cfg.model, info.features)
     if float(cfg.optim.lr) <= 0:
         raise UsageError(f"optim.lr={cfg.optim.lr} out of range (must be > 0)")
@@ -159,6 +159,7 @@ class Master(_Rank):
         self.dropped = ds.dropped
         meta = torch.tensor([self.n, ds.features, ds.classes, self.b, ds.dropped])
         self.link.send(meta.view(torch.uint8).reshape(1, -1), 0, 0, KIND_META)
+        self.scheme.fit_point_bytes(self.workers, self.storage, self.b)
         self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
         self.model = self.build_model(ds.features, ds.classes)
         self.x_test, self.y_test = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
@@ -359,6 +360,7 @@ class Worker(_Rank):
         meta = self.link.receive(1, 8 * META_FIELDS, 0, 0, KIND_META)
         self.n, self.d, classes, self.b, _ = meta.view(torch.int64).reshape(-1).tolist()
         self.k, self.q = k, self.n // self.workers
+        self.scheme.fit_point_bytes(self.workers, self.storage, self.b)
         self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
         self.model = self.build_model(self.d, classes)
         o = self.cfg.optim
@@ -370,7 +372,7 @@ class Worker(_Rank):
         )
         transitions = self.chain.transitions(self.epochs)
         upcoming = next(transitions, None)
-        delivery = None if upcoming is None else own_delivery(upcoming.plan, self.b, k)
+        delivery = None if upcoming is None else Delivery.prepare_worker(upcoming.plan, self.b, k)
         self.begin(1)
         batch = self.placement(delivery)
         self.train(1, batch)
@@ -380,7 +382,9 @@ class Worker(_Rank):
             batch = self.deliver(upcoming, delivery)
             self.train(upcoming.epoch, batch)
             upcoming = next(transitions, None)
-            delivery = None if upcoming is None else own_delivery(upcoming.plan, self.b, k)
+            delivery = (
+                None if upcoming is None else Delivery.prepare_worker(upcoming.plan, self.b, k)
+            )
         self.gather_digest()
 
     def placement(self, delivery: Delivery | None) -> torch.Tensor:

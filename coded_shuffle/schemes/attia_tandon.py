@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..assignment import leftover_matrix
+from ..bounds import off_diagonal
 from .cycle_plan import Cycle, CycleScheme, greedy_cycles, open_at, pair_cycles
 
 
 def theorem1_load(shuffle: np.ndarray) -> int:
     """Theorem 1 of seed 001: ``sum_{i<j} max(S_ij, S_ji) - max_k sum_j Omega_kj``."""
-    s = np.array(shuffle, dtype=np.int64)
-    np.fill_diagonal(s, 0)
-    omega = s - np.minimum(s, s.T)
-    return int(np.triu(np.maximum(s, s.T), 1).sum() - omega.sum(axis=1).max())
+    s = off_diagonal(shuffle)
+    return int(np.triu(np.maximum(s, s.T), 1).sum() - leftover_matrix(s).sum(axis=1).max())
 
 
 def ignored_worker(omega: np.ndarray) -> int:

@@ -93,6 +93,7 @@ class Scheme(ABC):
     def fit_point_bytes(self, num_workers: int, storage: float, point_bytes: int) -> None:
         """Adapts the scheme to ``point_bytes``-byte points; raises :class:`UsageError` when
         sub-points would become tiny (design 4.4). Whole-point schemes need nothing."""
+        return None
 
     def part_caches(self, state: CacheState, worker: int) -> list[np.ndarray]:
         """``worker``'s cached sub-points per byte part (one part unless memory sharing)."""

@@ -17,7 +17,6 @@ import dataclasses
 
 import numpy as np
 
-from ..assignment import random_assignment
 from ..delivery import SharedPlan
 from ..errors import UsageError
 from ..plan import DeliveryPlan
@@ -31,6 +30,15 @@ def plan_load(plan: DeliveryPlan | SharedPlan) -> float:
     if isinstance(plan, SharedPlan):
         return sum(p.load_points * f for p, f in zip(plan.plans, plan.fractions, strict=True))
     return plan.load_points
+
+
+def probe_reshuffle(assignment: np.ndarray) -> np.ndarray:
+    """A seeded random reshuffle *of this assignment* (a permutation of its labels).
+
+    Drawn relative to the assignment, so it moves points even when the assignment itself was
+    drawn from the same seed.
+    """
+    return assignment[np.random.default_rng(PROBE_SEED).permutation(assignment.size)]
 
 
 def renamed(plan: DeliveryPlan | SharedPlan, scheme: str) -> DeliveryPlan | SharedPlan:
@@ -54,16 +62,28 @@ class Best(Scheme):
 
     def __init__(self) -> None:
         self.members: dict[str, Scheme] | None = None
+        self.point_bytes: int | None = None
 
     def candidates(self, num_points: int, num_workers: int, storage: float) -> dict[str, Scheme]:
-        """Every other registered scheme that accepts ``(N, K, T)``, in registry order."""
+        """Every other registered scheme that accepts ``(N, K, T)`` and the point size."""
         from . import REGISTRY
 
-        return {
-            name: cls()
-            for name, cls in REGISTRY.items()
-            if cls is not Best and cls.applicable(num_points, num_workers, storage)
-        }
+        out: dict[str, Scheme] = {}
+        for name, cls in REGISTRY.items():
+            if cls is Best or not cls.applicable(num_points, num_workers, storage):
+                continue
+            scheme = cls()
+            if self.point_bytes is not None:
+                try:
+                    scheme.fit_point_bytes(num_workers, storage, self.point_bytes)
+                except UsageError:
+                    continue  # its sub-points would be too small for these points
+            out[name] = scheme
+        return out
+
+    def fit_point_bytes(self, num_workers: int, storage: float, point_bytes: int) -> None:
+        """Remembers the point size: candidates that cannot fit it are left out."""
+        self.point_bytes = point_bytes
 
     def check(self, num_points: int, num_workers: int, storage: float) -> None:
         super().check(num_points, num_workers, storage)
@@ -91,7 +111,7 @@ class Best(Scheme):
         ]
         chosen = 0
         if len(families) > 1:
-            probe = random_assignment(num_points, num_workers, np.random.default_rng(PROBE_SEED))
+            probe = probe_reshuffle(np.asarray(assignment))
             loads = [self._best_of(f, s, probe)[0] for f, s in zip(families, states, strict=True)]
             chosen = int(np.argmin(loads))
         self.members = families[chosen]
@@ -128,3 +148,6 @@ class Best(Scheme):
 
     def stored_points_max(self, state: CacheState) -> float:
         return next(iter(self._members(state).values())).stored_points_max(state)
+
+    def part_caches(self, state: CacheState, worker: int) -> list[np.ndarray]:
+        return next(iter(self._members(state).values())).part_caches(state, worker)

@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..assignment import batch_size, points_by_pair, shuffle_matrix
+from ..assignment import batch_size, leftover_matrix, points_by_pair, shuffle_matrix
+from ..bounds import off_diagonal
 from ..plan import DeliveryPlan, ranges, symbol_blocks
 from .base import CacheState, Scheme, batch_plan_fields
 
@@ -68,14 +69,13 @@ def pair_cycles(shuffle: np.ndarray) -> tuple[list[Cycle], np.ndarray]:
     and the closed walk ``(C1 - ij) + (C2 - ji)`` (which splits into at least one cycle)
     replace them, so the count does not drop.
     """
-    s = np.array(shuffle, dtype=np.int64)
-    np.fill_diagonal(s, 0)
+    s = off_diagonal(shuffle)
     both = np.minimum(s, s.T)
     cycles = [
         Cycle((int(i), int(j)), int(both[i, j]))
         for i, j in zip(*np.nonzero(np.triu(both, 1)), strict=True)
     ]
-    return cycles, s - both
+    return cycles, leftover_matrix(s)
 
 
 def all_pairs_hops(adjacency: np.ndarray) -> np.ndarray:
