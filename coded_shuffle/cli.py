@@ -102,6 +102,8 @@ def _human_line(r: EpochReport) -> str:
     saved = 100.0 * (1 - r.load_points / r.uncoded_points) if r.uncoded_points else 0.0
     bound = f"{r.lower_bound_points:g}{'' if r.lower_bound_exact else ' (local search)'}"
     parts = ", ".join(f"{k} {v:g}" for k, v in r.breakdown.items())
+    if r.pairs_only_points is not None:
+        parts += f"; pairs-only load {r.pairs_only_points:g}"
     return (
         f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points "
         f"(uncoded {r.uncoded_points:g}, saved {saved:.1f}%, lower bound {bound}); "

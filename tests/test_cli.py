@@ -116,3 +116,35 @@ def test_module_entry_point_has_no_traceback():
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def paper_example(tmp_path) -> list[str]:
+    """Seed 001's example: K = 3, N = 15, S = [[2,1,2],[2,1,2],[1,3,1]]."""
+    s = [[2, 1, 2], [2, 1, 2], [1, 3, 1]]
+    old = np.repeat(np.arange(3), 5)
+    new = np.concatenate([np.repeat(np.arange(3), row) for row in s])
+    np.save(tmp_path / "old.npy", old)
+    np.save(tmp_path / "new.npy", new)
+    return ["--old", str(tmp_path / "old.npy"), "--new", str(tmp_path / "new.npy")]
+
+
+@pytest.mark.parametrize(("scheme", "load"), [("uncoded", 11), ("attia-tandon", 6), ("cycles", 6)])
+def test_paper_example_through_the_command(tmp_path, capsys, scheme, load):
+    argv = [
+        "evaluate",
+        "--scheme",
+        scheme,
+        "-K",
+        "3",
+        "-N",
+        "15",
+        "--json",
+        *paper_example(tmp_path),
+    ]
+    (row,) = json_lines(capsys, argv)
+    assert row["load_points"] == load and row["uncoded_points"] == 11
+    assert row["pairs_only_points"] == 7
+    assert row["lower_bound_points"] == 6 and row["lower_bound_exact"] is True
+    assert row["verified"] is True
+    # 64-byte points: load * 64 bytes of payload plus one 52-byte frame header
+    assert row["broadcast_bytes"] == load * 64 + 52

@@ -1,8 +1,9 @@
 """The elastic_gd job over real torch.distributed processes (P = 4 workers + master = 5).
 
-The job is started by its own local launcher (``python -m train.elastic_gd``, torch's elastic
-launcher with restarts). One run applies scheduled events to all four methods; another has a
-worker process SIGKILLed by this test mid-run and must resume with the survivors' stored blocks.
+The job runs through the training harness (``python -m train.launch job=elastic_gd``, the
+``coded-shuffle-train`` command: torch's elastic launcher, restarts from ``max_restarts``). One
+run applies scheduled events to all four methods; another has a worker process SIGKILLed by
+this test mid-run and must resume with the survivors' stored blocks.
 """
 
 from __future__ import annotations
@@ -24,19 +25,20 @@ from coded_shuffle.elastic import make_problem, make_settings, simulate
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
-BASE = ["workers=4", "job.elastic.recovery_threshold=2", "dist.timeout_seconds=30"]
+BASE = ["job=elastic_gd", "workers=4", "job.elastic.recovery_threshold=2"]
+BASE += ["dist.timeout_seconds=30"]
 N, D = 360, 20  # conf/job/elastic_gd.yaml defaults
 
 
 class Job:
     """The job in a subprocess; its output goes to a file (a full pipe would stall it)."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], run_dir: Path) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        self.log = log
-        with open(log, "w") as out:
+        self.log = run_dir.parent / f"{run_dir.name}.log"
+        with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "train.elastic_gd", *BASE, *args],
+                [sys.executable, "-m", "train.launch", *BASE, *args, f"hydra.run.dir={run_dir}"],
                 cwd=ROOT,
                 env=env,
                 stdout=out,
@@ -77,7 +79,7 @@ def stored_digests(run_dir: Path) -> dict[str, str]:
 
 def test_job_events_all_methods_and_plot(tmp_path: Path) -> None:
     events = "job.elastic.events=[{step: 4, leave: [2]}, {step: 8, join: 1}]"
-    code, log = Job([events, "job.steps=12", f"run_dir={tmp_path}"], tmp_path / "job.log").wait(120)
+    code, log = Job([events, "job.steps=12"], tmp_path).wait(120)
     assert code == 0, log[-3000:]
     runs = records(tmp_path)
     assert set(runs) == {"coded", "nofailure", "ignore", "repartition"}
@@ -119,7 +121,7 @@ def wait_for_lines(path: Path, count: int, job: Job, timeout: float) -> None:
 def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> None:
     steps = 30
     args = ["job.elastic.events=[]", f"job.steps={steps}", "job.elastic.methods=[coded]"]
-    job = Job([*args, "job.elastic.step_delay=0.05", f"run_dir={tmp_path}"], tmp_path / "job.log")
+    job = Job([*args, "job.elastic.step_delay=0.05"], tmp_path)
     try:
         wait_for_lines(tmp_path / "metrics.jsonl", 6, job, timeout=90)
         before = stored_digests(tmp_path)
@@ -148,7 +150,7 @@ def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> Non
 
 def test_bad_config_is_one_line_without_traceback(tmp_path: Path) -> None:
     events = "job.elastic.events=[{step: 3, leave: [1, 2, 3]}]"
-    code, log = Job([events, f"run_dir={tmp_path}"], tmp_path.parent / "bad.log").wait(60)
+    code, log = Job([events], tmp_path).wait(60)
     assert code == 2
     lines = log.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in log

@@ -26,7 +26,7 @@ from coded_shuffle.schemes import REGISTRY, get_scheme
 from train import data, shuffle_sgd
 from train.entry import CONF_DIR
 from train.metrics import EPOCH_KEYS
-from train.schedule import Chain, kept_points, own_delivery, store_from_points
+from train.schedule import Chain, kept_points, store_from_points
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
@@ -117,13 +117,13 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
     firsts = batches(chain.first, k_workers)
     stores = []
     for k in range(k_workers):  # epoch 1: each worker keeps only what it places
-        delivery = own_delivery(transitions[0].plan, b, k)
+        delivery = Delivery.prepare_worker(transitions[0].plan, b, k)
         keep = np.union1d(firsts[k], kept_points(delivery, k))
         stores.append(store_from_points(delivery, k, keep, records[torch.from_numpy(keep)]))
     for tr in transitions:
         symbols = Delivery.prepare(tr.plan, b).encode(records)
         for k in range(k_workers):
-            mine = own_delivery(tr.plan, b, k)
+            mine = Delivery.prepare_worker(tr.plan, b, k)
             heard = [
                 s.index_select(0, torch.from_numpy(mine.programs[p][k].symbol_ids))
                 for p, s in enumerate(symbols)

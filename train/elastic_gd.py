@@ -7,9 +7,8 @@ the connection that fails. The master then checkpoints the loss and exits; torch
 launcher restarts every process (``max_restarts``), the master resumes from the checkpoint
 without the lost worker, and the survivors reuse the coded blocks on their disks.
 
-Entry points: ``run(cfg)`` (per rank, the harness contract of :mod:`train.entry`),
-``validate(cfg)``, ``max_restarts(cfg)``, and ``python -m train.elastic_gd key=value ...``, a
-small local launcher that also enables restarts (see docs/elastic.md).
+The harness contract of :mod:`train.entry`: ``run(cfg)`` per rank, ``validate(cfg)`` before
+any process starts, ``max_restarts(cfg)`` for the launcher (see docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -21,14 +20,13 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.problem import Problem, make_problem
@@ -43,9 +41,7 @@ from coded_shuffle.elastic.runner import (
 from coded_shuffle.elastic.store import BlockStore
 from coded_shuffle.errors import UsageError
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "job" / "elastic_gd.yaml"
-PROG = "python -m train.elastic_gd"
-
+from .dist import setup
 
 # --- configuration ---------------------------------------------------------------------
 
@@ -95,11 +91,6 @@ def validate(cfg: Any) -> None:
 def max_restarts(cfg: Any) -> int:
     """How often the launcher restarts the job after a process dies (``job.elastic``)."""
     return int(cfg.job.elastic.get("max_restarts", 0))
-
-
-def _timeout(cfg: Any) -> timedelta:
-    dist_cfg = cfg.get("dist") or {}
-    return timedelta(seconds=float(dist_cfg.get("timeout_seconds", 60)))
 
 
 # --- transport ---------------------------------------------------------------------------
@@ -308,122 +299,13 @@ def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None
     transport.stop()
 
 
-def init_process_group(timeout: timedelta) -> None:
-    """gloo from the launcher's environment, with a store prefix per restart attempt.
-
-    torch's elastic agent keeps one TCPStore for every attempt, so without the prefix a
-    restarted group reads the dead group's addresses and ``connectFullMesh`` fails.
-    """
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-    )
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore(f"elastic_gd/attempt_{attempt}", store),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-    )
-
-
-def _harness_run_dir() -> Path | None:
-    try:
-        from .dist import context
-    except ImportError:
-        return None
-    try:
-        return context().run_dir
-    except RuntimeError:
-        return None
-
-
-def run(cfg: Any, run_dir: str | os.PathLike[str] | None = None) -> None:
-    """One rank of the job (the harness has usually set the process group up already)."""
-    timeout = _timeout(cfg)
-    own_group = not dist.is_initialized()
-    if own_group:
-        init_process_group(timeout)
-    path = Path(run_dir) if run_dir is not None else _harness_run_dir() or Path(os.getcwd())
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != int(cfg.workers) + 1:
+def run(cfg: Any) -> None:
+    """One rank of the job; :mod:`train.entry` has set the process group up (restart-safe)."""
+    ctx = setup(cfg)
+    if ctx.world_size != int(cfg.workers) + 1:
         need = int(cfg.workers) + 1
-        raise UsageError(f"elastic_gd needs workers+1={need} processes, not {world}")
-    try:
-        if rank == 0:
-            master_main(cfg, path, world, timeout)
-        else:
-            worker_loop(rank, elastic_dir(cfg, path))
-    finally:
-        if own_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-# --- a small local launcher (restarts enabled) ------------------------------------------
-
-
-def compose(overrides: list[str]) -> DictConfig:
-    """``workers``, ``seed``, ``dist`` and ``job`` (conf/job/elastic_gd.yaml) plus overrides."""
-    base = OmegaConf.create(
-        {"workers": 6, "seed": 0, "run_dir": "outputs/elastic_gd", "dist": {"timeout_seconds": 60}}
-    )
-    base.job = OmegaConf.load(CONF)
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise UsageError(f"override {bad[0]!r} must look like key=value")
-    return OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
-
-
-def _rank_entry(cfg_yaml: str, run_dir: str) -> None:
-    run(OmegaConf.create(cfg_yaml), run_dir)
-
-
-def launch_local(cfg: DictConfig, run_dir: str | os.PathLike[str]) -> None:
-    """Starts ``workers + 1`` local processes with torch's elastic launcher."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    path = Path(run_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=int(cfg.workers) + 1,
-        run_id=f"elastic-gd-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=max_restarts(cfg),
-        monitor_interval=0.1,
-        start_method="fork",
-    )
-    elastic_launch(config, _rank_entry)(OmegaConf.to_yaml(cfg, resolve=True), str(path))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m train.elastic_gd workers=4 job.elastic.recovery_threshold=2 run_dir=D``."""
-    import logging
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    try:
-        cfg = compose(list(sys.argv[1:] if argv is None else argv))
-        validate(cfg)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    for name in ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        launch_local(cfg, str(cfg.run_dir))
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        print(f"{PROG}: error: rank {rank} failed (exit code {failure.exitcode})", file=sys.stderr)
-        return 1
-    status = Path(str(cfg.run_dir)) / "elastic_status.json"
-    stopped = status.exists() and json.loads(status.read_text())["status"] == "stopped"
-    return 3 if stopped else 0  # the master printed why it stopped
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        raise UsageError(f"elastic_gd needs workers+1={need} processes, not {ctx.world_size}")
+    if ctx.is_master:
+        master_main(cfg, ctx.run_dir, ctx.world_size, ctx.timeout)
+    else:
+        worker_loop(ctx.rank, elastic_dir(cfg, ctx.run_dir))

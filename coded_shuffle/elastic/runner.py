@@ -254,9 +254,14 @@ class ElasticMaster:
                     else True
                 )
             )
-        for index in range(start, len(self.settings.methods)):
-            resume = saved if saved is not None and index == start else None
-            RUNS[self.settings.methods[index]](self, index, resume).loop()
+        try:
+            for index in range(start, len(self.settings.methods)):
+                resume = saved if saved is not None and index == start else None
+                RUNS[self.settings.methods[index]](self, index, resume).loop()
+        except UsageError as exc:  # too few workers left: the run is over, even if restarted
+            self.state = {"finished": True, "stopped": str(exc), "fingerprint": self.fingerprint}
+            self.checkpoint.save(self.state)
+            raise
         self.state = {"finished": True, "fingerprint": self.fingerprint}
         self.checkpoint.save(self.state)
 
