@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .decoder import WorkerProgram
+from .decoder import BATCH, CACHE, SCRATCH, PoolOp, WorkerProgram
 from .plan import DeliveryPlan, XorBlock
 
 CHUNK_BYTES = 1 << 20
@@ -142,35 +143,137 @@ def decode(
     return batch_from_workspace(work, program, point_bytes)
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """One part's rows at a worker after decoding (the pools of :class:`PoolOp`).
+
+    ``batch`` holds the new batch as sub-point rows (``program.batch_rows`` order),
+    ``scratch`` the decoded sub-points that are not in it, ``cache`` the rows held before.
+    """
+
+    program: WorkerProgram
+    cache: torch.Tensor
+    batch: torch.Tensor
+    scratch: torch.Tensor
+
+    def rows(self, subpoints: np.ndarray) -> torch.Tensor:
+        """Fresh ``(n, sub)`` rows of ``subpoints``; ValueError names one never received."""
+        subpoints = np.asarray(subpoints, dtype=np.int64)
+        pool, row = self.program.locate(subpoints)
+        if np.any(pool < 0):
+            missing = int(subpoints[pool < 0][0])
+            raise ValueError(
+                f"worker {self.program.worker} cannot keep sub-point {missing}: never received"
+            )
+        pools = {CACHE: self.cache, BATCH: self.batch, SCRATCH: self.scratch}
+        out = torch.empty((subpoints.size, self.batch.shape[1]), dtype=torch.uint8)
+        for code, src in pools.items():
+            sel = np.flatnonzero(pool == code)
+            if sel.size == subpoints.size:  # one pool: gather straight into the output
+                torch.index_select(src, 0, torch.from_numpy(row), out=out)
+            elif sel.size:
+                picked = src.index_select(0, torch.from_numpy(row[sel]))
+                out.index_copy_(0, torch.from_numpy(sel), picked)
+        return out
+
+
+def _common_width(tensors: list[torch.Tensor], row_bytes: int) -> int:
+    """The widest integer size (8, 4, 2, 1) that divides a row and aligns every tensor."""
+    for size in (8, 4, 2):
+        if row_bytes % size == 0 and all(
+            t.numel() == 0 or t.storage_offset() % size == 0 for t in tensors
+        ):
+            return size
+    return 1
+
+
+_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _rows_view(t: torch.Tensor, size: int, row_bytes: int) -> torch.Tensor:
+    """``t`` as ``(rows, row_bytes // size)`` integers of ``size`` bytes."""
+    t = t.contiguous().view(-1, row_bytes) if t.numel() else t.reshape(0, row_bytes)
+    return t.view(_DTYPES[size])
+
+
+def _column(
+    src: torch.Tensor, idx: np.ndarray, start: int, a: int, b: int, buf: torch.Tensor
+) -> torch.Tensor:
+    """Rows ``idx[a:b]`` of ``src``: a slice when they are one run, else gathered into ``buf``."""
+    if start >= 0:
+        return src[start + a : start + b]
+    torch.index_select(src, 0, torch.from_numpy(idx[a:b]), out=buf)
+    return buf
+
+
+def run_ops(ops: tuple[PoolOp, ...], pools: list[torch.Tensor], full: bool) -> None:
+    """Executes pool ops in order, in chunks of at most ``CHUNK_BYTES`` per scratch buffer.
+
+    ``pools`` is indexed by pool code (all the same integer view); ``full``: the ``SYM``
+    pool is the whole broadcast (use ``full_sources``), else the kept symbols in order.
+    """
+    width = pools[BATCH].shape[1] * pools[BATCH].element_size()
+    chunk = max(1, CHUNK_BYTES // max(1, width))
+    rows = min(chunk, max((len(op) for op in ops), default=0))
+    acc = torch.empty((rows, pools[BATCH].shape[1]), dtype=pools[BATCH].dtype)
+    tmp = torch.empty_like(acc)
+    for op in ops:
+        sources, starts = (op.full_sources, op.full_starts) if full else (op.sources, op.starts)
+        dst = pools[op.dest]
+        cols = [(pools[p], sources[c], starts[c]) for c, p in enumerate(op.pools)]
+        for a in range(0, len(op), chunk):
+            b = min(a + chunk, len(op))
+            n = b - a
+            direct = op.target_start >= 0
+            out = dst[op.target_start + a : op.target_start + b] if direct else acc[:n]
+            src, idx, start = cols[0]
+            if len(cols) == 1:
+                if direct and start < 0:
+                    torch.index_select(src, 0, torch.from_numpy(idx[a:b]), out=out)
+                    continue
+                value = _column(src, idx, start, a, b, acc[:n])
+                if direct:
+                    out.copy_(value)
+                else:
+                    dst.index_copy_(0, torch.from_numpy(op.targets[a:b]), value)
+                continue
+            cur = _column(src, idx, start, a, b, acc[:n])
+            for src, idx, start in cols[1:-1]:
+                value = _column(src, idx, start, a, b, tmp[:n])
+                torch.bitwise_xor(cur, value, out=acc[:n])
+                cur = acc[:n]
+            src, idx, start = cols[-1]
+            value = _column(src, idx, start, a, b, tmp[:n])
+            torch.bitwise_xor(cur, value, out=out)
+            if not direct:
+                dst.index_copy_(0, torch.from_numpy(op.targets[a:b]), out)
+
+
 def decode_workspace(
     program: WorkerProgram, symbols: torch.Tensor, cache: torch.Tensor
-) -> torch.Tensor:
-    """Runs the worker's program; returns its workspace (symbols, cache, decoded rows).
+) -> Workspace:
+    """Runs the worker's program: the new batch rows, decoded in place, and scratch rows.
 
     ``symbols`` holds the rows ``program.symbol_ids`` of the broadcast (in that order) or the
-    whole broadcast; ``cache`` holds the worker's cached sub-points in plan order.
+    whole broadcast; ``cache`` holds the worker's cached sub-points in plan order. Symbols
+    and cache are read where they are (no copy); every decoded sub-point of the new batch is
+    written once, straight into its row.
     """
     m = program.symbol_ids.size
     sub = cache.shape[1] if cache.numel() else symbols.shape[1]
-    work = empty_rows(program.num_rows, sub)
-    if symbols.shape[0] == m:
-        work[:m] = symbols
-    else:
-        torch.index_select(symbols, 0, torch.from_numpy(program.symbol_ids), out=work[:m])
-    work[m : m + program.num_cache] = cache
-    run_blocks(program.blocks, work, work)
-    return work
+    batch = empty_rows(program.batch_rows.size, sub)
+    scratch = torch.empty((program.num_scratch, sub), dtype=torch.uint8)
+    pools = [symbols, cache, batch, scratch]
+    size = _common_width(pools, sub)
+    views = [_rows_view(t, size, sub) for t in pools]
+    run_ops(program.ops, views, full=symbols.shape[0] != m)
+    return Workspace(program, cache, batch, scratch)
 
 
-def batch_from_workspace(
-    work: torch.Tensor, program: WorkerProgram, point_bytes: int
-) -> torch.Tensor:
-    """The new batch ``(q, B)`` gathered from a decoded workspace."""
-    rows = torch.from_numpy(np.ascontiguousarray(program.batch_rows.reshape(-1)))
+def batch_from_workspace(work: Workspace, program: WorkerProgram, point_bytes: int) -> torch.Tensor:
+    """The new batch ``(q, B)`` of a decoded workspace (a view when no padding is cut off)."""
     splits = program.batch_rows.shape[1]
-    out = empty_rows(rows.numel(), work.shape[1])
-    torch.index_select(_wide(work), 0, rows, out=_wide(out))
-    return join_subpoints(out, splits, point_bytes)
+    return join_subpoints(work.batch, splits, point_bytes)
 
 
 def cache_bytes(data: torch.Tensor, plan: DeliveryPlan, worker: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ rows, which the byte codec executes. A plan that some worker cannot decode raise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.sparse import coo_matrix
@@ -20,15 +20,45 @@ from .plan import DeliveryPlan, XorBlock, ranges, subpoints_of
 
 MAX_ELIMINATION_UNKNOWNS = 4096
 
+# Pools of rows that the byte codec reads and writes (see PoolOp).
+SYM, CACHE, BATCH, SCRATCH = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class PoolOp:
+    """``pool[dest][targets[i]] = XOR_c pool[pools[c]][sources[c, i]]`` for every ``i``.
+
+    The executable form of one :class:`XorBlock` group: every column reads one pool, the
+    rows are sorted by target. ``SYM`` rows are positions in ``symbol_ids``;
+    ``full_sources`` is the same with ``SYM`` rows as broadcast symbol ids. ``*starts[c]``
+    (and ``target_start``) is the first row when that column is one ascending run, else -1:
+    the codec then reads (writes) a slice instead of gathering (scattering).
+    """
+
+    dest: int
+    targets: np.ndarray  # (n,) int64
+    target_start: int
+    pools: tuple[int, ...]
+    sources: np.ndarray  # (d, n) int64, C-contiguous
+    starts: tuple[int, ...]
+    full_sources: np.ndarray
+    full_starts: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
 
 @dataclass(frozen=True)
 class WorkerProgram:
     """How one worker rebuilds its new batch from received symbols and its own cache.
 
-    Workspace rows: ``[0, m)`` the kept symbols ``symbol_ids`` (in that order), then
-    ``num_cache`` rows of the worker's cache (in ``plan.caches[worker]`` order), then the
-    decoded sub-points. ``batch_rows[i, j]`` is the row of sub-point ``j`` of the ``i``-th
-    point of the new batch.
+    Virtual rows (those of ``blocks``): ``[0, m)`` the kept symbols ``symbol_ids`` (in that
+    order), then ``num_cache`` rows of the worker's cache (in ``plan.caches[worker]`` order),
+    then the decoded sub-points. ``batch_rows[i, j]`` is the row of sub-point ``j`` of the
+    ``i``-th point of the new batch. The codec executes ``ops`` instead: the same XORs over
+    four pools, so that decoded sub-points land straight in their place in the new batch
+    (``BATCH`` rows, in ``batch_rows`` order) or, if only needed on the way, in ``SCRATCH``;
+    the first op copies the cached part of the new batch.
     """
 
     worker: int
@@ -40,10 +70,20 @@ class WorkerProgram:
     cache_ids: np.ndarray  # sub-points in the cache rows (sorted)
     decoded_ids: np.ndarray  # sub-points in the decoded rows, in row order
     eliminated: int  # sub-points that needed GF(2) elimination (0: peeling sufficed)
+    ops: tuple[PoolOp, ...] = ()
+    num_scratch: int = 0  # decoded sub-points outside the new batch
 
     @property
     def num_decoded(self) -> int:
         return int(self.decoded_ids.size)
+
+    def locate(self, subpoints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(pool, row)`` of every sub-point after the ops ran (pool -1: not held).
+
+        Sub-points of the new batch are found in ``BATCH``, other cached ones in ``CACHE``,
+        other decoded ones in ``SCRATCH``.
+        """
+        return _locate(self, self.rows_of(np.asarray(subpoints, dtype=np.int64)), prefer_batch=True)
 
     def rows_of(self, subpoints: np.ndarray) -> np.ndarray:
         """Workspace rows of cached or decoded ``subpoints``; -1 where the worker lacks one."""
@@ -276,7 +316,7 @@ class _DecodeState:
         batch_rows = row_of[subpoints_of(plan.new_batches[worker], plan.splits)]
         if np.any(batch_rows < 0):
             raise UndecodableError(f"{plan.scheme}: worker {worker} lacks part of its new batch")
-        return WorkerProgram(
+        program = WorkerProgram(
             worker=worker,
             symbol_ids=symbol_ids,
             num_cache=n_cache,
@@ -287,6 +327,7 @@ class _DecodeState:
             decoded_ids=decoded,
             eliminated=self.eliminated,
         )
+        return _with_ops(program)
 
 
 def _prune(
@@ -304,3 +345,87 @@ def _prune(
         needed[sources[sources >= 0]] = True
         kept.append((targets, sources))
     return kept[::-1]
+
+
+def _locate(
+    program: WorkerProgram, rows: np.ndarray, prefer_batch: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Virtual rows as ``(pool, row)``; decoded rows go to ``BATCH`` or ``SCRATCH``.
+
+    With ``prefer_batch``, cache rows of sub-points in the new batch map to ``BATCH`` too.
+    """
+    m, c = program.symbol_ids.size, program.num_cache
+    batch_ids = np.full(program.num_rows, -1, dtype=np.int64)  # batch position per virtual row
+    batch = program.batch_rows.reshape(-1)
+    batch_ids[batch] = np.arange(batch.size, dtype=np.int64)
+    decoded = np.arange(m + c, program.num_rows, dtype=np.int64)
+    scratch_rows = np.full(program.num_rows, -1, dtype=np.int64)
+    outside = decoded[batch_ids[decoded] < 0]
+    scratch_rows[outside] = np.arange(outside.size, dtype=np.int64)
+    safe = np.maximum(rows, 0)
+    pool = np.where(rows < m, SYM, np.where(rows < m + c, CACHE, SCRATCH))
+    row = np.where(rows < m, rows, np.where(rows < m + c, rows - m, scratch_rows[safe]))
+    to_batch = (rows >= m + c) | (prefer_batch & (pool == CACHE))
+    to_batch &= batch_ids[safe] >= 0
+    pool[to_batch], row[to_batch] = BATCH, batch_ids[safe[to_batch]]
+    pool[rows < 0], row[rows < 0] = -1, -1
+    return pool, row
+
+
+def _run_start(rows: np.ndarray) -> int:
+    """The first row when ``rows`` is one ascending run of consecutive rows, else -1."""
+    n = rows.size
+    if n and rows[-1] - rows[0] == n - 1 and np.all(np.diff(rows) == 1):
+        return int(rows[0])
+    return -1
+
+
+def _pool_op(
+    program: WorkerProgram, dest: int, targets: np.ndarray, pools: np.ndarray, sources: np.ndarray
+) -> PoolOp:
+    """One group of rows with the same pools: sorted by target, sources column-major."""
+    order = np.argsort(targets, kind="stable")
+    targets, sources = targets[order], np.ascontiguousarray(sources[order].T)
+    full = sources.copy()
+    for c, p in enumerate(pools):
+        if p == SYM:
+            full[c] = program.symbol_ids[sources[c]]
+    return PoolOp(
+        dest=int(dest),
+        targets=targets,
+        target_start=_run_start(targets),
+        pools=tuple(int(p) for p in pools),
+        sources=sources,
+        starts=tuple(_run_start(col) for col in sources),
+        full_sources=full,
+        full_starts=tuple(_run_start(col) for col in full),
+    )
+
+
+def _with_ops(program: WorkerProgram) -> WorkerProgram:
+    """Compiles ``program.blocks`` into :class:`PoolOp` groups (one per pool pattern)."""
+    m, c = program.symbol_ids.size, program.num_cache
+    batch = program.batch_rows.reshape(-1)
+    cached = np.flatnonzero((batch >= m) & (batch < m + c))
+    ops = []
+    if cached.size:  # the cached part of the new batch: BATCH rows <- CACHE rows
+        ops.append(_pool_op(program, BATCH, cached, np.array([CACHE]), batch[cached, None] - m))
+    for block in program.blocks:
+        dest, targets = _locate(program, block.targets)
+        pools, rows = _locate(program, block.sources.reshape(-1))
+        pools, rows = pools.reshape(block.sources.shape), rows.reshape(block.sources.shape)
+        pattern = np.concatenate([dest[:, None], pools], axis=1)
+        if pattern.shape[1] <= 31:  # base-4 digits fit in int64
+            key = pattern @ (4 ** np.arange(pattern.shape[1], dtype=np.int64))
+            keys, label = np.unique(key, return_inverse=True)
+        else:
+            keys, label = np.unique(pattern, axis=0, return_inverse=True)
+        label = label.reshape(-1)
+        for g in range(len(keys)):
+            sel = np.flatnonzero(label == g)
+            first = sel[0]
+            ops.append(_pool_op(program, dest[first], targets[sel], pools[first], rows[sel]))
+    num_scratch = int(
+        np.count_nonzero(_locate(program, np.arange(m + c, program.num_rows))[0] == SCRATCH)
+    )
+    return replace(program, ops=tuple(ops), num_scratch=num_scratch)

@@ -115,14 +115,19 @@ class Delivery:
 
     def decode(
         self, worker: int, symbols: list[torch.Tensor], store: WorkerStore
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The worker's new batch ``(q, B)`` and its decode workspaces (one per part)."""
+    ) -> tuple[torch.Tensor, list[codec.Workspace]]:
+        """The worker's new batch ``(q, B)`` and its decode workspaces (one per part).
+
+        The batch may share memory with the workspaces; :meth:`WorkerStore.updated` copies.
+        """
         pieces, workspaces = [], []
         for part, _plan in enumerate(self.plans):
             program = self.programs[part][worker]
             work = codec.decode_workspace(program, symbols[part], store.caches[part])
             pieces.append(codec.batch_from_workspace(work, program, self.parts[part]))
             workspaces.append(work)
+        if len(pieces) == 1:
+            return pieces[0].contiguous(), workspaces
         return torch.cat(pieces, dim=1), workspaces
 
 
@@ -144,18 +149,14 @@ class WorkerStore:
         self,
         delivery: Delivery,
         worker: int,
-        workspaces: list[torch.Tensor],
+        workspaces: list[codec.Workspace],
         next_caches: list[np.ndarray],
     ) -> WorkerStore:
         """The store after the delivery: ``next_caches[part]`` sub-points, from cache or decode."""
-        caches = []
-        for part, ids in enumerate(next_caches):
-            rows = delivery.programs[part][worker].rows_of(ids)
-            if np.any(rows < 0):
-                missing = int(ids[rows < 0][0])
-                raise ValueError(f"worker {worker} cannot keep sub-point {missing}: never received")
-            caches.append(workspaces[part].index_select(0, torch.from_numpy(rows)))
-        return WorkerStore(caches)
+        del delivery, worker  # the workspaces carry the worker's programs
+        return WorkerStore(
+            [work.rows(ids) for work, ids in zip(workspaces, next_caches, strict=True)]
+        )
 
     def stored_bytes(self) -> int:
         return int(sum(c.numel() for c in self.caches))

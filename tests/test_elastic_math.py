@@ -318,8 +318,9 @@ def run_with_kills(tmp_path: Path, p: int, size: int, steps: int, kills: dict[in
 
 
 def test_simulated_kill_resumes_with_survivors_and_their_stored_blocks(tmp_path: Path) -> None:
-    records, restarts, _ = run_with_kills(tmp_path, 4, 2, 16, {5: 3})
+    records, restarts, transport = run_with_kills(tmp_path, 4, 2, 16, {5: 3})
     assert restarts == 1
+    assert 3 not in transport.nodes  # the resumed master never talks to the lost worker
     runs = by_method(records)
     coded = runs["coded"]
     assert [r["step"] for r in coded] == list(range(16))  # nothing lost, nothing repeated

@@ -356,9 +356,12 @@ class _Run:
         )
 
     def place(self) -> int:
-        """Verifies every available worker's store by digest; sends what is missing or stale."""
+        """Verifies every available worker's store by digest; sends what is missing or stale.
+
+        Workers lost in a crash (``pending``) are skipped: they leave at the first step.
+        """
         self._moved = 0
-        expected = self.expected()
+        expected = {i: v for i, v in self.expected().items() if i not in self.pending}
         replies = self.exchange(
             {i: Message.make(Op.VERIFY, [slot]) for i, (slot, _, _) in expected.items()}
         )
@@ -633,7 +636,6 @@ __all__ = [
     "ListSink",
     "MemoryCheckpoint",
     "Settings",
-    "digest",
     "make_settings",
     "simulate",
 ]
