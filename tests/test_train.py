@@ -30,7 +30,8 @@ from train.schedule import Chain, kept_points, store_from_points
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
-EXCESS = ("attia-tandon-excess", 1.5)  # memory sharing: two byte parts
+# excess storage: memory sharing over two byte parts, and an integer corner
+EXCESS = (("attia-tandon-excess", 1.5), ("elmahdy-mohajer", 2))
 JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.timeout_seconds=30"]
 
 
@@ -212,18 +213,18 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     found = {}
     for metrics in sweep.rglob("metrics.jsonl"):
         found[_metrics(metrics.parent)[0]["scheme"]] = metrics.parent
-    name, storage = EXCESS
-    if name in REGISTRY:
-        run_dir = root / "excess"
-        args = [f"scheme={name}", f"storage={storage}", *JOB, f"hydra.run.dir={run_dir}"]
-        out = _run(args, root)
-        assert out.returncode == 0, out.stderr[-3000:]
-        found[f"{name} T={storage}"] = run_dir
+    for name, storage in EXCESS:
+        if name in REGISTRY:
+            run_dir = root / f"excess-{name}"
+            args = [f"scheme={name}", f"storage={storage}", *JOB, f"hydra.run.dir={run_dir}"]
+            out = _run(args, root)
+            assert out.returncode == 0, out.stderr[-3000:]
+            found[f"{name} T={storage}"] = run_dir
     return found
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("scheme", [*SCHEMES, f"{EXCESS[0]} T={EXCESS[1]}"])
+@pytest.mark.parametrize("scheme", [*SCHEMES, *(f"{n} T={t}" for n, t in EXCESS)])
 def test_every_epoch_is_verified_and_recorded(runs, scheme):
     if scheme not in runs:
         pytest.skip(f"{scheme} not registered yet")
@@ -260,6 +261,20 @@ def test_every_scheme_trains_bit_identical_parameters(runs):
     assert len(set(hashes.values())) == 1, hashes
     losses = {name: [r["test_loss"] for r in _metrics(path)] for name, path in runs.items()}
     assert len({tuple(v) for v in losses.values()}) == 1
+
+
+@pytest.mark.distributed
+def test_excess_storage_sends_fewer_bytes_than_no_excess(runs):
+    """Issue 4: storage=2 logs fewer bytes per coded epoch than storage=1, same parameters."""
+    excess, plain = runs["elmahdy-mohajer T=2"], runs["cycles"]
+    coded = [r for r in _metrics(excess) if r["phase"] == "coded"]
+    base = [r for r in _metrics(plain) if r["phase"] == "coded"]
+    assert [r["epoch"] for r in coded] == [r["epoch"] for r in base] == [2, 3]
+    for ours, theirs in zip(coded, base, strict=True):
+        assert ours["storage"] == 2 and theirs["storage"] == 1
+        assert ours["broadcast_bytes"] < theirs["broadcast_bytes"]
+        assert ours["stored_points_max"] <= 2 * ours["points"] / ours["workers"]
+    assert _summary(excess)["final_params_sha256"] == _summary(plain)["final_params_sha256"]
 
 
 @pytest.mark.distributed
