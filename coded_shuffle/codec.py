@@ -5,12 +5,20 @@ is cut into ``s`` sub-points of ``ceil(B / s)`` bytes (zero padding at the end o
 the padding travels on the link and is counted). Encoding and decoding are gathers and XORs
 over index arrays, in chunks of bounded size, on the widest integer view the row length
 allows.
+
+Decoding reads the received symbols and the worker's cache where they are and writes every
+decoded sub-point once, straight into its row of the new batch (the largest group of a
+program writes one run of rows, no scatter); large outputs live in recycled huge-page
+buffers. At 256-byte points both directions are bound by random row gathers (two per
+symbol of degree 2), not by the XORs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import mmap
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,25 +28,59 @@ from .decoder import BATCH, CACHE, SCRATCH, PoolOp, WorkerProgram
 from .plan import DeliveryPlan, XorBlock
 
 CHUNK_BYTES = 1 << 20
-HUGE_PAGE_BYTES = 32 << 20  # outputs from this size on are backed by transparent huge pages
+HUGE_PAGE_BYTES = 4 << 20  # outputs from this size on are backed by transparent huge pages
+IDLE_BYTES_MAX = 512 << 20  # recycled output buffers kept mapped while no tensor uses them
+_buffers: list[mmap.mmap] = []  # every huge-page buffer handed out (in use or idle)
+_buffers_lock = threading.Lock()
+
+
+def _idle(i: int) -> bool:
+    """True when no tensor uses ``_buffers[i]`` (references: the list and this argument).
+
+    ``torch.frombuffer`` holds a buffer export, hence a reference, for as long as any
+    tensor or view on the storage lives; so an idle buffer can be handed out again.
+    """
+    return sys.getrefcount(_buffers[i]) == 2
+
+
+def _huge_buffer(nbytes: int) -> mmap.mmap:
+    """A mapping of ``nbytes`` rounded up to 2 MiB: an idle one reused, else a fresh one.
+
+    Fresh pages cost a fault and the kernel's zeroing on first touch, as much as the XORs
+    that fill them; reusing a buffer that the caller dropped avoids both. Idle buffers
+    beyond ``IDLE_BYTES_MAX`` are unmapped.
+    """
+    size = -(-nbytes // (2 << 20)) * (2 << 20)
+    idle = [i for i in range(len(_buffers)) if _idle(i)]
+    for i in idle:
+        if len(_buffers[i]) == size:
+            return _buffers[i]
+    kept = 0
+    for i in reversed(idle):  # the oldest idle buffers go first
+        kept += len(_buffers[i])
+        if kept + size > IDLE_BYTES_MAX:
+            del _buffers[i]
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # without huge pages: ordinary pages, same bytes
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    _buffers.append(buf)
+    return buf
 
 
 def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
     """An uninitialised ``(rows, row_bytes)`` uint8 tensor for a codec output.
 
-    Below 32 MiB the C allocator reuses freed heap memory, so ``torch.empty`` is cheap after
-    warm-up. Larger blocks are always fresh mappings, and with 4 KiB pages the first touch
-    of every page (a page fault) costs as much as the XORs. From ``HUGE_PAGE_BYTES`` on, the
-    buffer is a private anonymous mapping advised ``MADV_HUGEPAGE`` (the tensor keeps the
-    mapping alive); where the advice is unavailable, ordinary pages.
+    Small outputs come from ``torch.empty``. From ``HUGE_PAGE_BYTES`` on, the buffer is a
+    private anonymous mapping advised ``MADV_HUGEPAGE`` (the tensor keeps the mapping alive;
+    where the advice is unavailable, ordinary pages), recycled once no tensor uses it: with
+    4 KiB pages, the first touch of every page of a fresh output costs as much as the XORs.
     """
     nbytes = rows * row_bytes
     if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty((rows, row_bytes), dtype=torch.uint8)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):  # without huge pages: ordinary pages, same bytes
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buf, dtype=torch.uint8).view(rows, row_bytes)
+    with _buffers_lock:  # the export must exist before another thread looks for idle buffers
+        buf = _huge_buffer(nbytes)
+        return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(rows, row_bytes)
 
 
 def subpoint_bytes(point_bytes: int, splits: int) -> int:
@@ -166,12 +208,12 @@ class Workspace:
                 f"worker {self.program.worker} cannot keep sub-point {missing}: never received"
             )
         pools = {CACHE: self.cache, BATCH: self.batch, SCRATCH: self.scratch}
+        if np.all(pool == BATCH):  # e.g. no excess storage: the new cache is the new batch
+            return gather_rows(self.batch, row)
         out = torch.empty((subpoints.size, self.batch.shape[1]), dtype=torch.uint8)
         for code, src in pools.items():
             sel = np.flatnonzero(pool == code)
-            if sel.size == subpoints.size:  # one pool: gather straight into the output
-                torch.index_select(src, 0, torch.from_numpy(row), out=out)
-            elif sel.size:
+            if sel.size:
                 picked = src.index_select(0, torch.from_numpy(row[sel]))
                 out.index_copy_(0, torch.from_numpy(sel), picked)
         return out
@@ -192,8 +234,9 @@ _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 def _rows_view(t: torch.Tensor, size: int, row_bytes: int) -> torch.Tensor:
     """``t`` as ``(rows, row_bytes // size)`` integers of ``size`` bytes."""
-    t = t.contiguous().view(-1, row_bytes) if t.numel() else t.reshape(0, row_bytes)
-    return t.view(_DTYPES[size])
+    if t.dim() != 2 or t.shape[1] != row_bytes:  # only empty tensors (no rows) get here
+        t = t.new_empty((0, row_bytes))
+    return t.contiguous().view(_DTYPES[size])
 
 
 def _column(
@@ -217,9 +260,10 @@ def run_ops(ops: tuple[PoolOp, ...], pools: list[torch.Tensor], full: bool) -> N
     rows = min(chunk, max((len(op) for op in ops), default=0))
     acc = torch.empty((rows, pools[BATCH].shape[1]), dtype=pools[BATCH].dtype)
     tmp = torch.empty_like(acc)
+    arrays = [p.numpy() for p in pools]  # numpy scatters rows faster than index_copy_
     for op in ops:
         sources, starts = (op.full_sources, op.full_starts) if full else (op.sources, op.starts)
-        dst = pools[op.dest]
+        dst, dst_np = pools[op.dest], arrays[op.dest]
         cols = [(pools[p], sources[c], starts[c]) for c, p in enumerate(op.pools)]
         for a in range(0, len(op), chunk):
             b = min(a + chunk, len(op))
@@ -235,7 +279,7 @@ def run_ops(ops: tuple[PoolOp, ...], pools: list[torch.Tensor], full: bool) -> N
                 if direct:
                     out.copy_(value)
                 else:
-                    dst.index_copy_(0, torch.from_numpy(op.targets[a:b]), value)
+                    dst_np[op.targets[a:b]] = value.numpy()
                 continue
             cur = _column(src, idx, start, a, b, acc[:n])
             for src, idx, start in cols[1:-1]:
@@ -246,7 +290,7 @@ def run_ops(ops: tuple[PoolOp, ...], pools: list[torch.Tensor], full: bool) -> N
             value = _column(src, idx, start, a, b, tmp[:n])
             torch.bitwise_xor(cur, value, out=out)
             if not direct:
-                dst.index_copy_(0, torch.from_numpy(op.targets[a:b]), out)
+                dst_np[op.targets[a:b]] = out.numpy()
 
 
 def decode_workspace(
@@ -263,6 +307,8 @@ def decode_workspace(
     sub = cache.shape[1] if cache.numel() else symbols.shape[1]
     batch = empty_rows(program.batch_rows.size, sub)
     scratch = torch.empty((program.num_scratch, sub), dtype=torch.uint8)
+    if sub == 0:  # a zero-byte part (memory sharing): nothing to compute
+        return Workspace(program, cache, batch, scratch)
     pools = [symbols, cache, batch, scratch]
     size = _common_width(pools, sub)
     views = [_rows_view(t, size, sub) for t in pools]
@@ -279,4 +325,14 @@ def batch_from_workspace(work: Workspace, program: WorkerProgram, point_bytes: i
 def cache_bytes(data: torch.Tensor, plan: DeliveryPlan, worker: int) -> torch.Tensor:
     """What ``worker`` caches before the delivery, as sub-point rows (test and CLI helper)."""
     subs = split_points(data, plan.splits)
-    return subs.index_select(0, torch.from_numpy(plan.caches[worker]))
+    return gather_rows(subs, plan.caches[worker])
+
+
+def gather_rows(src: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """``src[rows]`` into a fresh :func:`empty_rows` buffer, on a wide integer view."""
+    out = empty_rows(rows.size, src.shape[1])
+    src_w, out_w = _wide(src), _wide(out)
+    if src_w.dtype != out_w.dtype:
+        src_w, out_w = src, out
+    torch.index_select(src_w, 0, torch.from_numpy(np.ascontiguousarray(rows)), out=out_w)
+    return out

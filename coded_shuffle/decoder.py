@@ -22,6 +22,7 @@ MAX_ELIMINATION_UNKNOWNS = 4096
 
 # Pools of rows that the byte codec reads and writes (see PoolOp).
 SYM, CACHE, BATCH, SCRATCH = 0, 1, 2, 3
+DENSE_SPAN = 1.5  # a group may write its targets' span when it is at most this many rows each
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class WorkerProgram:
         Sub-points of the new batch are found in ``BATCH``, other cached ones in ``CACHE``,
         other decoded ones in ``SCRATCH``.
         """
-        return _locate(self, self.rows_of(np.asarray(subpoints, dtype=np.int64)), prefer_batch=True)
+        return _locate(self, self.rows_of(np.asarray(subpoints, dtype=np.int64)), True)
 
     def rows_of(self, subpoints: np.ndarray) -> np.ndarray:
         """Workspace rows of cached or decoded ``subpoints``; -1 where the worker lacks one."""
@@ -347,27 +348,31 @@ def _prune(
     return kept[::-1]
 
 
-def _locate(
-    program: WorkerProgram, rows: np.ndarray, prefer_batch: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """Virtual rows as ``(pool, row)``; decoded rows go to ``BATCH`` or ``SCRATCH``.
+def _row_maps(program: WorkerProgram, prefer_batch: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(pool, row)`` of every virtual row; decoded rows go to ``BATCH`` or ``SCRATCH``.
 
     With ``prefer_batch``, cache rows of sub-points in the new batch map to ``BATCH`` too.
     """
-    m, c = program.symbol_ids.size, program.num_cache
-    batch_ids = np.full(program.num_rows, -1, dtype=np.int64)  # batch position per virtual row
+    m, c, total = program.symbol_ids.size, program.num_cache, program.num_rows
+    rows = np.arange(total, dtype=np.int64)
+    batch_pos = np.full(total, -1, dtype=np.int64)
     batch = program.batch_rows.reshape(-1)
-    batch_ids[batch] = np.arange(batch.size, dtype=np.int64)
-    decoded = np.arange(m + c, program.num_rows, dtype=np.int64)
-    scratch_rows = np.full(program.num_rows, -1, dtype=np.int64)
-    outside = decoded[batch_ids[decoded] < 0]
-    scratch_rows[outside] = np.arange(outside.size, dtype=np.int64)
-    safe = np.maximum(rows, 0)
+    batch_pos[batch] = np.arange(batch.size, dtype=np.int64)
     pool = np.where(rows < m, SYM, np.where(rows < m + c, CACHE, SCRATCH))
-    row = np.where(rows < m, rows, np.where(rows < m + c, rows - m, scratch_rows[safe]))
-    to_batch = (rows >= m + c) | (prefer_batch & (pool == CACHE))
-    to_batch &= batch_ids[safe] >= 0
-    pool[to_batch], row[to_batch] = BATCH, batch_ids[safe[to_batch]]
+    row = np.where(rows < m, rows, rows - m)
+    outside = (pool == SCRATCH) & (batch_pos < 0)
+    row[outside] = np.arange(np.count_nonzero(outside), dtype=np.int64)
+    to_batch = ((pool == SCRATCH) | (prefer_batch & (pool == CACHE))) & (batch_pos >= 0)
+    pool[to_batch], row[to_batch] = BATCH, batch_pos[to_batch]
+    return pool, row
+
+
+def _locate(
+    program: WorkerProgram, rows: np.ndarray, prefer_batch: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Virtual rows as ``(pool, row)`` (see :func:`_row_maps`); row -1 maps to ``(-1, -1)``."""
+    pool_of, row_of = _row_maps(program, prefer_batch)
+    pool, row = pool_of[np.maximum(rows, 0)], row_of[np.maximum(rows, 0)]
     pool[rows < 0], row[rows < 0] = -1, -1
     return pool, row
 
@@ -384,8 +389,10 @@ def _pool_op(
     program: WorkerProgram, dest: int, targets: np.ndarray, pools: np.ndarray, sources: np.ndarray
 ) -> PoolOp:
     """One group of rows with the same pools: sorted by target, sources column-major."""
-    order = np.argsort(targets, kind="stable")
-    targets, sources = targets[order], np.ascontiguousarray(sources[order].T)
+    if np.any(targets[1:] < targets[:-1]):
+        order = np.argsort(targets, kind="stable")
+        targets, sources = targets[order], sources[order]
+    sources = np.ascontiguousarray(sources.T)
     full = sources.copy()
     for c, p in enumerate(pools):
         if p == SYM:
@@ -402,30 +409,66 @@ def _pool_op(
     )
 
 
-def _with_ops(program: WorkerProgram) -> WorkerProgram:
-    """Compiles ``program.blocks`` into :class:`PoolOp` groups (one per pool pattern)."""
+Group = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # dest, targets, pools, sources (n, d)
+
+
+def _groups(program: WorkerProgram, pool_of: np.ndarray, row_of: np.ndarray) -> list[Group]:
+    """Every block split by pool pattern; the cached part of the new batch comes last."""
     m, c = program.symbol_ids.size, program.num_cache
-    batch = program.batch_rows.reshape(-1)
-    cached = np.flatnonzero((batch >= m) & (batch < m + c))
-    ops = []
-    if cached.size:  # the cached part of the new batch: BATCH rows <- CACHE rows
-        ops.append(_pool_op(program, BATCH, cached, np.array([CACHE]), batch[cached, None] - m))
+    groups: list[Group] = []
     for block in program.blocks:
-        dest, targets = _locate(program, block.targets)
-        pools, rows = _locate(program, block.sources.reshape(-1))
-        pools, rows = pools.reshape(block.sources.shape), rows.reshape(block.sources.shape)
+        dest, targets = pool_of[block.targets], row_of[block.targets]
+        pools, rows = pool_of[block.sources], row_of[block.sources]
+        if np.any(pools[:, 1:] < pools[:, :-1]):  # XOR commutes: canonical column order
+            order = np.argsort(pools, axis=1, kind="stable")
+            pools, rows = np.take_along_axis(pools, order, 1), np.take_along_axis(rows, order, 1)
         pattern = np.concatenate([dest[:, None], pools], axis=1)
         if pattern.shape[1] <= 31:  # base-4 digits fit in int64
             key = pattern @ (4 ** np.arange(pattern.shape[1], dtype=np.int64))
-            keys, label = np.unique(key, return_inverse=True)
         else:
-            keys, label = np.unique(pattern, axis=0, return_inverse=True)
-        label = label.reshape(-1)
-        for g in range(len(keys)):
-            sel = np.flatnonzero(label == g)
-            first = sel[0]
-            ops.append(_pool_op(program, dest[first], targets[sel], pools[first], rows[sel]))
-    num_scratch = int(
-        np.count_nonzero(_locate(program, np.arange(m + c, program.num_rows))[0] == SCRATCH)
-    )
-    return replace(program, ops=tuple(ops), num_scratch=num_scratch)
+            key = np.unique(pattern, axis=0, return_inverse=True)[1].reshape(-1)
+        keys = np.unique(key)
+        for k in keys:
+            sel = np.flatnonzero(key == k) if keys.size > 1 else np.arange(key.size)
+            groups.append((int(dest[sel[0]]), targets[sel], pools[sel[0]], rows[sel]))
+    batch = program.batch_rows.reshape(-1)
+    cached = np.flatnonzero((batch >= m) & (batch < m + c))
+    if cached.size:  # the cached part of the new batch: BATCH rows <- CACHE rows
+        groups.append((BATCH, cached, np.array([CACHE]), batch[cached, None] - m))
+    return groups
+
+
+def _densified(groups: list[Group]) -> list[Group]:
+    """Lets the largest independent group into the new batch write one run of rows.
+
+    A group that reads only symbols and cache can run first. Written as one run (its
+    targets' whole span, gaps computed from a neighbour's sources), it needs no scatter;
+    every gap row is a batch row that a later group overwrites with its true value, and no
+    group reads a batch row before its own writer ran. Only worth it when gaps are few.
+    """
+    free = [
+        i
+        for i, (dest, _, pools, _) in enumerate(groups)
+        if dest == BATCH and np.all((pools == SYM) | (pools == CACHE))
+    ]
+    if not free:
+        return groups
+    best = max(free, key=lambda i: groups[i][1].size)
+    dest, targets, pools, rows = groups[best]
+    order = np.argsort(targets, kind="stable")
+    targets, rows = targets[order], rows[order]
+    span = np.arange(targets[0], targets[-1] + 1, dtype=np.int64)
+    if span.size > DENSE_SPAN * targets.size:
+        return groups
+    padded = rows[np.searchsorted(targets, span)]
+    return [(dest, span, pools, padded), *groups[:best], *groups[best + 1 :]]
+
+
+def _with_ops(program: WorkerProgram) -> WorkerProgram:
+    """Compiles ``program.blocks`` into :class:`PoolOp` groups (one per pool pattern)."""
+    pool_of, row_of = _row_maps(program, prefer_batch=False)
+    groups = _densified(_groups(program, pool_of, row_of))
+    ops = tuple(_pool_op(program, *group) for group in groups)
+    m, c = program.symbol_ids.size, program.num_cache
+    num_scratch = int(np.count_nonzero(pool_of[m + c :] == SCRATCH))
+    return replace(program, ops=ops, num_scratch=num_scratch)

@@ -165,3 +165,106 @@ def test_shared_plan_splits_bytes_and_weights_the_load():
     symbols = delivery.encode(data)
     batch, _ = delivery.decode(1, symbols, WorkerStore.from_master(data, delivery, 1))
     assert torch.equal(batch, data)
+
+
+def _poison_recycled_buffers(rows: int, row_bytes: int) -> None:
+    """Hands out, fills with 0xAB and drops codec buffers, so later outputs reuse garbage."""
+    bufs = [codec.empty_rows(rows, row_bytes) for _ in range(4)]
+    for b in bufs:
+        b.fill_(0xAB)
+    del bufs
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(2, 8),
+    q=st.integers(1, 20),
+    seed=st.integers(0, 10**6),
+    b=st.sampled_from([1, 13, 64, 256]),
+    name=st.sampled_from(["uncoded", "attia-tandon", "cycles"]),
+)
+def test_decode_writes_every_byte_of_recycled_outputs(k, q, seed, b, name):
+    """All outputs recycled (garbage inside); kept symbols or whole broadcast; store update."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(codec, "HUGE_PAGE_BYTES", 1)
+        _round_trip_with_garbage(k, q, seed, b, name)
+
+
+def _round_trip_with_garbage(k: int, q: int, seed: int, b: int, name: str) -> None:
+    rng = np.random.default_rng(seed)
+    old, new = random_assignment(k * q, k, rng), random_assignment(k * q, k, rng)
+    scheme = get_scheme(name)
+    state = scheme.initial_state(old, k, 1)
+    plan = scheme.plan(state, new)
+    delivery = Delivery.prepare(plan, b)
+    data = random_bytes(k * q, b, seed % 1000)
+    symbols = delivery.encode(data)
+    for w in range(k):
+        expected = data[torch.from_numpy(plan.new_batches[w])]
+        store = WorkerStore.from_master(data, delivery, w)
+        kept = symbols[0][torch.from_numpy(delivery.programs[0][w].symbol_ids)]
+        for heard in (symbols, [kept]):
+            _poison_recycled_buffers(q, b)
+            batch, work = delivery.decode(w, heard, store)
+            assert torch.equal(batch, expected)
+        ids = plan.caches[w]
+        nxt = store.updated(
+            delivery, w, work, [np.union1d(ids[: ids.size // 2], plan.new_batches[w])]
+        )
+        want = np.union1d(ids[: ids.size // 2], plan.new_batches[w])
+        assert torch.equal(nxt.caches[0], data[torch.from_numpy(want)])
+
+
+def test_store_update_reads_cache_scratch_and_batch_rows():
+    """Worker 1 peels x0^x1, ..., x4^x5 from x0 but keeps only point 5: x1..x4 are scratch."""
+    n = 7  # point 6 is never sent
+    chain = np.stack([np.arange(5), np.arange(1, 6)], axis=1)
+    plan = DeliveryPlan(
+        scheme="chain",
+        num_workers=2,
+        num_points=n,
+        splits=1,
+        symbols=symbol_blocks([chain]),
+        caches=(np.arange(n), np.array([0])),
+        new_batches=(np.arange(n), np.array([5])),
+    )
+    delivery = Delivery.prepare(plan, 24)
+    program = delivery.programs[0][1]
+    assert program.num_scratch == 4 and program.eliminated == 0
+    data = random_bytes(n, 24, seed=3)
+    store = WorkerStore.from_master(data, delivery, 1)
+    batch, work = delivery.decode(1, delivery.encode(data), store)
+    assert torch.equal(batch, data[5:6])
+    kept = store.updated(delivery, 1, work, [np.array([0, 2, 4, 5])])
+    assert torch.equal(kept.caches[0], data[[0, 2, 4, 5]])
+    with pytest.raises(ValueError, match="worker 1 cannot keep sub-point 6: never received"):
+        store.updated(delivery, 1, work, [np.array([5, 6])])
+
+
+def test_recycled_buffers_are_never_shared_while_in_use(monkeypatch):
+    monkeypatch.setattr(codec, "HUGE_PAGE_BYTES", 1)
+    first = codec.empty_rows(1000, 40)
+    address = first.data_ptr()
+    view = first[500:]
+    del first
+    second = codec.empty_rows(1000, 40)  # the view keeps the first buffer in use
+    assert second.data_ptr() != address
+    second.fill_(7)
+    view.fill_(9)
+    assert torch.all(second == 7)
+    del view
+    third = codec.empty_rows(1000, 40)  # now idle: recycled
+    assert third.data_ptr() == address
+
+
+def test_decode_is_one_dense_write_plus_small_scatters():
+    """The largest group of a random shuffle writes one run of batch rows (no scatter)."""
+    rng = np.random.default_rng(5)
+    old, new = random_assignment(4000, 8, rng), random_assignment(4000, 8, rng)
+    scheme = get_scheme("cycles")
+    plan = scheme.plan(scheme.initial_state(old, 8, 1), new)
+    for program in Delivery.prepare(plan, 64).programs[0]:
+        first = program.ops[0]
+        assert first.target_start >= 0 and len(first) > 0.8 * program.batch_rows.size
+        scattered = sum(len(op) for op in program.ops[1:] if op.target_start < 0)
+        assert scattered < 0.3 * program.batch_rows.size
