@@ -181,48 +181,23 @@ def plot(rows: list[dict], k: int, n: int, b: int, out: Path) -> None:
         label="no-excess optimum (K-1)N/K",
     )
     t = [r["T"] for r in rows]
-    ax.plot(
-        t,
-        [r["at_worst"] for r in rows],
-        "s",
-        mfc="none",
-        color="tab:orange",
-        ms=8,
-        label="A-T measured, worst shuffle",
-    )
-    ax.plot(
-        t,
-        [r["at_random"] for r in rows],
-        "s",
-        color="tab:orange",
-        ms=5,
-        label="A-T measured, random shuffles",
-    )
-    ax.plot(
-        t,
-        [r["em_worst"] for r in rows],
-        "o",
-        mfc="none",
-        color="tab:blue",
-        ms=9,
-        label="E-M measured, worst shuffle",
-    )
-    ax.plot(
-        t,
-        [r["em_random"] for r in rows],
-        "o",
-        color="tab:blue",
-        ms=5,
-        label="E-M measured, random shuffles",
-    )
-    ax.plot(
-        t,
-        [r["bound_random"] for r in rows],
-        "v",
-        color="tab:green",
-        ms=6,
-        label="ordering bound, random shuffles (E-M placement)",
-    )
+    measured = [  # (key, marker, hollow, colour, size, label)
+        ("at_worst", "s", True, "tab:orange", 8, "A-T measured, worst shuffle"),
+        ("at_random", "s", False, "tab:orange", 5, "A-T measured, random shuffles"),
+        ("em_worst", "o", True, "tab:blue", 9, "E-M measured, worst shuffle"),
+        ("em_random", "o", False, "tab:blue", 5, "E-M measured, random shuffles"),
+        (
+            "bound_random",
+            "v",
+            False,
+            "tab:green",
+            6,
+            "ordering bound, random shuffles (E-M placement)",
+        ),
+    ]
+    for key, marker, hollow, colour, size, label in measured:
+        style = {"mfc": "none"} if hollow else {}
+        ax.plot(t, [r[key] for r in rows], marker, color=colour, ms=size, label=label, **style)
     ax.set_xlabel("storage T per worker (batches of N/K points)")
     ax.set_ylabel("load on the shared link (points)")
     ax.set_title(f"Rate-memory trade-off, K={k}, N={n} ({b}-byte points, byte-exact decode)")
