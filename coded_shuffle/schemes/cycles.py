@@ -34,7 +34,9 @@ from scipy.sparse import csr_matrix
 from .cycle_plan import Cycle, CycleScheme, greedy_cycles, pair_cycles, subtract
 
 MAX_TRIANGLE_TYPES = 20_000  # above: skip the integer program, greedy only
-MILP_OPTIONS = {"time_limit": 10.0, "mip_rel_gap": 0.01}
+# A node limit, not a time limit: every rank of a training job re-derives the plan on its own,
+# so the packing must not depend on how busy the machine is.
+MILP_OPTIONS = {"node_limit": 200, "mip_rel_gap": 0.01}
 
 
 def triangle_types(weights: np.ndarray) -> np.ndarray:
@@ -49,7 +51,7 @@ def pack_triangles(weights: np.ndarray) -> list[Cycle]:
     """A maximum integer packing of triangles into the arc counts (HiGHS MILP).
 
     Returns an empty list when there are no triangles, too many triangle types, or the
-    solver finds no solution in its time limit (the greedy stage then does all the work).
+    solver finds no solution within its node limit (the greedy stage then does all the work).
     """
     tri = triangle_types(weights)
     if tri.shape[0] == 0 or tri.shape[0] > MAX_TRIANGLE_TYPES:
