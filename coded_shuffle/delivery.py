@@ -95,12 +95,16 @@ class Delivery:
                 out[key] = out.get(key, 0.0) + count / plan.splits * b / max(self.point_bytes, 1)
         return out
 
+    def symbol_bytes(self) -> list[int]:
+        """Bytes of one symbol of every part (sub-point size, padding included)."""
+        return [
+            codec.subpoint_bytes(b, p.splits) for p, b in zip(self.plans, self.parts, strict=True)
+        ]
+
     def payload_bytes(self) -> int:
         """Bytes of coded symbols on the link, sub-point padding included."""
-        return sum(
-            p.num_symbols * codec.subpoint_bytes(b, p.splits)
-            for p, b in zip(self.plans, self.parts, strict=True)
-        )
+        sizes = self.symbol_bytes()
+        return sum(p.num_symbols * s for p, s in zip(self.plans, sizes, strict=True))
 
     def column_slices(self) -> list[slice]:
         edges = np.concatenate([[0], np.cumsum(self.parts)]).astype(int)

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import codec
 from .assignment import batch_size, random_assignment, shuffle_matrix, worst_shuffle
 from .bounds_api import is_batch_placement, lower_bound
 from .delivery import Delivery, WorkerStore
 from .errors import UsageError
 from .schemes import Scheme, get_scheme
-from .transport import DEFAULT_CHUNK_BYTES, framed_bytes
+from .transport import DEFAULT_CHUNK_BYTES, framed_parts_bytes
 
 
 @dataclass
@@ -150,10 +149,8 @@ def pairs_only_load(state, new: np.ndarray) -> float | None:
 
 def link_bytes(delivery: Delivery, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
     """Bytes on the shared link: every part's symbols in framed messages (transport.py)."""
-    return sum(
-        framed_bytes(plan.num_symbols, codec.subpoint_bytes(b, plan.splits), chunk_bytes)
-        for plan, b in zip(delivery.plans, delivery.parts, strict=True)
-    )
+    rows = [plan.num_symbols for plan in delivery.plans]
+    return framed_parts_bytes(rows, delivery.symbol_bytes(), chunk_bytes)
 
 
 def _decode_all(

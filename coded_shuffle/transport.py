@@ -91,6 +91,11 @@ def framed_bytes(num_rows: int, row_bytes: int, chunk_bytes: int) -> int:
     return num_rows * row_bytes + messages * HEADER_BYTES
 
 
+def framed_parts_bytes(rows: list[int], row_bytes: list[int], chunk_bytes: int) -> int:
+    """:func:`framed_bytes` summed over the parts of a delivery (one message stream each)."""
+    return sum(framed_bytes(n, b, chunk_bytes) for n, b in zip(rows, row_bytes, strict=True))
+
+
 def payload_digest(payload: torch.Tensor) -> bytes:
     """SHA-256 of a contiguous uint8 tensor's bytes."""
     return hashlib.sha256(payload.contiguous().numpy().tobytes()).digest()

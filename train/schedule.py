@@ -19,7 +19,7 @@ from coded_shuffle.assignment import random_assignment
 from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore
 from coded_shuffle.plan import DeliveryPlan
 from coded_shuffle.schemes import CacheState, Scheme
-from coded_shuffle.transport import framed_bytes
+from coded_shuffle.transport import framed_parts_bytes
 
 
 def assignment(seed: int, epoch: int, num_points: int, num_workers: int) -> np.ndarray:
@@ -72,14 +72,6 @@ class Chain:
             state = next_state
 
 
-def symbol_bytes(delivery: Delivery) -> list[int]:
-    """Bytes of one symbol of every part (sub-point size, padding included)."""
-    return [
-        codec.subpoint_bytes(b, p.splits)
-        for p, b in zip(delivery.plans, delivery.parts, strict=True)
-    ]
-
-
 def kept_points(delivery: Delivery, worker: int) -> np.ndarray:
     """Points of which ``worker`` caches some sub-point before ``delivery`` (sorted)."""
     held = [p.caches[worker] // p.splits for p in delivery.plans]
@@ -109,7 +101,5 @@ def store_from_points(
 
 def uncoded_link_bytes(delivery: Delivery, chunk_bytes: int) -> int:
     """Link bytes of the uncoded delivery of the same transition, framed like the coded one."""
-    total = 0
-    for plan, sub in zip(delivery.plans, symbol_bytes(delivery), strict=True):
-        total += framed_bytes(round(plan.uncoded_points * plan.splits), sub, chunk_bytes)
-    return total
+    rows = [round(plan.uncoded_points * plan.splits) for plan in delivery.plans]
+    return framed_parts_bytes(rows, delivery.symbol_bytes(), chunk_bytes)

@@ -51,7 +51,6 @@ from .schedule import (
     kept_points,
     minibatch_order,
     store_from_points,
-    symbol_bytes,
     uncoded_link_bytes,
 )
 
@@ -406,7 +405,7 @@ class Worker(_Rank):
         """Receives the epoch's symbols, decodes with its own store only, verifies, updates."""
         symbols = []
         for part, (plan, sub) in enumerate(
-            zip(delivery.plans, symbol_bytes(delivery), strict=True)
+            zip(delivery.plans, delivery.symbol_bytes(), strict=True)
         ):
             keep = delivery.programs[part][self.k].symbol_ids
             symbols.append(
