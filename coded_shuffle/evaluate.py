@@ -40,6 +40,7 @@ class EpochReport:
     plan_scheme: str = ""
     pairs_only_points: float | None = None  # sum_{i<j} max(S_ij, S_ji): pairs, leftovers uncoded
     stored_points_max: float = 0.0
+    stored_bytes_max: int = 0  # the most any worker's store holds after the delivery, measured
     breakdown: dict[str, float] = field(default_factory=dict)
     plan_seconds: float = 0.0
     encode_seconds: float = 0.0
@@ -131,6 +132,7 @@ def run(ev: Evaluation) -> Iterator[EpochReport]:
             plan_scheme=",".join(sorted({p.scheme for p in delivery.plans})),
             pairs_only_points=pairs_only,
             stored_points_max=scheme.stored_points_max(next_state),
+            stored_bytes_max=max(s.stored_bytes() for s in stores),
             breakdown=delivery.breakdown(),
             plan_seconds=t1 - t0,
             encode_seconds=t2 - t1,

@@ -19,21 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from coded_shuffle.assignment import batch_size, random_assignment, worst_shuffle
-from coded_shuffle.delivery import Delivery, WorkerStore
+from coded_shuffle.assignment import batch_size
 from coded_shuffle.errors import UsageError
+from coded_shuffle.evaluate import Evaluation, run
 from coded_shuffle.rate_memory import (
     at_corners,
     at_worst_case,
     em_worst_case,
     no_excess_optimum,
-    placement_lower_bound,
     uncoded_excess,
 )
-from coded_shuffle.schemes import get_scheme
-from coded_shuffle.schemes.memory_sharing import check_subpacketization, stored_bytes
 
 
 @dataclass
@@ -47,35 +43,16 @@ class Measured:
 def measure(
     name: str, k: int, n: int, storage: float, epochs: int, worst: bool, seed: int, b: int
 ) -> Measured:
-    """Runs ``epochs`` transitions; every worker decodes from its own store only."""
-    rng = np.random.default_rng(seed)
-    scheme = get_scheme(name)
-    check_subpacketization(scheme, k, storage, b)
-    data = torch.randint(
-        0, 256, (n, b), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    """Runs ``epochs`` transitions with ``coded-shuffle evaluate``'s engine (every worker
+    decodes from its own store only) and averages them."""
+    shuffle = "worst" if worst else "random"
+    reports = list(run(Evaluation(name, k, n, storage, epochs, seed, b, shuffle)))
+    return Measured(
+        load=float(np.mean([r.load_points for r in reports])),
+        bound=float(np.mean([r.lower_bound_points for r in reports])),
+        storage_bytes=max(r.stored_bytes_max for r in reports),
+        verified=all(r.verified for r in reports),
     )
-    old = random_assignment(n, k, rng)
-    state = scheme.initial_state(old, k, storage)
-    stores = None
-    loads, bounds, most, ok = [], [], 0, True
-    for _ in range(epochs):
-        new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
-        plan = scheme.plan(state, new)
-        delivery = Delivery.prepare(plan, b)
-        symbols = delivery.encode(data)
-        if stores is None:
-            stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
-        nxt = scheme.next_state(state, plan, new)
-        for w in range(k):
-            batch, work = delivery.decode(w, symbols, stores[w])
-            want = data.index_select(0, torch.from_numpy(delivery.plans[0].new_batches[w]))
-            ok &= bool(torch.equal(batch, want))
-            stores[w] = stores[w].updated(delivery, w, work, scheme.part_caches(nxt, w))
-        loads.append(delivery.load_points)
-        bounds.append(placement_lower_bound(state, new)[0])
-        most = max(most, int(stored_bytes(nxt, b).max()))
-        state, old = nxt, new
-    return Measured(float(np.mean(loads)), float(np.mean(bounds)), most, ok)
 
 
 def default_point_bytes(k: int) -> int:

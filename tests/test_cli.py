@@ -44,6 +44,8 @@ def test_json_lines_have_the_promised_keys(capsys):
         assert row["lower_bound_points"] <= row["load_points"]
         # 64 bytes per point, plus one frame header
         assert row["broadcast_bytes"] >= 64 * row["load_points"]
+        # no excess storage: every worker stores exactly its batch of N/K points
+        assert row["stored_bytes_max"] == 64 * 40 // 4
 
 
 def test_old_new_files_give_one_transition(tmp_path, capsys):
