@@ -53,6 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--new", type=Path, help="next assignment (.npy), with --old")
     ev.add_argument("--json", action="store_true", help="one JSON object per line per transition")
     sub.add_parser("schemes", help="list the registered schemes")
+    sub.add_parser("transports", help="list the registered transports")
+    cl = sub.add_parser(
+        "cluster",
+        help="run the training job (or a torchrun script) on an emulated cluster of hosts",
+        description="One network namespace per host, NICs limited by tc, one torchrun node "
+        "per host. Needs root. Everything it creates is removed on exit.",
+    )
+    cl.add_argument("--hosts", type=int, help="hosts P (host 0 runs the master)")
+    cl.add_argument("--rate", help="every NIC's rate in both directions, e.g. 400mbit")
+    cl.add_argument("--master-rate", help="host 0's NIC rate (default: --rate)")
+    cl.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
+    cl.add_argument(
+        "--grace", type=float, default=30.0, help="seconds the others get after a host fails"
+    )
+    cl.add_argument("--logs", type=Path, help="where every host's log goes")
+    cl.add_argument("--script", type=Path, help="run this torchrun script instead of the job")
+    cl.add_argument(
+        "--cleanup", action="store_true", help="remove clusters left by killed runs, then exit"
+    )
+    cl.add_argument("args", nargs=argparse.REMAINDER, help="-- then overrides or script args")
     return parser
 
 
@@ -137,10 +157,38 @@ def cmd_schemes(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_transports(_: argparse.Namespace) -> int:
+    from .transports import REGISTRY as TRANSPORTS
+
+    for name in sorted(TRANSPORTS):
+        cls = TRANSPORTS[name]
+        print(f"{name:10s} {cls.routing:9s} {cls.summary}")
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from .cluster.command import run_cluster_command
+
+    return run_cluster_command(args)
+
+
+COMMANDS = {
+    "evaluate": cmd_evaluate,
+    "schemes": cmd_schemes,
+    "transports": cmd_transports,
+    "cluster": cmd_cluster,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from .cluster.netns import ClusterError
+
     try:
         args = build_parser().parse_args(argv)
-        return {"evaluate": cmd_evaluate, "schemes": cmd_schemes}[args.command](args)
+        return COMMANDS[args.command](args)
+    except ClusterError as exc:
+        print(f"coded-shuffle: error: {exc}", file=sys.stderr)
+        return 2
     except (UsageError, UndecodableError, VerificationError) as exc:
         print(f"coded-shuffle: error: {exc}", file=sys.stderr)
         return 2

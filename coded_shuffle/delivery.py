@@ -17,6 +17,7 @@ import torch
 from . import codec
 from .decoder import WorkerProgram, decode_plan, decode_worker
 from .plan import DeliveryPlan
+from .transports.framing import framed_parts_bytes
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,16 @@ class Delivery:
         """Bytes of coded symbols on the link, sub-point padding included."""
         sizes = self.symbol_bytes()
         return sum(p.num_symbols * s for p, s in zip(self.plans, sizes, strict=True))
+
+    def link_bytes(self, chunk_bytes: int) -> int:
+        """Bytes on the shared link: every part's symbols as framed messages (one stream each)."""
+        rows = [p.num_symbols for p in self.plans]
+        return framed_parts_bytes(rows, self.symbol_bytes(), chunk_bytes)
+
+    def uncoded_link_bytes(self, chunk_bytes: int) -> int:
+        """The same for the uncoded delivery of the same transition (every needed sub-point)."""
+        rows = [round(p.uncoded_points * p.splits) for p in self.plans]
+        return framed_parts_bytes(rows, self.symbol_bytes(), chunk_bytes)
 
     def column_slices(self) -> list[slice]:
         edges = np.concatenate([[0], np.cumsum(self.parts)]).astype(int)

@@ -19,7 +19,7 @@ from .bounds_api import is_batch_placement, lower_bound
 from .delivery import Delivery, WorkerStore
 from .errors import UsageError
 from .schemes import Scheme, get_scheme
-from .transport import DEFAULT_CHUNK_BYTES, framed_parts_bytes
+from .transports.framing import DEFAULT_CHUNK_BYTES
 
 
 @dataclass
@@ -127,7 +127,7 @@ def run(ev: Evaluation) -> Iterator[EpochReport]:
             uncoded_points=delivery.uncoded_points,
             lower_bound_points=bound,
             lower_bound_exact=exact,
-            broadcast_bytes=link_bytes(delivery),
+            broadcast_bytes=delivery.link_bytes(DEFAULT_CHUNK_BYTES),
             verified=verified,
             plan_scheme=",".join(sorted({p.scheme for p in delivery.plans})),
             pairs_only_points=pairs_only,
@@ -147,12 +147,6 @@ def pairs_only_load(state, new: np.ndarray) -> float | None:
         return None
     s = shuffle_matrix(state.assignment, new, state.num_workers)
     return float(np.maximum(s, s.T)[np.triu_indices_from(s, k=1)].sum())
-
-
-def link_bytes(delivery: Delivery, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Bytes on the shared link: every part's symbols in framed messages (transport.py)."""
-    rows = [plan.num_symbols for plan in delivery.plans]
-    return framed_parts_bytes(rows, delivery.symbol_bytes(), chunk_bytes)
 
 
 def _decode_all(

@@ -97,3 +97,29 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     offsets = np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
     return offsets + np.arange(total, dtype=np.int64)
+
+
+def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Point-to-point routes of an uncoded plan: per worker, its symbols and who holds them.
+
+    Every symbol of an uncoded plan is one sub-point, demanded by exactly one worker (its new
+    owner) and cached by at least one (the lowest such worker is its sender). Returns
+    ``(needs, holders)``: ``needs[k]`` the sorted symbol ids worker ``k`` must receive,
+    ``holders[k]`` the 0-based worker that caches each of them. Raises ``ValueError`` for a
+    coded plan (a symbol of degree > 1 serves several workers at once).
+    """
+    if any(b.shape[1] != 1 for b in plan.symbols):
+        raise ValueError(f"{plan.scheme}: coded symbols cannot travel point to point")
+    subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])
+    owner = np.full(plan.num_points, -1, dtype=np.int64)
+    for k, batch in enumerate(plan.new_batches):
+        owner[batch] = k
+    holder = np.full(plan.num_points * plan.splits, -1, dtype=np.int64)
+    for k in reversed(range(plan.num_workers)):
+        holder[plan.caches[k]] = k
+    receiver = owner[subs // plan.splits]
+    needs = tuple(np.flatnonzero(receiver == k) for k in range(plan.num_workers))
+    holders = tuple(holder[subs[n]] for n in needs)
+    if any(np.any(h < 0) for h in holders):
+        raise ValueError(f"{plan.scheme}: a symbol is cached by no worker")
+    return needs, holders

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Comparison plots of training runs: ``compare.py RUN_DIR... --out DIR``.
+"""Comparison plots of training runs: ``compare.py PATH... --out DIR``.
 
-Every ``RUN_DIR`` is a run directory with ``metrics.jsonl`` (or a sweep directory: every
-``metrics.jsonl`` below it is a run). Writes ``loss.png`` (train/test loss and test accuracy
-against epoch), ``bytes.png`` (bytes on the shared link per epoch: coded, uncoded, lower bound)
-and ``cumulative.png`` (the same, summed over epochs), one line per run, labelled by scheme;
-prints a one-line summary per run.
+Every ``PATH`` is a run directory (with ``metrics.jsonl``) or a directory that holds runs below
+it (a Hydra sweep directory); anything else a shell glob brings along (Hydra's
+``multirun.yaml``, a directory without runs) is skipped with one line. Writes ``loss.png``
+(train/test loss and test accuracy against epoch), ``bytes.png`` (bytes on the shared link per
+epoch: coded, uncoded, lower bound), ``cumulative.png`` (the same, summed over epochs),
+``seconds.png`` (delivery seconds per epoch) and ``hosts.png`` (bytes every host sent and
+received over the coded epochs), one line or bar group per run, labelled
+``scheme/transport``; prints a one-line summary per run.
 """
 
 from __future__ import annotations
@@ -37,37 +40,52 @@ class Run:
         return self.series("epoch")
 
 
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def find_runs(paths: list[str]) -> list[Run]:
-    """Runs under the given directories (a sweep directory holds several)."""
+    """Runs under the given paths; what holds no run is skipped with one line on stderr."""
     runs = []
     for arg in paths:
         root = Path(arg)
         if not root.exists():
-            raise SystemExit(f"compare.py: error: {arg!r} does not exist")
-        files = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else []
-        files = files or sorted(root.rglob("metrics.jsonl"))
-        if not files:
-            raise SystemExit(f"compare.py: error: no metrics.jsonl in {arg!r}")
-        for f in files:
-            rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-            if rows:
-                runs.append(Run(f.parent, rows))
+            print(f"compare.py: skipped {arg!r}: does not exist", file=sys.stderr)
+            continue
+        if root.is_file():
+            files = [root] if root.name == "metrics.jsonl" else []
+        elif (root / "metrics.jsonl").is_file():
+            files = [root / "metrics.jsonl"]
+        else:
+            files = sorted(root.rglob("metrics.jsonl"))
+        rows = [(f, _read(f)) for f in files]
+        rows = [(f, r) for f, r in rows if r]
+        if not rows:
+            print(f"compare.py: skipped {arg!r}: not a run directory", file=sys.stderr)
+            continue
+        runs += [Run(f.parent, r) for f, r in rows]
+    if not runs:
+        raise SystemExit("compare.py: error: no run directory among the paths given")
     return runs
 
 
 def label_runs(runs: list[Run]) -> None:
-    """Scheme name; storage and run directory added only where needed to tell runs apart."""
+    """``scheme/transport``; storage, workers and run directory added where needed."""
     for run in runs:
-        run.label = str(run.rows[0]["scheme"])
+        first = run.rows[0]
+        run.label = f"{first['scheme']}/{first.get('transport', 'tree')}"
     for extra in (
         lambda r: f"T={r.rows[0]['storage']:g}",
         lambda r: f"K={r.rows[0]['workers']}",
         lambda r: r.path.name,
     ):
-        labels = [r.label for r in runs]
+        groups: dict[str, list[Run]] = {}
         for run in runs:
-            if labels.count(run.label) > 1:
-                run.label = f"{run.label} {extra(run)}"
+            groups.setdefault(run.label, []).append(run)
+        for group in groups.values():
+            if len(group) > 1 and len({extra(r) for r in group}) > 1:
+                for run in group:
+                    run.label = f"{run.label} {extra(run)}"
 
 
 def byte_unit(values: list[float]) -> tuple[float, str]:
@@ -174,6 +192,47 @@ def plot_bytes(runs: list[Run], out: Path, cumulative: bool) -> Path:
     return save(fig, out / ("cumulative.png" if cumulative else "bytes.png"))
 
 
+def plot_seconds(runs: list[Run], out: Path) -> Path:
+    """Delivery seconds per epoch (wall clock: first byte out until every worker verified)."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    for run, st in zip(runs, styles(len(runs)), strict=True):
+        ax.plot(run.epochs, run.series("delivery_seconds"), "-", **st, label=run.label)
+    ax.set(xlabel="epoch", ylabel="seconds", title="Delivery time per epoch (epoch 1 = placement)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save(fig, out / "seconds.png")
+
+
+def host_totals(run: Run, key: str) -> np.ndarray:
+    """Bytes per host summed over the coded epochs (rank 0 = the master first)."""
+    rows = [r for r in run.rows if r.get("phase") == "coded" and key in r]
+    if not rows:
+        return np.zeros(0)
+    return np.sum([np.asarray(r[key], dtype=float) for r in rows], axis=0)
+
+
+def plot_hosts(runs: list[Run], out: Path) -> Path:
+    """Bytes every host sent (and received) over the coded epochs, one bar group per run."""
+    fig, (ax_out, ax_in) = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    sent = [host_totals(r, "host_egress_bytes") for r in runs]
+    got = [host_totals(r, "host_ingress_bytes") for r in runs]
+    scale, unit = byte_unit([float(v.max()) for v in sent + got if v.size])
+    width = 0.8 / max(len(runs), 1)
+    for i, (run, st) in enumerate(zip(runs, styles(len(runs)), strict=True)):
+        for ax, values in ((ax_out, sent[i]), (ax_in, got[i])):
+            x = np.arange(values.size) + (i - (len(runs) - 1) / 2) * width
+            ax.bar(x, values / scale, width, color=st["color"], label=run.label)
+    hosts = max((v.size for v in sent), default=0)
+    for ax, what in ((ax_out, "sent (egress)"), (ax_in, "received (ingress)")):
+        ax.set_xticks(range(hosts), ["master" if h == 0 else f"w{h - 1}" for h in range(hosts)])
+        ax.set(title=f"Bytes each host {what}, coded epochs", xlabel="host")
+        ax.grid(alpha=0.3, axis="y")
+    ax_out.set_ylabel(unit)
+    ax_in.legend(fontsize=8)
+    return save(fig, out / "hosts.png")
+
+
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -188,22 +247,29 @@ def summary_line(run: Run) -> str:
     saved = 100 * (1 - c / u) if u else 0.0
     ok = all(r.get("verified") for r in run.rows)
     acc = run.rows[-1].get("test_accuracy", float("nan"))
+    seconds = np.median([r["delivery_seconds"] for r in coded]) if coded else float("nan")
     return (
         f"{run.label:28s} coded epochs {c:>12,d} B  uncoded {u:>12,d} B  saved {saved:5.1f}%  "
-        f"final acc {acc:.3f}  verified {ok}  ({run.path})"
+        f"median delivery {seconds:.3f} s  final acc {acc:.3f}  verified {ok}  ({run.path})"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("runs", nargs="+", metavar="PATH", help="run or sweep directories")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs")
     args = parser.parse_args(argv)
     runs = find_runs(args.runs)
     label_runs(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    written = [plot_loss(runs, out), plot_bytes(runs, out, False), plot_bytes(runs, out, True)]
+    written = [
+        plot_loss(runs, out),
+        plot_bytes(runs, out, False),
+        plot_bytes(runs, out, True),
+        plot_seconds(runs, out),
+        plot_hosts(runs, out),
+    ]
     for run in runs:
         print(summary_line(run))
     print("wrote " + ", ".join(str(p) for p in written))

@@ -22,11 +22,11 @@ from omegaconf import OmegaConf
 from coded_shuffle.assignment import batches
 from coded_shuffle.delivery import Delivery
 from coded_shuffle.errors import UsageError
-from coded_shuffle.schemes import REGISTRY, get_scheme
+from coded_shuffle.schemes import get_scheme
 from train import data, shuffle_sgd
 from train.entry import CONF_DIR
 from train.metrics import EPOCH_KEYS
-from train.schedule import Chain, kept_points, store_from_points
+from train.schedule import Chain, placement_points, store_from_points
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
@@ -106,8 +106,6 @@ CASES = [(s, 1.0) for s in ("uncoded", "attia-tandon", "cycles", "best")] + [
 @given(seed=st.integers(0, 2**16))
 def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
     """Placement keep-set, own-program decode, store update: what every worker rank does."""
-    if name not in REGISTRY:
-        pytest.skip(f"{name} not registered yet")
     k_workers, n, b, epochs = 4, 24, 72, 4
     scheme = get_scheme(name)
     scheme.check(n, k_workers, storage)
@@ -119,7 +117,8 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
     stores = []
     for k in range(k_workers):  # epoch 1: each worker keeps only what it places
         delivery = Delivery.prepare_worker(transitions[0].plan, b, k)
-        keep = np.union1d(firsts[k], kept_points(delivery, k))
+        keep = placement_points(scheme, chain.initial, k)
+        assert np.isin(firsts[k], keep).all()
         stores.append(store_from_points(delivery, k, keep, records[torch.from_numpy(keep)]))
     for tr in transitions:
         symbols = Delivery.prepare(tr.plan, b).encode(records)
@@ -149,6 +148,12 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
         (["model=cnn", "data=synthetic", "data.features=10"], "square"),
         (["data=file", "data.path=/no/such.npz"], "is not a file"),
         (["debug.die_rank=7"], "debug.die_rank=7 out of range 0..4"),
+        (["dist.transport=smoke"], "dist.transport='smoke' unknown; valid: chain, multicast"),
+        (["dist.transport=p2p"], "dist.transport=p2p carries uncoded deliveries only"),
+        (["dist.transport=unicast", "scheme=best"], "scheme=best is coded"),
+        (["dist.transport=multicast"], "dist.multicast.rate is required"),
+        (["dist.transport=multicast", "dist.multicast.rate=9x"], "rate '9x' cannot be parsed"),
+        (["dist.chain.order=[1,2,2,3]"], "must list every worker rank 1..4 once"),
     ],
 )
 def test_invalid_configs_raise_one_usage_error(overrides, message):
@@ -180,6 +185,7 @@ def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.Complet
     [
         (["scheme=no-such-scheme"], "unknown scheme 'no-such-scheme'; valid:"),
         (["workers=5000"], "workers=5000 exceeds the 1438 training points"),
+        (["dist.transport=unicast"], "dist.transport=unicast carries uncoded deliveries only"),
     ],
 )
 def test_command_line_errors_are_one_line_and_start_nothing(tmp_path, args, message):
@@ -202,32 +208,40 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+TRANSPORTS = ("tree", "unicast", "p2p")  # besides the default chain; multicast: test_cluster
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """One sweep over the registered SCHEMES plus one memory-sharing run, same seed."""
+    """Sweeps over the SCHEMES (on the default chain) and over the other TCP transports
+    (uncoded, as unicast and p2p require), plus the excess-storage runs; same seed."""
     root = tmp_path_factory.mktemp("train")
-    names = [s for s in SCHEMES if s in REGISTRY]
-    sweep = root / "sweep"
-    out = _run(["-m", f"scheme={','.join(names)}", *JOB, f"hydra.sweep.dir={sweep}"], root)
-    assert out.returncode == 0, out.stderr[-3000:]
     found = {}
-    for metrics in sweep.rglob("metrics.jsonl"):
-        found[_metrics(metrics.parent)[0]["scheme"]] = metrics.parent
+    for name, sweep in (
+        ("schemes", ["-m", f"scheme={','.join(SCHEMES)}"]),
+        ("transports", ["-m", "scheme=uncoded", f"dist.transport={','.join(TRANSPORTS)}"]),
+    ):
+        out = _run([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
+        assert out.returncode == 0, out.stderr[-3000:]
+        for metrics in (root / name).rglob("metrics.jsonl"):
+            first = _metrics(metrics.parent)[0]
+            key = first["scheme"] if name == "schemes" else f"uncoded/{first['transport']}"
+            found[key] = metrics.parent
     for name, storage in EXCESS:
-        if name in REGISTRY:
-            run_dir = root / f"excess-{name}"
-            args = [f"scheme={name}", f"storage={storage}", *JOB, f"hydra.run.dir={run_dir}"]
-            out = _run(args, root)
-            assert out.returncode == 0, out.stderr[-3000:]
-            found[f"{name} T={storage}"] = run_dir
+        run_dir = root / f"excess-{name}"
+        args = [f"scheme={name}", f"storage={storage}", *JOB, f"hydra.run.dir={run_dir}"]
+        out = _run(args, root)
+        assert out.returncode == 0, out.stderr[-3000:]
+        found[f"{name} T={storage}"] = run_dir
     return found
 
 
+RUNS = [*SCHEMES, *(f"uncoded/{t}" for t in TRANSPORTS), *(f"{n} T={t}" for n, t in EXCESS)]
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("scheme", [*SCHEMES, *(f"{n} T={t}" for n, t in EXCESS)])
+@pytest.mark.parametrize("scheme", RUNS)
 def test_every_epoch_is_verified_and_recorded(runs, scheme):
-    if scheme not in runs:
-        pytest.skip(f"{scheme} not registered yet")
     rows = _metrics(runs[scheme])
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert [r["phase"] for r in rows] == ["placement", "coded", "coded"]
@@ -235,8 +249,8 @@ def test_every_epoch_is_verified_and_recorded(runs, scheme):
         assert set(EPOCH_KEYS) <= set(row), set(EPOCH_KEYS) - set(row)
         assert row["verified"] is True
         assert row["broadcast_bytes"] == row["payload_bytes"] + row["header_bytes"]
-        assert row["gloo_tree_bytes"] == row["broadcast_bytes"] * 4  # 5 processes
         assert row["lower_bound_bytes"] <= row["payload_bytes"]
+        check_host_bytes(row)
         assert np.isfinite(row["train_loss"]) and 0 <= row["test_accuracy"] <= 1
     first = rows[0]
     assert first["broadcast_bytes"] == first["uncoded_bytes"]  # the placement is uncoded
@@ -253,10 +267,30 @@ def test_every_epoch_is_verified_and_recorded(runs, scheme):
     assert config.seed == 3 and config.workers == 4
 
 
+def check_host_bytes(row: dict) -> None:
+    """Each transport's counts against its model (5 processes: the master and 4 workers)."""
+    link, egress, ingress = (
+        row["broadcast_bytes"],
+        row["host_egress_bytes"],
+        row["host_ingress_bytes"],
+    )
+    assert row["master_egress_bytes"] == egress[0] and row["network_bytes"] == sum(egress)
+    assert sum(egress) == sum(ingress)
+    if row["transport"] == "chain":  # 0 -> 1 -> 2 -> 3 -> 4: the stream once on every link
+        assert egress == [link, link, link, link, 0] and ingress == [0, link, link, link, link]
+    elif row["transport"] == "tree":  # gloo's binomial tree: 0 -> 1, 2, 4; 1 -> 3
+        assert egress == [3 * link, link, 0, 0, 0] and ingress == [0, link, link, link, link]
+        assert row["gloo_tree_bytes"] == 4 * link
+    elif row["phase"] == "coded" and row["transport"] == "p2p":
+        assert egress[0] == 0  # the workers send what leaves them, the master nothing
+        assert row["network_bytes"] >= row["uncoded_points"] * row["point_bytes"]
+    else:  # unicast (and p2p's placement): the master sends each worker its own rows once
+        assert ingress[0] == 0 and egress[1:] == [0, 0, 0, 0]
+        assert egress[0] >= row["uncoded_points"] * row["point_bytes"]
+
+
 @pytest.mark.distributed
-def test_every_scheme_trains_bit_identical_parameters(runs):
-    if len(runs) < 2:
-        pytest.skip("needs two registered schemes")
+def test_every_scheme_and_transport_trains_bit_identical_parameters(runs):
     hashes = {name: _summary(path)["final_params_sha256"] for name, path in runs.items()}
     assert len(set(hashes.values())) == 1, hashes
     losses = {name: [r["test_loss"] for r in _metrics(path)] for name, path in runs.items()}
@@ -304,8 +338,9 @@ def test_a_dead_worker_fails_the_job_naming_its_rank(tmp_path):
 
 
 @pytest.mark.distributed
-def test_a_wrong_decode_fails_loudly_at_the_worker(tmp_path):
-    """The master corrupts one symbol (its payload digest still matches what it sends)."""
+def test_a_wrong_decode_fails_loudly(tmp_path):
+    """The master corrupts one symbol (its message digest still matches what it sends), so
+    the worker decodes a wrong batch; the master compares the batch digests and fails."""
     args = ["scheme=uncoded", *JOB, "debug.corrupt_epoch=2", f"hydra.run.dir={tmp_path}"]
     out = _run(args, tmp_path)
     assert out.returncode == 1

@@ -159,15 +159,17 @@ def stalled_ranks() -> str:
         return ""
     counts = {r: int(c) for r, (c, _) in seen.items()}
     top = max(counts.values())
-    behind = [r for r in range(world) if counts.get(r, 0) < top]
-    if not behind:
+    low = min(counts.get(r, 0) for r in range(world))
+    if low == top:
         return ""
+    # the ranks furthest behind: the others may only be waiting for them
+    behind = [r for r in range(world) if counts.get(r, 0) == low]
     ahead = next(seen[r][1] for r in seen if counts[r] == top)
     names = ", ".join(
         f"{rank_label(r)} at {seen[r][1]!r}" if r in seen else f"{rank_label(r)} never started"
         for r in behind
     )
-    return f"stalled: {names} (others reached {ahead!r})"
+    return f"stalled: {names} (others reached up to {ahead!r})"
 
 
 def die_if_asked(cfg: Any, rank: int, epoch: int) -> None:

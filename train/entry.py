@@ -130,9 +130,8 @@ def rank_main(cfg_yaml: str, run_dir: str) -> None:
     run_rank(OmegaConf.create(cfg_yaml), run_dir)
 
 
-@record
-def torchrun_main(argv: list[str]) -> None:
-    """``torchrun ... -m train [overrides]``: compose the config here, run this rank."""
+def compose_argv(argv: list[str]) -> tuple[DictConfig, str]:
+    """The job's config from Hydra overrides, outside a Hydra app; and its run directory."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import setup_globals
@@ -147,12 +146,38 @@ def torchrun_main(argv: list[str]) -> None:
     run_dir = str(cfg.hydra.run.dir)
     with open_dict(cfg):
         del cfg["hydra"]
+    return cfg, run_dir
+
+
+def _config_error(exc: BaseException) -> None:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    print(f"python -m train: error: {first}", file=sys.stderr, flush=True)
+    raise SystemExit(2) from None
+
+
+def check_main(argv: list[str]) -> None:
+    """``python -m train --check [overrides]``: compose and validate, nothing else."""
+    from .launch import check_group_overrides
+
+    check_group_overrides(argv)
+    try:
+        cfg, _ = compose_argv(argv)
+        validate(cfg)
+    except UsageError as exc:
+        _config_error(exc)
+    except Exception as exc:  # Hydra's and OmegaConf's composition errors
+        _config_error(exc)
+
+
+@record
+def torchrun_main(argv: list[str]) -> None:
+    """``torchrun ... -m train [overrides]``: compose the config here, run this rank."""
+    cfg, run_dir = compose_argv(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
         if rank == 0:
             validate(cfg)
             write_config(cfg, run_dir)
     except UsageError as exc:
-        print(f"python -m train: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        _config_error(exc)
     run_rank(cfg, run_dir)

@@ -33,7 +33,11 @@ EPOCH_KEYS = (
     "load_points",
     "uncoded_points",
     "saved_percent",
-    "gloo_tree_bytes",
+    "transport",
+    "master_egress_bytes",
+    "host_ingress_bytes_max",
+    "host_egress_bytes_max",
+    "network_bytes",
     "param_bytes",
     "allreduce_payload_bytes",
     "delivery_seconds",
@@ -59,11 +63,13 @@ def human_bytes(n: float) -> str:
 def progress_line(row: dict[str, Any], epochs: int) -> str:
     """One console line per epoch: loss, accuracy, link bytes coded vs uncoded, delivery time."""
     what = "placement (uncoded)" if row["phase"] == "placement" else row["scheme"]
+    what = f"{what} over {row['transport']}"
     return (
         f"epoch {row['epoch']:>3}/{epochs} {what}: train_loss {row['train_loss']:.4f} "
         f"test_loss {row['test_loss']:.4f} acc {row['test_accuracy']:.3f} | link "
         f"{human_bytes(row['broadcast_bytes'])} vs uncoded {human_bytes(row['uncoded_bytes'])} "
-        f"({row['saved_percent']:.1f}% saved) | delivery {row['delivery_seconds']:.3f} s"
+        f"({row['saved_percent']:.1f}% saved) | master sent "
+        f"{human_bytes(row['master_egress_bytes'])} | delivery {row['delivery_seconds']:.3f} s"
         f"{'' if row['verified'] else ' NOT VERIFIED'}"
     )
 
@@ -111,7 +117,12 @@ class MetricsWriter:
             "coded_epochs_uncoded_bytes": uncoded_bytes,
             "coded_epochs_lower_bound_bytes": total("lower_bound_bytes", coded),
             "coded_epochs_saved_percent": saved_percent(coded_bytes, uncoded_bytes),
-            "gloo_tree_bytes_total": total("gloo_tree_bytes", rows),
+            "transport": rows[0]["transport"] if rows else None,
+            "master_egress_bytes_total": total("master_egress_bytes", rows),
+            "network_bytes_total": total("network_bytes", rows),
+            "coded_epochs_network_bytes": total("network_bytes", coded),
+            "coded_epochs_master_egress_bytes": total("master_egress_bytes", coded),
+            "coded_epochs_delivery_seconds": total("delivery_seconds", coded),
             "param_bytes_total": total("param_bytes", rows),
             "allreduce_payload_bytes_total": total("allreduce_payload_bytes", rows),
             "delivery_seconds_total": total("delivery_seconds", rows),

@@ -17,9 +17,10 @@ import torch
 from coded_shuffle import codec
 from coded_shuffle.assignment import random_assignment
 from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore
-from coded_shuffle.plan import DeliveryPlan
+from coded_shuffle.plan import DeliveryPlan, direct_routes
 from coded_shuffle.schemes import CacheState, Scheme
-from coded_shuffle.transport import framed_parts_bytes
+from coded_shuffle.schemes.memory_sharing import part_states
+from coded_shuffle.transports import Routes
 
 
 def assignment(seed: int, epoch: int, num_points: int, num_workers: int) -> np.ndarray:
@@ -72,10 +73,41 @@ class Chain:
             state = next_state
 
 
-def kept_points(delivery: Delivery, worker: int) -> np.ndarray:
-    """Points of which ``worker`` caches some sub-point before ``delivery`` (sorted)."""
-    held = [p.caches[worker] // p.splits for p in delivery.plans]
-    return np.unique(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+def placement_points(scheme: Scheme, state: CacheState, worker: int) -> np.ndarray:
+    """Points the placement gives ``worker`` (sorted): its batch and every point of which it
+    caches a sub-point. The master sends them in epoch 1; the worker keeps exactly these."""
+    batch = np.flatnonzero(state.assignment == worker)
+    parts = part_states(state)[0]
+    caches = scheme.part_caches(state, worker)
+    held = [c // p.splits for c, p in zip(caches, parts, strict=True)]
+    return np.union1d(batch, np.concatenate(held)) if held else batch
+
+
+def symbol_routes(routing: str, plan: DeliveryPlan, known: dict[int, np.ndarray]) -> Routes:
+    """Routes of one part's symbols: ``known`` holds the needs this rank knows (by worker).
+
+    Under ``peers`` routing every rank derives every worker's needs and the holder that sends
+    each row (:func:`~coded_shuffle.plan.direct_routes`); otherwise only the master sends.
+    """
+    if routing == "peers":
+        needs, holders = direct_routes(plan)
+        return Routes(needs, tuple(h + 1 for h in holders))
+    return Routes(tuple(known.get(k) for k in range(plan.num_workers)))
+
+
+def outgoing_rows(
+    routes: Routes, plan: DeliveryPlan, worker: int, cache: torch.Tensor
+) -> tuple[np.ndarray, torch.Tensor]:
+    """The symbol rows ``worker`` sends under ``peers`` routing, cut from its own cache.
+
+    Returns ``(row ids, rows)``: every row whose sender is this worker, in id order.
+    """
+    assert routes.senders is not None
+    mine = [n[s == worker + 1] for n, s in zip(routes.needs, routes.senders, strict=True)]
+    ids = np.unique(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.int64)
+    subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])[ids]
+    local = np.searchsorted(plan.caches[worker], subs)
+    return ids, cache.index_select(0, torch.from_numpy(local))
 
 
 def store_from_points(
@@ -97,9 +129,3 @@ def store_from_points(
             subs.index_select(0, torch.from_numpy(local * plan.splits + ids % plan.splits))
         )
     return WorkerStore(caches)
-
-
-def uncoded_link_bytes(delivery: Delivery, chunk_bytes: int) -> int:
-    """Link bytes of the uncoded delivery of the same transition, framed like the coded one."""
-    rows = [round(plan.uncoded_points * plan.splits) for plan in delivery.plans]
-    return framed_parts_bytes(rows, delivery.symbol_bytes(), chunk_bytes)

@@ -1,10 +1,11 @@
 """Job ``shuffle_sgd``: random-reshuffling SGD whose epoch data moves as a coded broadcast.
 
 Rank 0 (master) holds the training set as records; every epoch it draws the assignment from
-the seed, plans the delivery with the configured scheme, proves it, encodes it and broadcasts
-the symbols over gloo (:mod:`coded_shuffle.transport`). Epoch 1 is the placement: every point
-sent once, uncoded. Workers (ranks 1..K) decode with their own store only, check the SHA-256
-of the decoded batch against the master's and fail loudly on a difference. They then run
+the seed, plans the delivery with the configured scheme, proves it, encodes it and moves the
+symbols with the configured transport (``dist.transport``, :mod:`coded_shuffle.transports`).
+Epoch 1 is the placement: every point sent once, uncoded. Workers (ranks 1..K) decode with
+their own store only and report the SHA-256 of the decoded batch; the master compares every
+digest with its own and fails loudly on a difference (``verified``). The workers then run
 synchronous data-parallel SGD (gradient all-reduce in the workers' gloo subgroup) over their
 batch; worker 0 sends the parameters to the master, which evaluates them on the test split.
 
@@ -31,14 +32,12 @@ from coded_shuffle.bounds_api import lower_bound
 from coded_shuffle.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UsageError, VerificationError
 from coded_shuffle.schemes import Scheme, get_scheme
-from coded_shuffle.transport import (
-    KIND_DIGESTS,
-    KIND_META,
+from coded_shuffle.transports import HostBytes, Link, Peer, Routes, build_transport
+from coded_shuffle.transports import transport_class as get_transport_class
+from coded_shuffle.transports.framing import (
+    HEADER_BYTES,
     KIND_PLACEMENT,
     KIND_SYMBOLS,
-    Link,
-    LinkStats,
-    dist_broadcast,
     framed_bytes,
 )
 
@@ -48,17 +47,37 @@ from .metrics import MetricsWriter, saved_percent
 from .schedule import (
     Chain,
     Transition,
-    kept_points,
     minibatch_order,
+    outgoing_rows,
+    placement_points,
     store_from_points,
-    uncoded_link_bytes,
+    symbol_routes,
 )
 
 log = logging.getLogger("train")
 
 DIGEST_BYTES = 32
 META_FIELDS = 5  # points, features, classes, point bytes, dropped points (int64 each)
-REPORT_FIELDS = 4  # verified, decode seconds, stored bytes, link bytes received
+# what every worker tells the master after each delivery
+REPORT = np.dtype(
+    [
+        ("digest", "u1", DIGEST_BYTES),  # SHA-256 of the decoded batch
+        ("decode_seconds", "<f8"),
+        ("stored_bytes", "<i8"),
+        ("egress", "<i8"),  # this host's bytes on the transport (HostBytes)
+        ("ingress", "<i8"),
+        ("repairs", "<i8"),
+        ("control", "<i8"),
+    ]
+)
+
+
+def transport_options(cfg: Any) -> dict[str, Any]:
+    """The configured transport's own options (``dist.<transport>``), as plain values."""
+    from omegaconf import OmegaConf
+
+    node = cfg.dist.get(str(cfg.dist.transport))
+    return dict(OmegaConf.to_container(node, resolve=True)) if node is not None else {}
 
 
 def validate(cfg: Any) -> None:
@@ -87,30 +106,90 @@ def validate(cfg: Any) -> None:
         raise UsageError(f"optim.batch_size={cfg.optim.batch_size} out of range (must be >= 1)")
     if int(cfg.dist.chunk_bytes) < 1:
         raise UsageError(f"dist.chunk_bytes={cfg.dist.chunk_bytes} out of range (must be >= 1)")
+    check_transport(str(cfg.dist.transport), scheme, workers, transport_options(cfg))
     die = cfg.get("debug", {}).get("die_rank")
     if die is not None and not 0 <= int(die) <= workers:
         raise UsageError(f"debug.die_rank={die} out of range 0..{workers}")
 
 
+def check_transport(name: str, scheme: Scheme, workers: int, options: dict[str, Any]) -> None:
+    """A known transport, valid options, and no coded scheme on a point-to-point transport."""
+    cls = get_transport_class(name)
+    cls.validate(workers + 1, **options)
+    if cls.routing != "broadcast" and scheme.coded:
+        raise UsageError(
+            f"dist.transport={name} carries uncoded deliveries only (each row to one worker); "
+            f"scheme={scheme.name} is coded: use scheme=uncoded, or dist.transport=chain, "
+            "multicast or tree"
+        )
+
+
 def run(cfg: Any) -> None:
     """Per-rank body (the process group is already set up by :mod:`train.entry`)."""
     ctx = context()
-    link = Link(*dist_broadcast(None, 0), chunk_bytes=int(cfg.dist.chunk_bytes))
+    peer = Peer(ctx.rank, ctx.world_size, ctx.timeout)
+    transport = build_transport(str(cfg.dist.transport), peer, transport_options(cfg))
+    link = Link(transport, chunk_bytes=int(cfg.dist.chunk_bytes))
     pair = dist.new_group([0, 1], timeout=ctx.timeout)  # worker 0 -> master: parameters
-    if ctx.is_master:
-        Master(cfg, ctx, link, pair).run()
-    else:
-        Worker(cfg, ctx, link, pair).run()
+    try:
+        if ctx.is_master:
+            Master(cfg, ctx, link, pair).run()
+        else:
+            Worker(cfg, ctx, link, pair).run()
+    finally:
+        transport.close()
+
+
+def _digests(reports: np.ndarray) -> list[bytes]:
+    return [bytes(r) for r in reports["digest"]]
 
 
 def sha256(rows: torch.Tensor) -> bytes:
-    return hashlib.sha256(rows.contiguous().numpy().tobytes()).digest()
+    return hashlib.sha256(rows.contiguous().numpy()).digest()
 
 
-def batch_digests(records: torch.Tensor, new_batches: Sequence[np.ndarray]) -> torch.Tensor:
-    """SHA-256 of every worker's new batch (its records in sorted point order), ``(K, 32)``."""
-    out = [sha256(records.index_select(0, torch.from_numpy(b))) for b in new_batches]
-    return torch.frombuffer(bytearray(b"".join(out)), dtype=torch.uint8).reshape(-1, DIGEST_BYTES)
+def batch_digests(records: torch.Tensor, new_batches: Sequence[np.ndarray]) -> list[bytes]:
+    """SHA-256 of every worker's new batch (its records in sorted point order)."""
+    return [sha256(records.index_select(0, torch.from_numpy(b))) for b in new_batches]
+
+
+def verify_digests(epoch: int, reported: Sequence[bytes], expected: Sequence[bytes]) -> bool:
+    """True when every worker's batch digest equals the master's; else VerificationError.
+
+    The comparison behind ``verified``: a worker that decoded a wrong batch, or skipped its
+    decode, reports a digest that differs from the master's.
+    """
+    if len(reported) != len(expected):
+        raise VerificationError(
+            f"epoch {epoch}: {len(reported)} reports for {len(expected)} workers"
+        )
+    for k, (mine, theirs) in enumerate(zip(reported, expected, strict=True)):
+        if mine != theirs:
+            raise VerificationError(
+                f"epoch {epoch}: worker {k} decoded a batch with SHA-256 {mine.hex()[:16]}, "
+                f"the master's is {theirs.hex()[:16]}"
+            )
+    return True
+
+
+def host_metrics(name: str, master: HostBytes, reports: np.ndarray) -> dict[str, Any]:
+    """Per-host byte counts of one epoch (rank 0 first) and their summaries."""
+    egress = [master.egress, *(int(v) for v in reports["egress"])]
+    ingress = [master.ingress, *(int(v) for v in reports["ingress"])]
+    row = {
+        "transport": name,
+        "master_egress_bytes": egress[0],
+        "host_egress_bytes_max": max(egress),
+        "host_ingress_bytes_max": max(ingress),
+        "network_bytes": sum(egress),
+        "repair_bytes": master.repairs + int(reports["repairs"].sum()),
+        "control_bytes": master.control + int(reports["control"].sum()),
+        "host_egress_bytes": egress,
+        "host_ingress_bytes": ingress,
+    }
+    if name == "tree":  # deprecated name of the same figure (README: Metrics)
+        row["gloo_tree_bytes"] = row["network_bytes"]
+    return row
 
 
 class _Rank:
@@ -122,6 +201,7 @@ class _Rank:
         self.storage = float(cfg.storage)
         self.scheme: Scheme = get_scheme(str(cfg.scheme.name))
         self.chunk = int(cfg.dist.chunk_bytes)
+        self.routing = link.transport.routing
 
     def build_model(self, features: int, classes: int) -> torch.nn.Module:
         torch.manual_seed(self.seed)
@@ -131,19 +211,29 @@ class _Rank:
         die_if_asked(self.cfg, self.ctx.rank, epoch)
         mark(f"epoch {epoch} start")
 
-    def gather_reports(self, epoch: int, mine: torch.Tensor) -> torch.Tensor | None:
-        """Every worker's :data:`REPORT_FIELDS` report at the master (``None`` elsewhere)."""
-        out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+    def gather_reports(self, epoch: int, mine: np.ndarray) -> np.ndarray | None:
+        """Every worker's :data:`REPORT` at the master (``None`` elsewhere)."""
+        buf = torch.from_numpy(np.frombuffer(mine.tobytes(), dtype=np.uint8).copy())
         if self.ctx.is_master:
-            dist.gather(mine, gather_list=out, dst=0)
+            out = [torch.zeros_like(buf) for _ in range(self.ctx.world_size)]
+            dist.gather(buf, gather_list=out, dst=0)
         else:
-            dist.gather(mine, dst=0)
+            dist.gather(buf, dst=0)
         mark(f"epoch {epoch} delivered")
-        return torch.stack(out[1:]) if self.ctx.is_master else None
+        if not self.ctx.is_master:
+            return None
+        raw = b"".join(t.numpy().tobytes() for t in out[1:])
+        return np.frombuffer(raw, dtype=REPORT)
+
+    def meta(self, values: list[int] | None = None) -> list[int]:
+        """The data set's shape, from the master to every rank (control, not shuffle bytes)."""
+        t = torch.tensor(values if values is not None else [0] * META_FIELDS, dtype=torch.int64)
+        dist.broadcast(t, src=0)
+        return t.tolist()
 
 
 class Master(_Rank):
-    """Rank 0: holds the records, plans, proves, encodes, broadcasts, evaluates, records."""
+    """Rank 0: holds the records, plans, proves, encodes, sends, verifies, evaluates, records."""
 
     def run(self) -> None:
         t_start = time.perf_counter()
@@ -156,8 +246,7 @@ class Master(_Rank):
         self.records = data.to_records(ds.x_train, ds.y_train)
         self.n, self.b = self.records.shape
         self.dropped = ds.dropped
-        meta = torch.tensor([self.n, ds.features, ds.classes, self.b, ds.dropped])
-        self.link.send(meta.view(torch.uint8).reshape(1, -1), 0, 0, KIND_META)
+        self.meta([self.n, ds.features, ds.classes, self.b, ds.dropped])
         self.scheme.fit_point_bytes(self.workers, self.storage, self.b)
         self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
         self.model = self.build_model(ds.features, ds.classes)
@@ -166,8 +255,9 @@ class Master(_Rank):
         q = self.n // self.workers
         self.steps = math.ceil(q / int(self.cfg.optim.batch_size))
         log.info(
-            f"shuffle_sgd: scheme {self.scheme.name}, {self.workers} workers, storage "
-            f"{self.storage:g}, N = {self.n} records of {self.b} bytes, {self.epochs} epochs"
+            f"shuffle_sgd: scheme {self.scheme.name}, transport {self.link.transport.name}, "
+            f"{self.workers} workers, storage {self.storage:g}, N = {self.n} records of "
+            f"{self.b} bytes, {self.epochs} epochs"
         )
         self.begin(1)
         self.finish_epoch(self.placement())
@@ -177,20 +267,28 @@ class Master(_Rank):
         self.finish(time.perf_counter() - t_start)
 
     def placement(self) -> dict[str, Any]:
-        """Epoch 1: every point broadcast once, uncoded; workers keep what they place."""
+        """Epoch 1: every point sent uncoded; each worker gets (or keeps) what it stores."""
         t0 = time.perf_counter()
         firsts = batches(self.chain.first, self.workers)
-        self.link.send(self.records, 1, 0, KIND_PLACEMENT)
-        self.link.send(batch_digests(self.records, firsts), 1, 0, KIND_DIGESTS)
-        reports = self.gather_reports(1, torch.zeros(REPORT_FIELDS, dtype=torch.float64))
+        needs = tuple(
+            placement_points(self.scheme, self.chain.initial, k) for k in range(self.workers)
+        )
+        self.link.deliver(
+            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=self.n, row_bytes=self.b,
+            routes=Routes(needs), rows=self.records,
+        )  # fmt: skip
+        expected = batch_digests(self.records, firsts)
+        reports = self.gather_reports(1, np.zeros(1, dtype=REPORT))
+        verified = verify_digests(1, _digests(reports), expected)
         seconds = time.perf_counter() - t0
-        stats = self.link.take_stats()
+        link_bytes = framed_bytes(self.n, self.b, self.chunk)
         return self.delivery_row(
             epoch=1,
             phase="placement",
-            stats=stats,
             reports=reports,
-            uncoded_bytes=stats.link_bytes,
+            verified=verified,
+            link_bytes=(link_bytes, self.n * self.b),
+            uncoded_bytes=link_bytes,
             load_points=float(self.n),
             uncoded_points=float(self.n),
             bound=(float(self.n), True),
@@ -200,7 +298,7 @@ class Master(_Rank):
         )
 
     def deliver(self, tr: Transition) -> dict[str, Any]:
-        """A coded epoch: prove, encode, broadcast symbols and batch digests, collect reports."""
+        """A coded epoch: prove, encode, send every part's symbols, verify the workers' digests."""
         t0 = time.perf_counter()
         delivery = Delivery.prepare(tr.plan, self.b)
         plan_seconds = tr.plan_seconds + time.perf_counter() - t0
@@ -209,21 +307,26 @@ class Master(_Rank):
         symbols = delivery.encode(self.records)
         encode_seconds = time.perf_counter() - t1
         self.corrupt_if_asked(tr.epoch, symbols)
-        for part, rows in enumerate(symbols):
-            self.link.send(rows, tr.epoch, part, KIND_SYMBOLS)
-        digests = batch_digests(self.records, delivery.plans[0].new_batches)
-        self.link.send(digests, tr.epoch, 0, KIND_DIGESTS)
-        reports = self.gather_reports(tr.epoch, torch.zeros(REPORT_FIELDS, dtype=torch.float64))
+        sizes = delivery.symbol_bytes()
+        for part, plan in enumerate(delivery.plans):
+            known = {k: delivery.programs[part][k].symbol_ids for k in range(self.workers)}
+            self.link.deliver(
+                epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
+                row_bytes=sizes[part], routes=symbol_routes(self.routing, plan, known),
+                rows=symbols[part],
+            )  # fmt: skip
+        expected = batch_digests(self.records, delivery.plans[0].new_batches)  # while they decode
+        reports = self.gather_reports(tr.epoch, np.zeros(1, dtype=REPORT))
+        verified = verify_digests(tr.epoch, _digests(reports), expected)
         seconds = time.perf_counter() - t1
-        stats = self.link.take_stats()
-        uncoded = uncoded_link_bytes(delivery, self.chunk)
-        uncoded += framed_bytes(self.workers, DIGEST_BYTES, self.chunk)
+        payload = sum(p.num_symbols * b for p, b in zip(delivery.plans, sizes, strict=True))
         return self.delivery_row(
             epoch=tr.epoch,
             phase="coded",
-            stats=stats,
             reports=reports,
-            uncoded_bytes=uncoded,
+            verified=verified,
+            link_bytes=(delivery.link_bytes(self.chunk), payload),
+            uncoded_bytes=delivery.uncoded_link_bytes(self.chunk),
             load_points=delivery.load_points,
             uncoded_points=delivery.uncoded_points,
             bound=bound,
@@ -235,8 +338,9 @@ class Master(_Rank):
     def corrupt_if_asked(self, epoch: int, symbols: list[torch.Tensor]) -> None:
         """Debug knob ``debug.corrupt_epoch``: flips a byte of the first symbol before sending.
 
-        The payload digests still match (they cover what is sent), so only the workers' batch
-        digests can catch it: the test that a wrong decode fails loudly.
+        The message digests still match (they cover what is sent), so only the comparison of
+        the workers' batch digests with the master's can catch it: the test that a wrong
+        decode fails loudly.
         """
         target = (self.cfg.get("debug") or {}).get("corrupt_epoch")
         if target is None or int(target) != epoch or not symbols or not symbols[0].numel():
@@ -249,8 +353,9 @@ class Master(_Rank):
         *,
         epoch: int,
         phase: str,
-        stats: LinkStats,
-        reports: torch.Tensor,
+        reports: np.ndarray,
+        verified: bool,
+        link_bytes: tuple[int, int],
         uncoded_bytes: int,
         load_points: float,
         uncoded_points: float,
@@ -260,9 +365,9 @@ class Master(_Rank):
         breakdown: dict[str, float],
     ) -> dict[str, Any]:
         """The epoch's metrics object (losses are added once the parameters arrive)."""
-        verified = bool(
-            torch.all(reports[:, 0] == 1) and torch.all(reports[:, 3] == stats.link_bytes)
-        )
+        counts, link_seconds = self.link.take_counts()
+        shared, payload = link_bytes
+        messages = (shared - payload) // HEADER_BYTES
         return {
             "epoch": epoch,
             "phase": phase,
@@ -272,26 +377,26 @@ class Master(_Rank):
             "points": self.n,
             "point_bytes": self.b,
             "dropped_points": self.dropped,
-            "broadcast_bytes": stats.link_bytes,
-            "payload_bytes": stats.payload_bytes,
-            "header_bytes": stats.header_bytes,
-            "messages": stats.messages,
+            "broadcast_bytes": shared,
+            "payload_bytes": payload,
+            "header_bytes": shared - payload,
+            "messages": messages,
             "uncoded_bytes": int(uncoded_bytes),
             "lower_bound_points": bound[0],
             "lower_bound_exact": bound[1],
             "lower_bound_bytes": round(bound[0] * self.b),
             "load_points": float(load_points),
             "uncoded_points": float(uncoded_points),
-            "saved_percent": saved_percent(stats.link_bytes, uncoded_bytes),
-            "gloo_tree_bytes": stats.tree_bytes,
-            "link_seconds": stats.seconds,
+            "saved_percent": saved_percent(shared, uncoded_bytes),
+            **host_metrics(self.link.transport.name, counts, reports),
+            "link_seconds": link_seconds,
             "delivery_seconds": seconds["delivery"],
             "plan_seconds": seconds["plan"],
             "encode_seconds": seconds["encode"],
-            "decode_seconds": float(reports[:, 1].max()),
+            "decode_seconds": float(reports["decode_seconds"].max()),
             "verified": verified,
             "stored_points_max": float(stored),
-            "worker_stored_bytes_max": int(reports[:, 2].max()),
+            "worker_stored_bytes_max": int(reports["stored_bytes"].max()),
             "breakdown": breakdown,
         }
 
@@ -352,12 +457,11 @@ class Master(_Rank):
 
 
 class Worker(_Rank):
-    """Ranks 1..K: receive, decode with the own store only, verify, train."""
+    """Ranks 1..K: receive, decode with the own store only, report the batch digest, train."""
 
     def run(self) -> None:
         k = self.ctx.worker
-        meta = self.link.receive(1, 8 * META_FIELDS, 0, 0, KIND_META)
-        self.n, self.d, classes, self.b, _ = meta.view(torch.int64).reshape(-1).tolist()
+        self.n, self.d, classes, self.b, _ = self.meta()
         self.k, self.q = k, self.n // self.workers
         self.scheme.fit_point_bytes(self.workers, self.storage, self.b)
         self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
@@ -386,52 +490,66 @@ class Worker(_Rank):
             )
         self.gather_digest()
 
+    def mine(self, keep: np.ndarray) -> Routes:
+        """Routes that name only this worker's needs (what it knows without the others')."""
+        return Routes(tuple(keep if i == self.k else None for i in range(self.workers)))
+
     def placement(self, delivery: Delivery | None) -> torch.Tensor:
-        """Keeps the placement's points it stores (and its first batch) from the broadcast."""
+        """Receives the points the placement gives it (its first batch and what it caches)."""
         first = batches(self.chain.first, self.workers)[self.k]
-        keep = first if delivery is None else np.union1d(first, kept_points(delivery, self.k))
-        rows = self.link.receive(self.n, self.b, 1, 0, KIND_PLACEMENT, keep=keep)
-        digests = self.link.receive(self.workers, DIGEST_BYTES, 1, 0, KIND_DIGESTS)
+        keep = placement_points(self.scheme, self.chain.initial, self.k)
+        rows = self.link.deliver(
+            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=self.n, row_bytes=self.b,
+            routes=self.mine(keep),
+        )  # fmt: skip
+        assert rows is not None
         t0 = time.perf_counter()
         batch = rows.index_select(0, torch.from_numpy(np.searchsorted(keep, first)))
-        self.check(1, batch, digests)
         self.store = None if delivery is None else store_from_points(delivery, self.k, keep, rows)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
-        self.report(1, seconds, stored)
+        self.report(1, batch, seconds, stored)
         return batch
 
     def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
-        """Receives the epoch's symbols, decodes with its own store only, verifies, updates."""
+        """Receives the epoch's symbols, decodes with its own store only, reports, updates."""
+        store: WorkerStore = self.store  # type: ignore[assignment]
         symbols = []
         for part, (plan, sub) in enumerate(
             zip(delivery.plans, delivery.symbol_bytes(), strict=True)
         ):
             keep = delivery.programs[part][self.k].symbol_ids
-            symbols.append(
-                self.link.receive(plan.num_symbols, sub, tr.epoch, part, KIND_SYMBOLS, keep=keep)
-            )
-        digests = self.link.receive(self.workers, DIGEST_BYTES, tr.epoch, 0, KIND_DIGESTS)
+            routes = symbol_routes(self.routing, plan, {self.k: keep})
+            rows = row_ids = None
+            if self.routing == "peers":
+                if not np.array_equal(routes.needs[self.k], keep):
+                    raise VerificationError(f"worker {self.k}: routes differ from its decoder")
+                row_ids, rows = outgoing_rows(routes, plan, self.k, store.caches[part])
+            got = self.link.deliver(
+                epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
+                row_bytes=sub, routes=routes, rows=rows, row_ids=row_ids,
+            )  # fmt: skip
+            symbols.append(got)
         t0 = time.perf_counter()
-        store: WorkerStore = self.store  # type: ignore[assignment]
         batch, workspaces = delivery.decode(self.k, symbols, store)
-        self.check(tr.epoch, batch, digests)
         next_caches = self.scheme.part_caches(tr.next_state, self.k)
         self.store = store.updated(delivery, self.k, workspaces, next_caches)
-        self.report(tr.epoch, time.perf_counter() - t0, self.store.stored_bytes())
+        self.report(tr.epoch, batch, time.perf_counter() - t0, self.store.stored_bytes())
         return batch
 
-    def check(self, epoch: int, batch: torch.Tensor, digests: torch.Tensor) -> None:
-        mine, theirs = sha256(batch), bytes(digests[self.k].tolist())
-        if mine != theirs:
-            raise VerificationError(
-                f"epoch {epoch}: worker {self.k} decoded a batch with SHA-256 {mine.hex()[:16]}, "
-                f"the master's is {theirs.hex()[:16]}"
-            )
-
-    def report(self, epoch: int, decode_seconds: float, stored_bytes: int) -> None:
-        received = self.link.take_stats().link_bytes
-        mine = torch.tensor([1.0, decode_seconds, stored_bytes, received], dtype=torch.float64)
+    def report(
+        self, epoch: int, batch: torch.Tensor, decode_seconds: float, stored_bytes: int
+    ) -> None:
+        """The batch digest, timings and this host's transport bytes, gathered at the master."""
+        counts, _ = self.link.take_counts()
+        mine = np.zeros(1, dtype=REPORT)
+        mine["digest"][0] = np.frombuffer(sha256(batch), dtype=np.uint8)
+        mine["decode_seconds"] = decode_seconds
+        mine["stored_bytes"] = stored_bytes
+        for key, value in zip(
+            ("egress", "ingress", "repairs", "control"), counts.as_list(), strict=True
+        ):
+            mine[key] = value
         self.gather_reports(epoch, mine)
 
     def train(self, epoch: int, batch: torch.Tensor) -> None:

@@ -48,6 +48,7 @@ class Scheme(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    coded: ClassVar[bool] = True  # False: every symbol is one sub-point (point-to-point ok)
     placement: ClassVar[str | None] = None  # family name; None: derived by placement_family
 
     @classmethod

@@ -11,6 +11,7 @@ from .base import CacheState, Scheme, batch_plan_fields, uncoded_symbols
 class Uncoded(Scheme):
     name = "uncoded"
     summary = "every needed point sent once, as it is (the baseline)"
+    coded = False
 
     def plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan:
         symbols = uncoded_symbols(state, new_assignment)

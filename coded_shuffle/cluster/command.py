@@ -1,0 +1,74 @@
+"""The ``coded-shuffle cluster`` command: arguments, the cluster's life, the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from ..rates import parse_rate
+from .netns import Cluster, check_privileges, sweep_stale
+from .run import check_training_config, last_error, run_hosts, training_overrides, write_record
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    del frame
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_cluster_command(args: argparse.Namespace) -> int:
+    """Builds the cluster, runs every host, removes the cluster; 0 when every host succeeded."""
+    if args.cleanup:
+        check_privileges()
+        removed = sweep_stale()
+        print(
+            f"removed {len(removed)} stale cluster(s){': ' if removed else ''}{', '.join(removed)}"
+        )
+        return 0
+    if args.hosts is None or args.rate is None:
+        raise UsageError("cluster needs --hosts P and --rate RATE (e.g. --hosts 5 --rate 400mbit)")
+    rest = list(args.args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    rate = parse_rate(args.rate, "--rate")
+    master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
+    cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu)
+    check_privileges()
+    if args.script is not None:
+        if not args.script.is_file():
+            raise UsageError(f"--script {str(args.script)!r} is not a file")
+        target = [str(args.script), *rest]
+        logs = args.logs or Path(time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S"))
+        record = logs / "cluster.json"
+    else:
+        overrides, run_dir = training_overrides(rest, cluster)
+        check_training_config(overrides)
+        target = ["-m", "train", *overrides]
+        logs = args.logs or run_dir / "hosts"
+        record = run_dir / "cluster.json"
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with cluster:
+            before = cluster.nic_counters()
+            t0 = time.perf_counter()
+            results = run_hosts(cluster, target, logs, grace=args.grace)
+            wall = time.perf_counter() - t0
+            record.parent.mkdir(parents=True, exist_ok=True)
+            write_record(record, cluster, before, cluster.nic_counters(), results, wall)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    failed = [r for r in results if r.code != 0]
+    if failed:
+        first = failed[0]
+        why = last_error(first.log)
+        print(
+            f"coded-shuffle cluster: error: host {first.host} failed (exit code {first.code})"
+            f"{': ' + why if why else ''} (logs in {logs})",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

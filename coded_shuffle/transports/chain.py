@@ -1,0 +1,106 @@
+"""``chain``: a pipelined relay broadcast, ``0 -> w_1 -> w_2 -> ... -> w_K``.
+
+The master sends every message once, to the first worker of the chain; every worker forwards
+each message to the next one as soon as it has arrived, while the following messages are
+already on their way (``window`` receives posted ahead, sends in flight at the same time). So
+every link of the chain is busy at once: the time is about ``R / B + (K - 1) * chunk / B``
+(``R`` bytes, NICs of ``B`` bytes/s), and the master's egress is the payload once.
+Point-to-point messages go through gloo's ``isend``/``irecv``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UsageError
+from .base import OnMessage, Peer, Stream, Transport, empty_messages
+
+TAG = 0x6368  # gloo tag of the chain's point-to-point messages
+DEFAULT_WINDOW = 4
+
+
+def chain_order(order: Sequence[int] | None, world_size: int) -> tuple[int, ...]:
+    """The workers in relay order (default ``1..K``); :class:`UsageError` unless a permutation."""
+    workers = tuple(range(1, world_size))
+    if order is None or len(order) == 0:
+        return workers
+    got = tuple(int(r) for r in order)
+    if sorted(got) != list(workers):
+        raise UsageError(
+            f"dist.chain.order={list(got)} must list every worker rank 1..{world_size - 1} once"
+        )
+    return got
+
+
+class Chain(Transport):
+    """Relay broadcast through the workers in :attr:`order`, pipelined by message."""
+
+    name = "chain"
+    summary = "pipelined relay 0 -> 1 -> ... -> K: the master sends the payload once"
+    routing = "broadcast"
+
+    def __init__(
+        self, peer: Peer, order: Sequence[int] | None = None, window: int = DEFAULT_WINDOW
+    ) -> None:
+        super().__init__(peer)
+        self.validate(peer.world_size, order=order, window=window)
+        self.order = chain_order(order, peer.world_size)
+        self.window = window
+        path = (0, *self.order)
+        at = path.index(peer.rank)
+        self.prev = path[at - 1] if at > 0 else None
+        self.next = path[at + 1] if at + 1 < len(path) else None
+
+    @classmethod
+    def validate(
+        cls, world_size: int, order: Sequence[int] | None = None, window: int = DEFAULT_WINDOW
+    ) -> None:
+        if int(window) < 1:
+            raise UsageError(f"dist.chain.window={window} out of range (must be >= 1)")
+        chain_order(order, world_size)
+
+    def exchange(
+        self,
+        streams: Sequence[Stream],
+        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        on_message: OnMessage,
+    ) -> None:
+        self.check_streams(streams)
+        for i, stream in enumerate(streams):
+            if self.prev is None:
+                self._send_all(outgoing[i])
+            else:
+                self._relay(stream, lambda j, buf, i=i: on_message(i, j, buf))
+
+    def _send_all(self, messages: Iterable[torch.Tensor]) -> None:
+        if self.next is None:
+            return
+        works = []
+        for m in messages:
+            works.append((m, dist.isend(m, self.next, group=self.peer.group, tag=TAG)))
+            self.counts.egress += m.numel()
+        for _, w in works:
+            w.wait()
+
+    def _relay(self, stream: Stream, on_message: Callable[[int, torch.Tensor], None]) -> None:
+        """Receives every message from the previous rank and forwards it to the next one;
+        each message is handed to ``on_message`` once forwarded, while later ones arrive."""
+        bufs = empty_messages(stream.sizes)
+        recvs: list = [None] * len(bufs)
+        sends = []
+        posted = 0
+        for i, buf in enumerate(bufs):
+            while posted < len(bufs) and posted < i + self.window:
+                recvs[posted] = dist.irecv(bufs[posted], self.prev, group=self.peer.group, tag=TAG)
+                posted += 1
+            recvs[i].wait()
+            self.counts.ingress += buf.numel()
+            if self.next is not None:
+                sends.append(dist.isend(buf, self.next, group=self.peer.group, tag=TAG))
+                self.counts.egress += buf.numel()
+            on_message(i, buf)
+        for w in sends:
+            w.wait()

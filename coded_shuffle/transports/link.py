@@ -1,0 +1,172 @@
+"""The link: rows framed into messages, routed by the transport's rule, checked on receipt.
+
+:class:`Link` sits between the byte layer (symbols, placement rows) and a :class:`Transport`.
+Every rank calls :meth:`Link.deliver` with what it derived from the shared seed (the row count,
+the row size and the :class:`Routes`); the rows themselves come from the rank that sends them.
+Under ``broadcast`` routing every worker hears every message and keeps the rows it needs; under
+``master`` and ``peers`` routing each worker gets one stream per sender with only its own rows.
+Every header field and every payload digest is checked on receipt
+(:func:`~coded_shuffle.transports.framing.check`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .base import HostBytes, Stream, Transport
+from .framing import Inbox, frame, message_ranges, message_sizes
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Which rows each worker needs, and which rank sends each of them.
+
+    ``needs[k]``: sorted row ids that worker ``k`` (rank ``k + 1``) must receive (``None`` where
+    this rank does not know it: a worker under ``broadcast`` routing knows only its own).
+    ``senders[k]``: the sending rank of each of those rows; ``None``: the master sends all.
+    """
+
+    needs: tuple[np.ndarray | None, ...]
+    senders: tuple[np.ndarray, ...] | None = None
+
+    def sender_rows(self, worker: int, sender: int) -> np.ndarray:
+        """Positions in ``needs[worker]`` of the rows that ``sender`` sends to it."""
+        need = self.needs[worker]
+        assert need is not None
+        if self.senders is None:
+            return np.arange(need.size) if sender == 0 else np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.senders[worker] == sender)
+
+    def sources(self, worker: int) -> list[int]:
+        """The ranks that send to ``worker`` (sorted)."""
+        if self.senders is None:
+            return [0]
+        return sorted(int(s) for s in np.unique(self.senders[worker]))
+
+
+def everything(num_rows: int, workers: int) -> Routes:
+    """Every worker needs every row, all from the master (the placement on a shared link)."""
+    rows = np.arange(num_rows, dtype=np.int64)
+    return Routes(tuple(rows for _ in range(workers)))
+
+
+class Link:
+    """One rank's end of the link: frames, routes and checks; the transport moves the bytes."""
+
+    def __init__(self, transport: Transport, chunk_bytes: int) -> None:
+        message_ranges(1, 1, chunk_bytes)  # validates chunk_bytes
+        self.transport = transport
+        self.chunk_bytes = chunk_bytes
+        self.seconds = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.transport.peer.rank
+
+    def take_counts(self) -> tuple[HostBytes, float]:
+        """This host's bytes and the seconds spent moving them, since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return self.transport.take_counts(), seconds
+
+    def deliver(
+        self,
+        *,
+        epoch: int,
+        part: int,
+        kind: int,
+        num_rows: int,
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | None = None,
+        row_ids: np.ndarray | None = None,
+    ) -> torch.Tensor | None:
+        """Moves one stream of rows; a worker gets its ``needs`` rows back, in order.
+
+        ``rows`` are the rows this rank sends: all ``num_rows`` rows at the master (``row_ids``
+        None), or the rows ``row_ids`` (sorted) at a worker that sends under ``peers`` routing.
+        """
+        t0 = time.perf_counter()
+        header = (epoch, part, kind)
+        if self.transport.routing == "broadcast":
+            out = self._broadcast(header, num_rows, row_bytes, routes, rows)
+        else:
+            out = self._routed(header, row_bytes, routes, rows, row_ids)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def _broadcast(
+        self,
+        header: tuple[int, int, int],
+        num_rows: int,
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        workers = self.transport.peer.workers
+        stream = Stream(0, workers, tuple(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
+        if self.rank == 0:
+            assert rows is not None and rows.shape == (num_rows, row_bytes)
+            outgoing = {0: frame(rows, *header, self.chunk_bytes)}
+            self.transport.exchange([stream], outgoing, _refuse)
+            return None
+        keep = routes.needs[self.rank - 1]
+        assert keep is not None
+        out = torch.empty((keep.size, row_bytes), dtype=torch.uint8)
+        inbox = Inbox(
+            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size)
+        )
+        self.transport.exchange([stream], {}, lambda _, i, msg: inbox.receive(i, msg))
+        inbox.complete()
+        return out
+
+    def _routed(
+        self,
+        header: tuple[int, int, int],
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | None,
+        row_ids: np.ndarray | None,
+    ) -> torch.Tensor | None:
+        me = self.rank
+        mine = routes.needs[me - 1] if me > 0 else None
+        out = None if mine is None else torch.empty((mine.size, row_bytes), dtype=torch.uint8)
+        streams: list[Stream] = []
+        outgoing: dict[int, Iterator[torch.Tensor]] = {}
+        inboxes: dict[int, Inbox] = {}
+        for k, need in enumerate(routes.needs):
+            if need is None:
+                continue
+            for src in routes.sources(k):
+                if src != me and k + 1 != me:
+                    continue
+                pos = routes.sender_rows(k, src)
+                if pos.size == 0:
+                    continue
+                index = len(streams)
+                sizes = tuple(message_sizes(pos.size, row_bytes, self.chunk_bytes))
+                streams.append(Stream(src, (k + 1,), sizes))
+                if src == me:
+                    assert rows is not None
+                    ids = need[pos]
+                    local = ids if row_ids is None else np.searchsorted(row_ids, ids)
+                    picked = rows.index_select(0, torch.from_numpy(local))
+                    outgoing[index] = frame(picked, *header, self.chunk_bytes)
+                else:
+                    assert out is not None
+                    every = np.arange(pos.size, dtype=np.int64)
+                    inboxes[index] = Inbox(
+                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos
+                    )
+        self.transport.exchange(streams, outgoing, lambda s, i, msg: inboxes[s].receive(i, msg))
+        for inbox in inboxes.values():
+            inbox.complete()
+        return out
+
+
+def _refuse(stream: int, index: int, message: torch.Tensor) -> None:
+    raise RuntimeError(f"the master received message {index} of stream {stream}")

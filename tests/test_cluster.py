@@ -1,0 +1,194 @@
+"""``coded-shuffle cluster``: argument errors in one line, a real emulated-cluster run (root
+only: one network namespace per host), and nothing left behind on any exit path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coded_shuffle import cli
+from coded_shuffle.cluster import netns
+from tests.ranks import is_root
+
+ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
+SMALL = ["epochs=3", "model.hidden=16", "seed=3", "dist.timeout_seconds=30"]
+
+
+def our_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {
+        line.split()[0] for line in out.splitlines() if re.match(r"cs[0-9a-f]{6}(br|h\d+)", line)
+    }
+
+
+def command() -> list[str]:
+    exe = shutil.which("coded-shuffle")
+    return [exe] if exe else [sys.executable, "-m", "coded_shuffle"]
+
+
+def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*command(), "cluster", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hosts", "3", "--rate", "fast", "--", "epochs=2"], "--rate 'fast' cannot be parsed"),
+        (["--hosts", "1", "--rate", "1gbit"], "--hosts 1 out of range 2..250"),
+        (["--rate", "1gbit"], "cluster needs --hosts P and --rate RATE"),
+        (
+            ["--hosts", "3", "--rate", "1gbit", "--", "workers=5"],
+            "workers=5 does not fit --hosts 3",
+        ),
+        (["--hosts", "3", "--rate", "1gbit", "--master-rate", "x"], "--master-rate 'x' cannot"),
+    ],
+)
+def test_bad_arguments_are_one_line(args, message, capsys):
+    before = our_namespaces() if is_root() else set()
+    assert cli.main(["cluster", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    if is_root():
+        assert our_namespaces() == before
+
+
+def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    assert cli.main(["cluster", "--hosts", "3", "--rate", "1gbit", "--", "epochs=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["coded-shuffle: error: the emulated cluster needs root (network namespaces, "
+                   "veth pairs, tc); run as root"]  # fmt: skip
+
+
+@ROOT_ONLY
+def test_a_bad_training_config_stops_before_any_host_exists(tmp_path):
+    before = our_namespaces()
+    out = run_cluster(["--hosts", "3", "--rate", "1gbit", "--", "dist.transport=p2p"], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "coded-shuffle: error: dist.transport=p2p carries uncoded deliveries only (each row to "
+        "one worker); scheme=cycles is coded: use scheme=uncoded, or dist.transport=chain, "
+        "multicast or tree"
+    ]
+    assert our_namespaces() == before
+
+
+@ROOT_ONLY
+def test_stale_clusters_of_dead_owners_are_swept(tmp_path):
+    name = f"cs{os.urandom(3).hex()}h0"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    netns.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    state = netns.STATE_DIR / f"{name[2:8]}.json"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    state.write_text(json.dumps({"pid": dead.pid, "namespaces": [name]}))
+    assert cli.main(["cluster", "--cleanup"]) == 0
+    assert name not in our_namespaces() and not state.exists()
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_a_cluster_run_verifies_every_epoch_and_leaves_nothing(tmp_path):
+    """K = 3 on 4 hosts, multicast with 10% of the datagrams lost at every receiver."""
+    before = our_namespaces()
+    run_dir = tmp_path / "run"
+    args = ["--hosts", "4", "--rate", "400mbit", "--", "scheme=cycles", "dist.transport=multicast",
+            "dist.multicast.drop=0.1", *SMALL, f"hydra.run.dir={run_dir}"]  # fmt: skip
+    out = run_cluster(args, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    assert "cycles over multicast" in out.stdout  # host 0's console lines came through
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert all(r["verified"] and r["transport"] == "multicast" for r in rows)
+    assert all(r["workers"] == 3 for r in rows)
+    assert sum(r["repair_bytes"] for r in rows) > 0  # losses happened and were repaired
+    for r in rows:  # master: the stream once, 16 bytes per datagram, repairs, feedback
+        datagrams = -(-r["broadcast_bytes"] // 8192)
+        model = r["broadcast_bytes"] + 16 * datagrams + r["repair_bytes"]
+        feedback = r["master_egress_bytes"] - model
+        assert 0 <= feedback < 0.01 * r["broadcast_bytes"], r
+    record = json.loads((run_dir / "cluster.json").read_text())
+    assert [h["exit_code"] for h in record["hosts"]] == [0, 0, 0, 0]
+    counted = sum(r["master_egress_bytes"] for r in rows)
+    assert record["hosts"][0]["nic_tx_bytes"] >= counted  # the NIC saw at least what we counted
+    assert (run_dir / "hosts" / "h2.log").is_file()
+    assert our_namespaces() == before
+    assert not list(netns.STATE_DIR.glob(f"{record['run_id']}.json"))
+    local = tmp_path / "local"
+    same = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.launch",
+            "scheme=uncoded",
+            "workers=3",
+            *SMALL,
+            f"hydra.run.dir={local}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert same.returncode == 0, same.stderr[-2000:]
+    ours = json.loads((run_dir / "summary.json").read_text())["final_params_sha256"]
+    theirs = json.loads((local / "summary.json").read_text())["final_params_sha256"]
+    assert ours == theirs  # multicast on the cluster = chain on one machine, bit for bit
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_a_failed_host_fails_the_run_and_leaves_nothing(tmp_path):
+    before = our_namespaces()
+    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "10", "--", "debug.die_rank=2",
+            "debug.die_epoch=2", *SMALL, f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    t0 = time.monotonic()
+    out = run_cluster(args, tmp_path)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.match(r"coded-shuffle cluster: error: host \d failed \(exit code \d+\)", last), last
+    assert time.monotonic() - t0 < 150
+    assert our_namespaces() == before
+
+
+@ROOT_ONLY
+def test_an_interrupted_cluster_leaves_nothing(tmp_path):
+    before = our_namespaces()
+    proc = subprocess.Popen(
+        [
+            *command(),
+            "cluster",
+            "--hosts",
+            "3",
+            "--rate",
+            "1gbit",
+            "--",
+            *SMALL,
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(our_namespaces() - before) < 4:
+        time.sleep(0.2)
+    assert len(our_namespaces() - before) == 4  # the bridge and three hosts exist
+    time.sleep(1.0)  # the hosts' processes are starting inside them
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "coded-shuffle: interrupted"
+    assert our_namespaces() == before

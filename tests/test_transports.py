@@ -1,0 +1,324 @@
+"""Transports and the link: framing, header checks, routing, and every transport's byte counts
+against its cost model (transports.md), computed here independently of the code under test."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle.errors import UsageError, VerificationError
+from coded_shuffle.rates import format_rate, parse_rate
+from coded_shuffle.transports import REGISTRY, Link, Peer, Routes, Transport, build_transport
+from coded_shuffle.transports.chain import chain_order
+from coded_shuffle.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
+from coded_shuffle.transports.multicast import wire_bytes
+from coded_shuffle.transports.tree import children
+from tests.ranks import is_root, private_netns, run_ranks
+
+PEER = Peer(0, 2, timedelta(seconds=5))
+
+
+def framed(rows: int, width: int, chunk: int) -> int:
+    """Bytes of ``rows`` rows of ``width`` bytes in messages of at most ``chunk`` payload bytes
+    (at least one row each), each with a 52-byte header: the wire format, derived here."""
+    per = max(1, chunk // width)
+    return rows * width + math.ceil(rows / per) * 52
+
+
+# --- framing and the header checks, through an in-process wire --------------------------------
+
+
+class Wire(Transport):
+    """A test transport: the master's messages wait on a shared queue until a worker reads them."""
+
+    name = "test-wire"
+    routing = "broadcast"
+
+    def __init__(self, peer: Peer, wire: deque) -> None:
+        super().__init__(peer)
+        self.wire = wire
+
+    def exchange(self, streams, outgoing, on_message) -> None:
+        for i, stream in enumerate(streams):
+            if self.peer.rank == 0:
+                self.wire.extend(m.clone() for m in outgoing[i])
+            else:
+                for j in range(len(stream.sizes)):
+                    on_message(i, j, self.wire.popleft())
+
+
+def wire_pair(chunk: int) -> tuple[Link, Link, deque]:
+    wire: deque = deque()
+    master = Link(Wire(Peer(0, 2, timedelta(seconds=5)), wire), chunk)
+    worker = Link(Wire(Peer(1, 2, timedelta(seconds=5)), wire), chunk)
+    return master, worker, wire
+
+
+def send_and_receive(
+    rows: torch.Tensor, keep: np.ndarray, chunk: int, tamper=None, **expect
+) -> torch.Tensor:
+    master, worker, wire = wire_pair(chunk)
+    n, w = rows.shape
+    master.deliver(epoch=3, part=1, kind=KIND_SYMBOLS, num_rows=n, row_bytes=w,
+                   routes=Routes((keep,)), rows=rows)  # fmt: skip
+    if tamper:
+        tamper(wire)
+    args = {"epoch": 3, "part": 1, "kind": KIND_SYMBOLS, "num_rows": n, "row_bytes": w}
+    args.update(expect)
+    out = worker.deliver(**args, routes=Routes((keep,)))
+    assert not wire
+    return out
+
+
+u32, u16 = st.integers(0, 2**32 - 1), st.integers(0, 2**16 - 1)
+
+
+@given(u32, u16, u16, u32, u32, u32, st.binary(min_size=32, max_size=32))
+def test_header_round_trip(epoch, part, kind, first, count, row_bytes, digest):
+    h = Header(epoch, part, kind, first, count, row_bytes, digest)
+    assert len(h.pack()) == 52 == HEADER_BYTES
+    assert Header.unpack(h.pack()) == h
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 60), st.integers(1, 40), st.integers(1, 400), st.data())
+def test_kept_rows_arrive_across_every_message_boundary(n, width, chunk, data):
+    rows = torch.randint(0, 256, (n, width), dtype=torch.uint8)
+    keep = np.array(sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0))))) if n else [])
+    keep = keep.astype(np.int64)
+    master, worker, wire = wire_pair(chunk)
+    master.deliver(epoch=1, part=0, kind=KIND_SYMBOLS, num_rows=n, row_bytes=width,
+                   routes=Routes((keep,)), rows=rows)  # fmt: skip
+    assert sum(m.numel() for m in wire) == framed(n, width, chunk)
+    got = worker.deliver(epoch=1, part=0, kind=KIND_SYMBOLS, num_rows=n, row_bytes=width,
+                         routes=Routes((keep,)))  # fmt: skip
+    assert torch.equal(got, rows[torch.from_numpy(keep)] if keep.size else rows[:0])
+
+
+FIELDS = {  # header field -> (index in HEADER's tuple, a wrong value)
+    "epoch": (0, 4),
+    "part": (1, 0),
+    "kind": (2, 9),
+    "first": (3, 2),
+    "count": (4, 1),
+    "row_bytes": (5, 5),
+}
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_every_header_field_is_checked(field):
+    """A message whose header differs in one field (digest still right) fails loudly."""
+    index, wrong = FIELDS[field]
+
+    def tamper(wire):
+        values = list(HEADER.unpack(wire[0][:HEADER_BYTES].numpy().tobytes()))
+        values[index] = wrong
+        wire[0][:HEADER_BYTES] = torch.frombuffer(
+            bytearray(HEADER.pack(*values)), dtype=torch.uint8
+        )
+
+    rows = torch.arange(40, dtype=torch.uint8).reshape(4, 10)
+    with pytest.raises(VerificationError, match=rf"header mismatch \({field}\)"):
+        send_and_receive(rows, np.arange(4), 20, tamper)
+
+
+def test_a_tampered_payload_fails_its_digest():
+    def tamper(wire):
+        wire[0][HEADER_BYTES + 3] ^= 1
+
+    rows = torch.arange(40, dtype=torch.uint8).reshape(4, 10)
+    with pytest.raises(VerificationError, match="payload digest mismatch"):
+        send_and_receive(rows, np.arange(4), 20, tamper)
+
+
+def test_two_messages_swapped_on_the_wire_fail():
+    """Same sizes, valid digests: only the header's ``first`` tells them apart."""
+
+    def tamper(wire):
+        wire[0], wire[1] = wire[1], wire[0]
+
+    rows = torch.arange(40, dtype=torch.uint8).reshape(4, 10)
+    with pytest.raises(VerificationError, match=r"header mismatch \(first\)"):
+        send_and_receive(rows, np.arange(4), 20, tamper)
+
+
+def test_a_receiver_that_derived_other_sizes_fails():
+    rows = torch.arange(40, dtype=torch.uint8).reshape(4, 10)
+    with pytest.raises(VerificationError, match="header mismatch"):
+        send_and_receive(rows, np.arange(4), 20, None, epoch=2)
+
+
+# --- models and options -----------------------------------------------------------------------
+
+
+def test_gloo_binomial_tree_children():
+    """gloo/broadcast.cc: in round i every rank r < 2^i sends to r + 2^i (root 0)."""
+    assert children(0, 5) == [1, 2, 4]
+    assert children(1, 5) == [3]
+    assert children(2, 5) == []
+    assert children(3, 8) == [7]
+    assert children(0, 9) == [1, 2, 4, 8]
+    assert [len(children(0, p)) for p in range(2, 18)] == [
+        math.ceil(math.log2(p)) for p in range(2, 18)
+    ]
+
+
+def test_wire_bytes_of_a_fragmented_datagram():
+    # 8208 bytes + 8 UDP = 8216 IP payload; 1480 per fragment -> 6 fragments of 34 header bytes
+    assert wire_bytes(8208, 1500) == 8216 + 6 * 34
+    assert wire_bytes(1000, 1500) == 1008 + 34
+    assert wire_bytes(8208, 9000) == 8216 + 34
+
+
+@pytest.mark.parametrize(
+    ("text", "bits"),
+    [("400mbit", 400_000_000), ("1gbit", 10**9), ("50mbps", 400_000_000), ("2.5Mbit", 2_500_000)],
+)
+def test_rates_in_tc_units(text, bits):
+    assert parse_rate(text) == bits
+    assert parse_rate(format_rate(bits)) == bits
+
+
+@pytest.mark.parametrize("text", ["400mb", "fast", "", "-3mbit", "1kbit"])
+def test_bad_rates_are_one_usage_error(text):
+    with pytest.raises(UsageError, match="rate"):
+        parse_rate(text)
+
+
+def test_registry_and_option_errors():
+    assert set(REGISTRY) == {"tree", "chain", "multicast", "unicast", "p2p"}
+    with pytest.raises(UsageError, match=r"dist.transport='smoke' unknown; valid: chain, "):
+        build_transport("smoke", PEER)
+    with pytest.raises(UsageError, match=r"must list every worker rank 1\.\.3 once"):
+        chain_order([1, 1, 2], 4)
+    assert chain_order([3, 1, 2], 4) == (3, 1, 2)
+    with pytest.raises(UsageError, match=r"dist\.chain\.window=0"):
+        REGISTRY["chain"].validate(4, window=0)
+    with pytest.raises(UsageError, match=r"dist\.multicast\.rate is required"):
+        REGISTRY["multicast"].validate(4)
+    with pytest.raises(UsageError, match="not an IPv4 multicast address"):
+        REGISTRY["multicast"].validate(4, rate="1gbit", group="10.0.0.1")
+    with pytest.raises(UsageError, match="takes no options"):
+        REGISTRY["tree"].validate(4, window=3)
+
+
+# --- real process groups: every transport, its routes and its counts --------------------------
+
+N_ROWS, WIDTH, CHUNK = 57, 13, 100
+
+
+def _routes_for(name: str, world: int, seed: int = 0) -> tuple[tuple, tuple | None]:
+    """Random needs per worker; for p2p a random sender other than the receiver per row."""
+    rng = np.random.default_rng(seed)
+    workers = world - 1
+    needs = tuple(
+        np.sort(rng.choice(N_ROWS, size=10 + 5 * k, replace=False)) for k in range(workers)
+    )
+    if REGISTRY[name].routing != "peers":
+        return needs, None
+    senders = []
+    for k, need in enumerate(needs):
+        choices = [r for r in range(world) if r != k + 1]
+        senders.append(np.array(choices)[rng.integers(0, len(choices), need.size)])
+    return needs, tuple(senders)
+
+
+def _deliver(rank: int, world: int, name: str, options: dict) -> tuple:
+    peer = Peer(rank, world, timedelta(seconds=30))
+    transport = build_transport(name, peer, options)
+    try:
+        link = Link(transport, CHUNK)
+        rows = torch.arange(N_ROWS * WIDTH, dtype=torch.int64).remainder(251)
+        rows = rows.to(torch.uint8).reshape(N_ROWS, WIDTH)
+        needs, senders = _routes_for(name, world)
+        if senders is None:
+            known = needs if rank == 0 or transport.routing == "broadcast" else None
+            routes = Routes(
+                known or tuple(n if k == rank - 1 else None for k, n in enumerate(needs))
+            )
+            mine = rows if rank == 0 else None
+            out = link.deliver(epoch=5, part=0, kind=KIND_SYMBOLS, num_rows=N_ROWS,
+                               row_bytes=WIDTH, routes=routes, rows=mine)  # fmt: skip
+        else:
+            ids = np.unique(
+                np.concatenate([n[s == rank] for n, s in zip(needs, senders, strict=True)])
+            )
+            out = link.deliver(epoch=5, part=0, kind=KIND_SYMBOLS, num_rows=N_ROWS,
+                               row_bytes=WIDTH, routes=Routes(needs, senders),
+                               rows=rows[torch.from_numpy(ids)], row_ids=ids)  # fmt: skip
+        got = None if out is None else out.numpy().tobytes()
+        counts, _ = link.take_counts()
+        return got, counts.as_list()
+    finally:
+        transport.close()
+
+
+def _check_rows(results, world, name):
+    rows = (np.arange(N_ROWS * WIDTH) % 251).astype(np.uint8).reshape(N_ROWS, WIDTH)
+    needs, _ = _routes_for(name, world)
+    assert results[0][0] is None
+    for k in range(world - 1):
+        assert results[k + 1][0] == rows[needs[k]].tobytes(), f"{name}: worker {k}"
+
+
+WORLD = 4  # a master and three workers
+L = framed(N_ROWS, WIDTH, CHUNK)  # one broadcast stream of every row
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["tree", "chain", "unicast", "p2p"])
+def test_tcp_transports_deliver_exactly_and_count_their_model(name):
+    results = run_ranks(WORLD, _deliver, name, {})
+    _check_rows(results, WORLD, name)
+    egress = [r[1][0] for r in results]
+    ingress = [r[1][1] for r in results]
+    needs, senders = _routes_for(name, WORLD)
+    if name == "tree":  # binomial tree over 4 ranks: 0 -> 1, 2; 1 -> 3
+        assert egress == [2 * L, L, 0, 0] and ingress == [0, L, L, L]
+    elif name == "chain":  # 0 -> 1 -> 2 -> 3, the payload once per link
+        assert egress == [L, L, L, 0] and ingress == [0, L, L, L]
+    elif name == "unicast":
+        own = [framed(n.size, WIDTH, CHUNK) for n in needs]
+        assert egress == [sum(own), 0, 0, 0] and ingress == [0, *own]
+    else:
+        streams = [
+            (int(s), k + 1, framed(int(np.sum(senders[k] == s)), WIDTH, CHUNK))
+            for k in range(WORLD - 1)
+            for s in np.unique(senders[k])
+        ]
+        assert egress == [sum(b for s, _, b in streams if s == r) for r in range(WORLD)]
+        assert ingress == [sum(b for _, d, b in streams if d == r) for r in range(WORLD)]
+    assert sum(egress) == sum(ingress)  # every byte sent was received once
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+@pytest.mark.parametrize("drop", [0.0, 0.3])
+def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
+    options = {"rate": "200mbit", "datagram_bytes": 512, "drop": drop}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _deliver, "multicast", options, netns=ns)
+    _check_rows(results, WORLD, "multicast")
+    egress, ingress, repairs, control = zip(*(r[1] for r in results), strict=True)
+    datagrams = math.ceil(L / 512)
+    if drop == 0:
+        assert repairs[0] == 0
+    else:
+        assert repairs[0] > 0  # 30% of the datagrams lost at every receiver: repairs ran
+    # model: every datagram once (16-byte header each), the repairs, the feedback
+    assert egress[0] == L + 16 * datagrams + repairs[0] + control[0]
+    assert all(e == c for e, c in zip(egress[1:], control[1:], strict=True))  # workers: feedback
+    bitmap = math.ceil(datagrams / 8)  # what each worker missed, one bit per datagram
+    if drop == 0:  # one round: every datagram, "round sent" (4 bytes), the union of misses
+        assert list(ingress[1:]) == [L + 16 * datagrams + 4 + bitmap] * (WORLD - 1)
+        # each worker sends its bitmap; rank 1 also forwards the union to rank 3 (gloo's tree)
+        assert control[1:] == (2 * bitmap, bitmap, bitmap)
+    else:  # datagrams dropped at the receivers were not counted as received
+        assert all(i < egress[0] for i in ingress[1:])
