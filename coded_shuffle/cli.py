@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument(
         "--cleanup", action="store_true", help="remove clusters left by killed runs, then exit"
     )
+    cl.add_argument(
+        "--dry-run", action="store_true", help="check everything, print what would run, exit"
+    )
     cl.add_argument("args", nargs=argparse.REMAINDER, help="-- then overrides or script args")
     return parser
 

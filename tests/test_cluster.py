@@ -114,7 +114,8 @@ def test_a_cluster_run_verifies_every_epoch_and_leaves_nothing(tmp_path):
     assert all(r["workers"] == 3 for r in rows)
     assert sum(r["repair_bytes"] for r in rows) > 0  # losses happened and were repaired
     for r in rows:  # master: the stream once, 16 bytes per datagram, repairs, feedback
-        datagrams = -(-r["broadcast_bytes"] // 8192)
+        datagrams = -(-r["broadcast_bytes"] // 8192)  # MTU 1500: 8 KiB datagrams by default
+        assert r["transport_settings"]["datagram_bytes"] == 8192
         model = r["broadcast_bytes"] + 16 * datagrams + r["repair_bytes"]
         feedback = r["master_egress_bytes"] - model
         assert 0 <= feedback < 0.01 * r["broadcast_bytes"], r

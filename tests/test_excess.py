@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -28,7 +29,7 @@ from coded_shuffle.rate_memory import (
     placement_lower_bound,
 )
 from coded_shuffle.schemes import get_scheme
-from coded_shuffle.schemes.attia_tandon_excess import at_load_for, needed_points
+from coded_shuffle.schemes.attia_tandon_excess import needed_points
 from coded_shuffle.schemes.elmahdy_mohajer import (
     EMLabels,
     SubProblems,
@@ -171,6 +172,13 @@ def test_seed004_table_k4_n4(storage, load):
         assert e.bound <= e.load + 1e-9
 
 
+def group_load(needs: list[int], k: int, p: int) -> float:
+    """Eq. (57) of seed 004 for any needs, by enumerating every (p+1)-subset G of the
+    workers: sum over G of max_{k in G} n_k symbols, each 1/C(K, p) of a point."""
+    groups = itertools.combinations(range(k), p + 1)
+    return sum(max(needs[w] for w in g) for g in groups) / math.comb(k, p)
+
+
 @given(
     k=st.integers(2, 6),
     q=st.integers(1, 3),
@@ -183,7 +191,7 @@ def test_attia_tandon_excess_equals_its_formula(k, q, p_frac, seed):
     p = 1 + round(p_frac * (k - 1))
     storage = 1 + p * (k - 1) / k
     for e in run_epochs("attia-tandon-excess", k, k * q, storage, 2, seed=seed):
-        assert e.load == pytest.approx(at_load_for(np.array(e.needs), k, p))
+        assert e.load == pytest.approx(group_load(list(e.needs), k, p))
         assert e.stored_points_max <= storage * q + 1e-9
     for e in run_epochs("attia-tandon-excess", k, k * q, storage, 2, seed=seed, worst=True):
         assert e.load == pytest.approx(q * (k - p) / (p + 1))

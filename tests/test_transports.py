@@ -18,7 +18,7 @@ from coded_shuffle.rates import format_rate, parse_rate
 from coded_shuffle.transports import REGISTRY, Link, Peer, Routes, Transport, build_transport
 from coded_shuffle.transports.chain import chain_order
 from coded_shuffle.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
-from coded_shuffle.transports.multicast import wire_bytes
+from coded_shuffle.transports.multicast import default_datagram_bytes, wire_bytes
 from coded_shuffle.transports.tree import children
 from tests.ranks import is_root, private_netns, run_ranks
 
@@ -168,6 +168,12 @@ def test_gloo_binomial_tree_children():
     assert [len(children(0, p)) for p in range(2, 18)] == [
         math.ceil(math.log2(p)) for p in range(2, 18)
     ]
+
+
+def test_default_datagrams_are_about_four_fragments():
+    assert default_datagram_bytes(1500) == 8192  # 6 fragments: the floor
+    assert default_datagram_bytes(9000) == 32768  # 4 fragments: the ceiling
+    assert default_datagram_bytes(4000) == 4 * (4000 - 44)
 
 
 def test_wire_bytes_of_a_fragmented_datagram():

@@ -14,6 +14,7 @@ any process starts, ``max_restarts(cfg)`` for the launcher (see docs/elastic.md)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -42,6 +43,9 @@ from coded_shuffle.elastic.store import BlockStore
 from coded_shuffle.errors import UsageError
 
 from .dist import setup
+from .metrics import human_bytes
+
+log = logging.getLogger("train")
 
 # --- configuration ---------------------------------------------------------------------
 
@@ -84,6 +88,8 @@ def validate(cfg: Any) -> None:
     problem_from(cfg).step_size(s.lr)
     if "coded" in s.methods:
         systematic_generator(s.workers, s.recovery_threshold, s.generator, s.seed, s.max_condition)
+    if int(cfg.job.get("report_every", 10)) < 0:
+        raise UsageError(f"job.report_every={cfg.job.report_every} must be >= 0 (0: quiet)")
     if int(cfg.job.elastic.get("max_restarts", 0)) < 0:
         raise UsageError(f"job.elastic.max_restarts={cfg.job.elastic.max_restarts} must be >= 0")
 
@@ -193,6 +199,57 @@ class DistTransport:
                 continue
 
 
+# --- console progress --------------------------------------------------------------------
+
+
+class ProgressSink:
+    """``metrics.jsonl`` as before, and the console: a line every ``every`` steps per method
+    (0: none), every event as it happens, and :meth:`closing` lines at the end."""
+
+    def __init__(self, inner: JsonlSink, steps: int, every: int) -> None:
+        self.inner, self.steps, self.every = inner, steps, every
+        self.last: dict[str, dict[str, Any]] = {}
+        self.worst_error: dict[str, float] = {}
+        self.moved: dict[str, list[str]] = {}
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.inner.write(record)
+        method, step = str(record["method"]), int(record["step"])
+        self.last[method] = record
+        error = float(record.get("grad_rel_error", 0.0))
+        self.worst_error[method] = max(self.worst_error.get(method, 0.0), error)
+        for text in record.get("events") or []:
+            moved = human_bytes(record["bytes_moved"])
+            self.moved.setdefault(method, []).append(f"{text}: {moved}")
+            log.info(
+                f"{method:11s} step {step:>4}/{self.steps}: {text} -> "
+                f"{record['workers_available']} workers, {moved} moved"
+            )
+        if self.every and (step % self.every == 0 or step == self.steps - 1):
+            log.info(
+                f"{method:11s} step {step:>4}/{self.steps}: {record['workers_available']} "
+                f"workers, loss {record['train_loss']:.6g}, gradient error {error:.1e}, "
+                f"{human_bytes(record['comm_bytes'])} exchanged, {record['step_seconds']:.3f} s"
+            )
+
+    def truncate(self, keep: Any) -> None:
+        self.inner.truncate(keep)
+
+    def closing(self, run_dir: Path) -> list[str]:
+        lines = []
+        for method, record in self.last.items():
+            events = "; ".join(self.moved.get(method, [])) or "no events"
+            lines.append(
+                f"{method:11s} final loss {record['train_loss']:.6g}, worst gradient error "
+                f"{self.worst_error[method]:.1e}; moved per event: {events}"
+            )
+        lines.append(
+            f"files: {run_dir}/metrics.jsonl (a record per step and method), "
+            "elastic_summary.json, elastic_status.json"
+        )
+        return lines
+
+
 # --- per-rank code -----------------------------------------------------------------------
 
 
@@ -279,12 +336,16 @@ def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None
     root = elastic_dir(cfg, run_dir)
     root.mkdir(parents=True, exist_ok=True)
     transport = DistTransport(world, timeout)
+    every = int(cfg.job.get("report_every", 10))
+    sink = ProgressSink(JsonlSink(run_dir / "metrics.jsonl"), settings.steps, every)
+    log.info(
+        f"elastic_gd: P = {settings.workers} workers, L = {settings.recovery_threshold}, "
+        f"N = {problem.num_points} x {problem.features}, {settings.steps} steps per method, "
+        f"methods {', '.join(settings.methods)}, events: "
+        + ("; ".join(f"step {e.step} {e.describe()}" for e in settings.events) or "none")
+    )
     master = ElasticMaster(
-        problem,
-        settings,
-        transport,
-        JsonlSink(run_dir / "metrics.jsonl"),
-        FileCheckpoint(root / "checkpoint.pkl"),
+        problem, settings, transport, sink, FileCheckpoint(root / "checkpoint.pkl")
     )
     (run_dir / "elastic_summary.json").write_text(json.dumps(master.summary(), indent=1))
     status: dict[str, Any] = {"status": "finished"}
@@ -297,6 +358,9 @@ def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None
     status["overhead_bytes"] = transport.overhead_bytes  # HELLO and keep-alive headers
     (run_dir / "elastic_status.json").write_text(json.dumps(status, indent=1))
     transport.stop()
+    log.info(f"done ({status['status']}, {master.restarts} restarts):")
+    for line in sink.closing(run_dir):
+        log.info(f"  {line}")
 
 
 def run(cfg: Any) -> None:

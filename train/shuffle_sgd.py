@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -192,6 +193,19 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray) -> dict[str,
     return row
 
 
+@dataclass
+class Prepared:
+    """An epoch the master made ready while the workers trained the one before."""
+
+    tr: Transition
+    delivery: Delivery
+    symbols: list[torch.Tensor]
+    expected: list[bytes]  # SHA-256 of every worker's new batch
+    bound: tuple[float, bool]
+    plan_seconds: float
+    encode_seconds: float
+
+
 class _Rank:
     """State shared by master and workers: config, scheme, model, optimiser settings."""
 
@@ -260,24 +274,27 @@ class Master(_Rank):
             f"{self.b} bytes, {self.epochs} epochs"
         )
         self.begin(1)
-        self.finish_epoch(self.placement())
+        row = self.placement()
         for tr in self.chain.transitions(self.epochs):
+            ready = self.prepare(tr)  # while the workers train the previous epoch
+            self.finish_epoch(row)
             self.begin(tr.epoch)
-            self.finish_epoch(self.deliver(tr))
+            row = self.deliver(ready)
+        self.finish_epoch(row)
         self.finish(time.perf_counter() - t_start)
 
     def placement(self) -> dict[str, Any]:
         """Epoch 1: every point sent uncoded; each worker gets (or keeps) what it stores."""
-        t0 = time.perf_counter()
         firsts = batches(self.chain.first, self.workers)
         needs = tuple(
             placement_points(self.scheme, self.chain.initial, k) for k in range(self.workers)
         )
+        expected = batch_digests(self.records, firsts)
+        t0 = time.perf_counter()
         self.link.deliver(
             epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=self.n, row_bytes=self.b,
             routes=Routes(needs), rows=self.records,
         )  # fmt: skip
-        expected = batch_digests(self.records, firsts)
         reports = self.gather_reports(1, np.zeros(1, dtype=REPORT))
         verified = verify_digests(1, _digests(reports), expected)
         seconds = time.perf_counter() - t0
@@ -297,8 +314,9 @@ class Master(_Rank):
             breakdown={"placement": float(self.n)},
         )
 
-    def deliver(self, tr: Transition) -> dict[str, Any]:
-        """A coded epoch: prove, encode, send every part's symbols, verify the workers' digests."""
+    def prepare(self, tr: Transition) -> Prepared:
+        """Everything an epoch's delivery needs before its first byte: the proved delivery,
+        the bound, the encoded symbols and the digests every worker's batch must have."""
         t0 = time.perf_counter()
         delivery = Delivery.prepare(tr.plan, self.b)
         plan_seconds = tr.plan_seconds + time.perf_counter() - t0
@@ -307,7 +325,14 @@ class Master(_Rank):
         symbols = delivery.encode(self.records)
         encode_seconds = time.perf_counter() - t1
         self.corrupt_if_asked(tr.epoch, symbols)
+        expected = batch_digests(self.records, delivery.plans[0].new_batches)
+        return Prepared(tr, delivery, symbols, expected, bound, plan_seconds, encode_seconds)
+
+    def deliver(self, ready: Prepared) -> dict[str, Any]:
+        """A coded epoch: send every part's symbols, compare the workers' batch digests."""
+        tr, delivery, symbols = ready.tr, ready.delivery, ready.symbols
         sizes = delivery.symbol_bytes()
+        t0 = time.perf_counter()
         for part, plan in enumerate(delivery.plans):
             known = {k: delivery.programs[part][k].symbol_ids for k in range(self.workers)}
             self.link.deliver(
@@ -315,10 +340,9 @@ class Master(_Rank):
                 row_bytes=sizes[part], routes=symbol_routes(self.routing, plan, known),
                 rows=symbols[part],
             )  # fmt: skip
-        expected = batch_digests(self.records, delivery.plans[0].new_batches)  # while they decode
         reports = self.gather_reports(tr.epoch, np.zeros(1, dtype=REPORT))
-        verified = verify_digests(tr.epoch, _digests(reports), expected)
-        seconds = time.perf_counter() - t1
+        verified = verify_digests(tr.epoch, _digests(reports), ready.expected)
+        seconds = time.perf_counter() - t0
         payload = sum(p.num_symbols * b for p, b in zip(delivery.plans, sizes, strict=True))
         return self.delivery_row(
             epoch=tr.epoch,
@@ -329,8 +353,12 @@ class Master(_Rank):
             uncoded_bytes=delivery.uncoded_link_bytes(self.chunk),
             load_points=delivery.load_points,
             uncoded_points=delivery.uncoded_points,
-            bound=bound,
-            seconds={"delivery": seconds, "plan": plan_seconds, "encode": encode_seconds},
+            bound=ready.bound,
+            seconds={
+                "delivery": seconds,
+                "plan": ready.plan_seconds,
+                "encode": ready.encode_seconds,
+            },
             stored=self.scheme.stored_points_max(tr.next_state),
             breakdown=delivery.breakdown(),
         )
@@ -389,6 +417,7 @@ class Master(_Rank):
             "uncoded_points": float(uncoded_points),
             "saved_percent": saved_percent(shared, uncoded_bytes),
             **host_metrics(self.link.transport.name, counts, reports),
+            "transport_settings": self.link.transport.settings(),
             "link_seconds": link_seconds,
             "delivery_seconds": seconds["delivery"],
             "plan_seconds": seconds["plan"],
@@ -477,17 +506,17 @@ class Worker(_Rank):
         upcoming = next(transitions, None)
         delivery = None if upcoming is None else Delivery.prepare_worker(upcoming.plan, self.b, k)
         self.begin(1)
-        batch = self.placement(delivery)
-        self.train(1, batch)
+        batch, epoch = self.placement(delivery), 1
         while upcoming is not None:
+            self.train(epoch, batch)
             self.begin(upcoming.epoch)
             assert delivery is not None
-            batch = self.deliver(upcoming, delivery)
-            self.train(upcoming.epoch, batch)
-            upcoming = next(transitions, None)
-            delivery = (
+            batch, epoch = self.deliver(upcoming, delivery), upcoming.epoch
+            upcoming = next(transitions, None)  # the next plan before training: it is ready
+            delivery = (  # when the master sends
                 None if upcoming is None else Delivery.prepare_worker(upcoming.plan, self.b, k)
             )
+        self.train(epoch, batch)
         self.gather_digest()
 
     def mine(self, keep: np.ndarray) -> Routes:

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ..rates import parse_rate
+from ..rates import format_rate, parse_rate
 from .netns import Cluster, check_privileges, sweep_stale
-from .run import check_training_config, last_error, run_hosts, training_overrides, write_record
+from .run import (
+    check_training_config,
+    last_error,
+    run_hosts,
+    torchrun_argv,
+    training_overrides,
+    write_record,
+)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -36,7 +44,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
     cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu)
-    check_privileges()
+    if not args.dry_run:
+        check_privileges()
     if args.script is not None:
         if not args.script.is_file():
             raise UsageError(f"--script {str(args.script)!r} is not a file")
@@ -49,6 +58,13 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         target = ["-m", "train", *overrides]
         logs = args.logs or run_dir / "hosts"
         record = run_dir / "cluster.json"
+    if args.dry_run:
+        for i in range(cluster.hosts):
+            argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
+            rate = format_rate(cluster.host_rate(i))
+            print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
+        print(f"logs: {logs}; record: {record}")
+        return 0
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with cluster:

@@ -27,7 +27,7 @@ from ..rates import format_rate
 from .netns import IFACE, Cluster
 
 MASTER_PORT = 29500
-MULTICAST_SHARE = 0.95  # default pacing of multicast: this share of the slowest NIC
+MULTICAST_SHARE = 0.99  # default pacing of multicast: this share of the slowest NIC
 
 
 @dataclass

@@ -127,6 +127,10 @@ class Transport(ABC):
             if self.routing == "master" and s.src != 0:
                 raise ValueError(f"{self.name}: only the master sends")
 
+    def settings(self) -> dict[str, Any]:
+        """The effective settings (defaults resolved), recorded beside the metrics."""
+        return {}
+
     def close(self) -> None:
         """Releases sockets and threads (idempotent)."""
         return None

@@ -11,6 +11,7 @@ Point-to-point messages go through gloo's ``isend``/``irecv``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,9 @@ class Chain(Transport):
         if int(window) < 1:
             raise UsageError(f"dist.chain.window={window} out of range (must be >= 1)")
         chain_order(order, world_size)
+
+    def settings(self) -> dict[str, Any]:
+        return {"order": list(self.order), "window": self.window}
 
     def exchange(
         self,

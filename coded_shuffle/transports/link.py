@@ -49,12 +49,6 @@ class Routes:
         return sorted(int(s) for s in np.unique(self.senders[worker]))
 
 
-def everything(num_rows: int, workers: int) -> Routes:
-    """Every worker needs every row, all from the master (the placement on a shared link)."""
-    rows = np.arange(num_rows, dtype=np.int64)
-    return Routes(tuple(rows for _ in range(workers)))
-
-
 class Link:
     """One rank's end of the link: frames, routes and checks; the transport moves the bytes."""
 

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +45,6 @@ IP_UDP_BYTES = 28  # IPv4 + UDP header of a datagram
 FRAGMENT_BYTES = 34  # Ethernet + IPv4 header of every further fragment
 DEFAULT_GROUP = "239.255.77.77"
 DEFAULT_PORT = 29577
-DEFAULT_DATAGRAM_BYTES = 8192
 POLL_SECONDS = 0.005
 
 
@@ -61,6 +61,12 @@ def wire_bytes(datagram: int, mtu: int) -> int:
     per_fragment = (mtu - 20) // 8 * 8
     fragments = max(1, -(-ip_payload // per_fragment))
     return ip_payload + fragments * FRAGMENT_BYTES
+
+
+def default_datagram_bytes(mtu: int) -> int:
+    """About four IPv4 fragments per datagram, between 8 KiB and 32 KiB: larger datagrams
+    cost the receivers less CPU, more fragments make a lost one costlier."""
+    return max(8192, min(32768, 4 * (mtu - 20 - 8 - DGRAM_HEADER_BYTES) // 8 * 8))
 
 
 def _interface(name: str | None) -> tuple[int, int]:
@@ -112,6 +118,25 @@ class _Arrival:
         return True
 
 
+class _Pacer:
+    """Spaces datagrams so that their wire bytes leave at ``rate`` bits/s on average."""
+
+    def __init__(self, rate: int, full_wire_bytes: int) -> None:
+        self.interval = full_wire_bytes * 8.0 / rate  # seconds per full datagram
+        self.due = time.perf_counter()
+
+    def wait(self) -> None:
+        now = time.perf_counter()
+        ahead = self.due - now
+        if ahead > 0.002:  # sleep in steps of about a millisecond: bursts stay small
+            time.sleep(ahead - 0.001)
+        elif ahead < -0.002:  # the sender was held up: no catch-up burst after it
+            self.due = now - 0.002
+
+    def sent(self, share: float) -> None:
+        self.due += self.interval * share
+
+
 class Multicast(Transport):
     """Paced UDP multicast from the master, with repair rounds driven by the workers' reports."""
 
@@ -125,7 +150,7 @@ class Multicast(Transport):
         rate: int | str | None = None,
         group: str = DEFAULT_GROUP,
         port: int = DEFAULT_PORT,
-        datagram_bytes: int = DEFAULT_DATAGRAM_BYTES,
+        datagram_bytes: int | None = None,
         interface: str | None = None,
         drop: float = 0.0,
         grace_seconds: float = 0.02,
@@ -142,8 +167,9 @@ class Multicast(Transport):
             grace_seconds=grace_seconds,
         )
         self.rate, self.group, self.port = parse_rate(rate, "dist.multicast.rate"), group, port
-        self.datagram_bytes, self.drop, self.grace = datagram_bytes, drop, grace_seconds
+        self.drop, self.grace = drop, grace_seconds
         self.ifindex, self.mtu = _interface(interface or os.environ.get("GLOO_SOCKET_IFNAME"))
+        self.datagram_bytes = datagram_bytes or default_datagram_bytes(self.mtu)
         self.rng = np.random.default_rng([seed, peer.rank, 0x6D63])
         self.sock = self._open()
         self.session = self._agree_session()
@@ -157,7 +183,7 @@ class Multicast(Transport):
         rate: int | str | None = None,
         group: str = DEFAULT_GROUP,
         port: int = DEFAULT_PORT,
-        datagram_bytes: int = DEFAULT_DATAGRAM_BYTES,
+        datagram_bytes: int | None = None,
         interface: str | None = None,
         drop: float = 0.0,
         grace_seconds: float = 0.02,
@@ -178,7 +204,7 @@ class Multicast(Transport):
             raise UsageError(f"dist.multicast.group={group!r} is not an IPv4 multicast address")
         if not 1 <= int(port) <= 65535:
             raise UsageError(f"dist.multicast.port={port} out of range 1..65535")
-        if not 512 <= int(datagram_bytes) <= 65000:
+        if datagram_bytes is not None and not 512 <= int(datagram_bytes) <= 65000:
             raise UsageError(
                 f"dist.multicast.datagram_bytes={datagram_bytes} out of range 512..65000"
             )
@@ -228,6 +254,9 @@ class Multicast(Transport):
         dist.broadcast(value, src=0, group=self.peer.group)
         return int(value)
 
+    def settings(self) -> dict[str, Any]:
+        return {"rate_bits": self.rate, "datagram_bytes": self.datagram_bytes, "mtu": self.mtu}
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
@@ -246,46 +275,49 @@ class Multicast(Transport):
             if stream.total == 0:
                 continue
             if self.peer.rank == 0:
-                data = torch.cat([m.reshape(-1) for m in outgoing[i]]).numpy()
-                self._serve(data)
+                self._serve(stream.total, outgoing[i])
                 continue
             self._receive(stream.sizes, lambda j, msg, i=i: on_message(i, j, msg))
 
     def _count(self, total: int) -> int:
         return -(-total // self.datagram_bytes)
 
-    def _serve(self, data: np.ndarray) -> None:
-        """Master: round 0 sends every datagram, later rounds what some worker missed."""
-        n = self._count(data.size)
-        todo = np.arange(n)
+    def _serve(self, total: int, messages: Iterable[torch.Tensor]) -> None:
+        """Master: round 0 sends every datagram as soon as its bytes are framed; later rounds
+        what some worker missed, until none misses anything."""
+        n, d = self._count(total), self.datagram_bytes
+        data = np.empty(total, dtype=np.uint8)
+        pacer = _Pacer(self.rate, wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu))
+        filled = ready = 0
+        for m in messages:
+            data[filled : filled + m.numel()] = m.numpy()
+            filled += m.numel()
+            done = n if filled == total else filled // d
+            self.counts.egress += self._send(data, range(ready, done), 0, pacer)
+            ready = done
         self.rounds = 0
-        while todo.size:
-            sent = self._send_round(data, todo, self.rounds)
-            self.counts.egress += sent
-            if self.rounds:
-                self.counts.repairs += sent
+        while True:
             self._control_round_done()
             todo = self._union_of_missing(np.zeros(n, dtype=bool))
+            if todo.size == 0:
+                return
             self.rounds += 1
+            sent = self._send(data, todo.tolist(), self.rounds, pacer)
+            self.counts.egress += sent
+            self.counts.repairs += sent
 
-    def _send_round(self, data: np.ndarray, seqs: np.ndarray, rnd: int) -> int:
-        """Paced datagrams ``seqs``; returns the bytes handed to the socket."""
+    def _send(self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: _Pacer) -> int:
+        """Paced datagrams ``seqs`` of ``data``; returns the bytes handed to the socket."""
         d, size = self.datagram_bytes, data.size
         view = memoryview(data)
-        seconds_per_byte = 8.0 / self.rate
-        full = wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu) * seconds_per_byte
         pack, sendmsg = DGRAM.pack, self.sock.sendmsg
         session, stream = self.session, self.stream_id
-        clock = time.perf_counter
-        due = clock()
         sent = 0
-        for seq in seqs.tolist():
-            ahead = due - clock()
-            if ahead > 0.002:  # sleep in steps of about a millisecond: bursts stay small
-                time.sleep(ahead - 0.001)
+        for seq in seqs:
+            pacer.wait()
             end = min(seq * d + d, size)
             sent += sendmsg([pack(session, stream, seq, rnd, 0), view[seq * d : end]])
-            due += full if end - seq * d == d else full * (end - seq * d) / d
+            pacer.sent((end - seq * d) / d)
         return sent
 
     def _control_round_done(self) -> None:

@@ -1,0 +1,163 @@
+"""Exactness where the other tests do not look: every chunk boundary of the byte codec, every
+scheme, stores compared with the master's bytes; elimination that needs cached terms; the
+digest comparison behind ``verified``. Expected bytes are computed here with numpy, by a
+different route than the codec's.
+
+docs/testing.md lists the faults these tests were checked against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle import codec
+from coded_shuffle.decoder import decode_plan
+from coded_shuffle.delivery import Delivery, WorkerStore
+from coded_shuffle.errors import VerificationError
+from coded_shuffle.plan import DeliveryPlan, symbol_blocks
+from coded_shuffle.schemes import get_scheme
+from coded_shuffle.schemes.memory_sharing import part_states
+from train.schedule import Chain
+from train.shuffle_sgd import batch_digests, sha256, verify_digests
+
+CASES = [
+    ("uncoded", 1.0),
+    ("attia-tandon", 1.0),
+    ("cycles", 1.0),
+    ("best", 1.0),
+    ("attia-tandon-excess", 1.5),
+    ("attia-tandon-excess", 2.0),
+    ("elmahdy-mohajer", 2.0),
+    ("elmahdy-mohajer", 2.5),
+]
+
+
+def subpoint_rows(data: np.ndarray, cols: slice, splits: int, ids: np.ndarray) -> np.ndarray:
+    """Sub-points ``ids`` of the byte range ``cols`` of every point, zero-padded, by numpy."""
+    part = data[:, cols]
+    width = -(-part.shape[1] // splits)
+    padded = np.zeros((part.shape[0], width * splits), dtype=np.uint8)
+    padded[:, : part.shape[1]] = part
+    points, slots = np.divmod(np.asarray(ids, dtype=np.int64), splits)
+    out = np.zeros((points.size, width), dtype=np.uint8)
+    for i, (p, s) in enumerate(zip(points, slots, strict=True)):
+        out[i] = padded[p, s * width : (s + 1) * width]
+    return out
+
+
+def expected_symbols(data: np.ndarray, plan: DeliveryPlan, cols: slice) -> np.ndarray:
+    """Every symbol of ``plan`` as the XOR of its sub-points' bytes."""
+    blocks = []
+    for block in plan.symbols:
+        terms = [subpoint_rows(data, cols, plan.splits, block[:, c]) for c in range(block.shape[1])]
+        blocks.append(np.bitwise_xor.reduce(np.stack(terms), axis=0))
+    return np.concatenate(blocks)
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3])
+@pytest.mark.parametrize(("name", "storage"), CASES)
+def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_per_chunk):
+    """The codec's chunks cut to a few rows, so that every op spans many chunks (encode and
+    decode); every symbol, every worker's batch and updated store equal the master's bytes,
+    epoch after epoch."""
+    k, n, b, epochs = 4, 24, 72, 4
+    scheme = get_scheme(name)
+    scheme.check(n, k, storage)
+    scheme.fit_point_bytes(k, storage, b)
+    records = np.random.default_rng(rows_per_chunk).integers(0, 256, (n, b), dtype=np.uint8)
+    data = torch.from_numpy(records)
+    stores = None
+    for tr in Chain(scheme, n, k, storage, seed=7).transitions(epochs):
+        delivery = Delivery.prepare(tr.plan, b)
+        sizes = delivery.symbol_bytes()
+        # a chunk of rows_per_chunk rows of the widest part (fewer bytes than any row: 1 row)
+        monkeypatch.setattr(codec, "CHUNK_BYTES", rows_per_chunk * max(sizes))
+        if stores is None:
+            stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
+        symbols = delivery.encode(data)
+        slices = delivery.column_slices()
+        for part, plan in enumerate(delivery.plans):
+            want = expected_symbols(records, plan, slices[part])
+            assert np.array_equal(symbols[part].numpy(), want), f"{name}: part {part} encoded"
+        parts = part_states(tr.next_state)[0]
+        for w in range(k):
+            batch, work = delivery.decode(w, symbols, stores[w])
+            where = f"{name} T={storage} epoch {tr.epoch} worker {w}"
+            assert np.array_equal(batch.numpy(), records[tr.plans[0].new_batches[w]]), where
+            caches = scheme.part_caches(tr.next_state, w)
+            stores[w] = stores[w].updated(delivery, w, work, caches)
+            for part, ids in enumerate(caches):
+                want = subpoint_rows(records, slices[part], parts[part].splits, ids)
+                assert np.array_equal(stores[w].caches[part].numpy(), want), f"{where}: store"
+
+
+def _stalled_with_cached_terms() -> DeliveryPlan:
+    """Worker 0 caches x5 and needs x0, x1, x2 from three symbols with two unknowns or more
+    each (peeling stalls); elimination solves x0 = s1 + s2 + x5 and x2 = s0 + s2 + x5, so the
+    cached x5 must enter the result."""
+    return DeliveryPlan(
+        scheme="hand",
+        num_workers=2,
+        num_points=6,
+        splits=1,
+        symbols=symbol_blocks([np.array([[0, 1, 5], [1, 2, 5], [0, 1, 2]])]),
+        caches=(np.array([5]), np.array([3, 4, 5])),
+        new_batches=(np.array([0, 1, 2]), np.array([3, 4, 5])),
+    )
+
+
+@pytest.mark.parametrize("point_bytes", [1, 8, 37])
+def test_elimination_uses_the_cached_terms_it_needs(point_bytes):
+    plan = _stalled_with_cached_terms()
+    program = decode_plan(plan)[0]
+    assert program.eliminated == 3  # no symbol has a single unknown: peeling alone fails
+    data = np.random.default_rng(point_bytes).integers(0, 256, (6, point_bytes), dtype=np.uint8)
+    symbols = codec.encode(plan, torch.from_numpy(data))
+    x = data
+    want = np.stack([x[0] ^ x[1] ^ x[5], x[1] ^ x[2] ^ x[5], x[0] ^ x[1] ^ x[2]])
+    assert np.array_equal(symbols.numpy(), want)
+    cache = torch.from_numpy(x[[5]])
+    out = codec.decode(program, symbols, cache, point_bytes)
+    assert np.array_equal(out.numpy(), x[[0, 1, 2]])
+
+
+# --- verified: the master's comparison of the workers' batch digests ------------------------
+
+
+def test_a_wrong_batch_makes_verification_fail():
+    """A worker decodes from a symbol with one flipped byte: its batch digest differs from the
+    master's, and the comparison behind ``verified`` raises naming that worker."""
+    k, n, b = 4, 24, 40
+    scheme = get_scheme("cycles")
+    data = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (n, b), dtype=np.uint8))
+    tr = next(Chain(scheme, n, k, 1.0, seed=1).transitions(2))
+    delivery = Delivery.prepare(tr.plan, b)
+    stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
+    symbols = delivery.encode(data)
+    expected = batch_digests(data, tr.plans[0].new_batches)
+    reported = [sha256(delivery.decode(w, symbols, stores[w])[0]) for w in range(k)]
+    assert verify_digests(2, reported, expected) is True
+    victim = next(w for w in range(k) if delivery.programs[0][w].symbol_ids.size)
+    bad = delivery.programs[0][victim].symbol_ids[0]
+    symbols[0][bad, 0] ^= 1
+    reported[victim] = sha256(delivery.decode(victim, symbols, stores[victim])[0])
+    with pytest.raises(VerificationError, match=rf"epoch 2: worker {victim} decoded a batch"):
+        verify_digests(2, reported, expected)
+
+
+@settings(max_examples=20, deadline=None)
+@given(k=st.integers(1, 6), wrong=st.integers(0, 5))
+def test_verification_names_the_first_worker_whose_digest_differs(k, wrong):
+    expected = [bytes([w]) * 32 for w in range(k)]
+    reported = list(expected)
+    assert verify_digests(3, reported, expected)
+    if wrong < k:
+        reported[wrong] = b"\xff" * 32
+        with pytest.raises(VerificationError, match=f"worker {wrong} decoded"):
+            verify_digests(3, reported, expected)
+    with pytest.raises(VerificationError, match="reports for"):
+        verify_digests(3, reported[:-1], expected)

@@ -1,0 +1,201 @@
+"""The README as a newcomer runs it: its commands, read from README.md itself, run as written
+with only size overrides (fewer epochs, fewer points), each exiting 0 and producing the files
+the README promises. A command broken in the README fails here."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+
+# size overrides: Hydra keys set (or replaced) in every training command, flags shrunk
+TRAIN_SIZE = {"epochs": "2", "data.points": "4000", "job.steps": "30"}  # events at 10, 25
+EVALUATE_MAX_POINTS = 3200
+
+
+def section(title: str) -> str:
+    """The README's text under ``## title`` up to the next ``## ``."""
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.S | re.M)
+    assert m, f"README has no section {title!r}"
+    return m.group(1)
+
+
+def blocks(text: str) -> list[list[str]]:
+    """The commands of every code block: lines of ``bash`` blocks (``\\`` continuations
+    joined, comments cut) and the ``$ ``-prompted lines of the other blocks."""
+    out = []
+    for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        body = re.sub(r"\\\n\s*", " ", body)
+        found = []
+        for line in body.splitlines():
+            if lang == "bash":
+                line = re.sub(r"\s+#.*$", "", line).strip()
+                if line and not line.startswith("#"):
+                    found.append(line)
+            elif line.startswith("$ "):
+                found.append(line[2:].strip())
+        out.append(found)
+    return out
+
+
+def commands(text: str) -> list[str]:
+    return [c for block in blocks(text) for c in block]
+
+
+def sized(command: str) -> str:
+    """The command with the size overrides applied (nothing else changes)."""
+    words = shlex.split(command)
+    if words[0] == "coded-shuffle-train" or words[:2] == ["coded-shuffle", "cluster"]:
+        keys = {w.split("=", 1)[0]: i for i, w in enumerate(words) if re.match(r"[\w.]+=", w)}
+        for key, value in TRAIN_SIZE.items():
+            if key in keys:
+                words[keys[key]] = f"{key}={value}"
+            elif key == "epochs" or (key == "job.steps" and "job=elastic_gd" in words):
+                words.append(f"{key}={value}")
+    if words[:2] == ["coded-shuffle", "evaluate"]:
+        for flag in ("-N", "--points"):
+            if flag in words:
+                i = words.index(flag) + 1
+                words[i] = str(min(int(words[i]), EVALUATE_MAX_POINTS))
+    return " ".join(w if re.search(r"[*?]", w) else shlex.quote(w) for w in words)
+
+
+def run(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the venv's commands first
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PATH": path}
+    out = subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, f"README command failed: {command}\n{out.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    """A fresh directory with the repository's scripts (relative paths as in the README)."""
+    os.symlink(REPO / "scripts", tmp_path / "scripts")
+    return tmp_path
+
+
+def test_the_two_set_up_commands_agree_with_ci():
+    quick = commands(section("Quick start"))
+    assert len(quick) == 2, quick
+    run_job, run_tests = quick
+    setup = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && "
+    assert run_job.startswith(setup) and run_tests.startswith(setup), quick
+    assert run_job.endswith("coded-shuffle-train")
+    ci = (REPO / ".ci" / "run").read_text()
+    for check in run_tests[len(setup) :].split(" && "):
+        assert check in ci, f"{check!r} is in the README's test command but not in .ci/run"
+
+
+@pytest.mark.distributed
+def test_quick_start_job_writes_what_the_readme_promises(workdir):
+    job = commands(section("Quick start"))[0].split(" && ")[-1]
+    out = run(sized(job), workdir)
+    runs = list(workdir.glob("outputs/*/*"))
+    assert len(runs) == 1, runs
+    for name in ("metrics.jsonl", "summary.json", "config.yaml"):
+        assert (runs[0] / name).is_file(), name
+    assert re.search(r"epoch +2/2 cycles over chain: train_loss", out.stdout + out.stderr)
+
+
+@pytest.mark.distributed
+def test_the_sweep_and_compare_recipe_runs_as_written(workdir):
+    """The Training section's sweep, then compare.py on the sweep's glob (Hydra's own
+    multirun.yaml included), in one directory, as a user runs them."""
+    block = blocks(section("Training"))[0]
+    sweep = next(c for c in block if " -m " in c)
+    compare = next(c for c in block if c.startswith("python scripts/compare.py"))
+    assert "runs/sweep/*" in compare
+    run(sized(sweep), workdir)
+    assert len(list((workdir / "runs" / "sweep").glob("*/metrics.jsonl"))) == 3
+    out = run(compare, workdir)
+    assert "skipped" in out.stderr  # multirun.yaml is not a run; said in one line
+    for png in ("loss.png", "bytes.png", "cumulative.png", "seconds.png", "hosts.png"):
+        assert (workdir / "runs" / "plots" / png).stat().st_size > 10_000, png
+
+
+def test_every_training_command_has_a_valid_config():
+    """The README's other training commands: their overrides compose and validate (what
+    the launcher checks before any process starts)."""
+    from train.entry import compose_argv, validate
+
+    found = [c for c in commands(README) if c.startswith("coded-shuffle-train")]
+    assert len(found) >= 6
+    for command in found:
+        words = [w for w in shlex.split(sized(command))[1:] if w != "-m"]
+        for choice in _sweep_choices(words):
+            cfg, _ = compose_argv(choice)
+            validate(cfg)
+
+
+def _sweep_choices(words: list[str]) -> list[list[str]]:
+    """``a=x,y b=z`` as the runs a Hydra sweep makes: ``[a=x b=z], [a=y b=z]``."""
+    runs = [[]]
+    for w in words:
+        key, _, value = w.partition("=")
+        values = value.split(",") if "," in value and "[" not in value else [value]
+        runs = [[*r, f"{key}={v}" if _ else key] for r in runs for v in values]
+    return runs
+
+
+def test_evaluate_examples_verify(workdir, monkeypatch, capsys):
+    """The evaluate examples through the command's entry point (in this process)."""
+    from coded_shuffle import cli
+
+    examples = [c for c in commands(README) if c.startswith("coded-shuffle evaluate")]
+    setup = [c for c in commands(README) if "np.save" in c]
+    assert len(examples) >= 3 and setup, "the README's evaluate examples"
+    for command in setup:
+        run(command, workdir)
+    monkeypatch.chdir(workdir)
+    for command in examples:
+        assert cli.main(shlex.split(sized(command))[1:]) == 0, command
+        out = capsys.readouterr().out
+        assert "verified" in out and "MISMATCH" not in out, command
+
+
+@pytest.mark.distributed
+def test_elastic_job_shows_progress_and_a_summary(workdir):
+    job = next(c for c in commands(section("Coded elastic computing")) if "job=elastic_gd" in c)
+    out = run(sized(job), workdir)
+    console = out.stdout + out.stderr
+    assert re.search(r"coded +step +0/30: \d+ workers, loss", console), console[-2000:]
+    assert "final loss" in console and "files:" in console
+    assert list(workdir.glob("outputs/*/*/metrics.jsonl"))
+
+
+def test_rate_memory_and_benchmark_scripts_run(workdir):
+    rate_memory = next(c for c in commands(README) if c.startswith("python scripts/rate_memory.py"))
+    run(rate_memory, workdir)
+    assert (workdir / "rate_memory.png").stat().st_size > 10_000
+    bench = next(c for c in commands(README) if c.startswith("python scripts/bench_core.py"))
+    out = run(bench + " --workers 4 --points 4000 --schemes cycles", workdir)
+    assert "cycles" in out.stdout
+
+
+def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
+    """The README's cluster commands, checked without building hosts (``--dry-run``)."""
+    from coded_shuffle import cli
+
+    cluster = [c for c in commands(README) if c.startswith("coded-shuffle cluster")]
+    assert len(cluster) >= 2
+    monkeypatch.chdir(workdir)
+    for command in cluster:
+        words = shlex.split(sized(command))[1:]
+        assert cli.main([words[0], "--dry-run", *words[1:]]) == 0, command
+        assert "torch.distributed.run" in capsys.readouterr().out
+
+
+def test_bench_transport_documents_its_options(workdir):
+    bench = next(c for c in commands(README) if c.startswith("python scripts/bench_transport.py"))
+    run(bench.split(" --")[0] + " --help", workdir)
