@@ -143,7 +143,7 @@ def table(results: list[Result]) -> list[str]:
     return lines
 
 
-def plot(results: list[Result], path: Path) -> None:
+def plot(results: list[Result], path: Path, rate: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,7 +164,9 @@ def plot(results: list[Result], path: Path) -> None:
         ax.set(title=f"K = {k} workers: delivery per coded epoch", ylabel="seconds (median)")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
-    fig.suptitle("blue: uncoded, orange: cycles (coded); emulated cluster", fontsize=9)
+    fig.suptitle(
+        f"blue: uncoded, orange: cycles (coded); emulated cluster, NICs {rate}", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  K={k} {scheme}/{transport}: done", file=sys.stderr, flush=True)
     print("\n".join(table(results)))
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, args.rate)
         print(f"wrote {args.plot}")
     return 0
 

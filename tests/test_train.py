@@ -351,16 +351,6 @@ def test_a_wrong_decode_fails_loudly(tmp_path):
 
 
 @pytest.mark.distributed
-def test_a_stalled_worker_times_out_and_is_named(tmp_path):
-    args = ["scheme=uncoded", *JOB, "debug.die_rank=3", "debug.die_mode=hang"]
-    t0 = time.perf_counter()
-    out = _run([*args, "dist.timeout_seconds=3", f"hydra.run.dir={tmp_path}"], tmp_path)
-    assert out.returncode == 1 and time.perf_counter() - t0 < 60
-    last = out.stderr.strip().splitlines()[-1]
-    assert "stalled: rank 3 (worker 2) at 'epoch 1 trained'" in last, out.stderr
-
-
-@pytest.mark.distributed
 def test_torchrun_module_trains_like_the_local_launcher(tmp_path):
     """The documented ``torchrun ... -m train`` path: same parameters as the Hydra launcher."""
     args = ["workers=2", "epochs=2", "seed=3", "scheme=uncoded", "model.hidden=16"]

@@ -7,11 +7,11 @@ process group up before it calls ``train.<job>.run(cfg)``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.errors import UsageError
+
+from .liveness import Liveness, Record, rank_label
 
 log = logging.getLogger("train")
 
@@ -36,8 +38,9 @@ class RankContext:
     rank: int
     world_size: int
     run_dir: Path
-    timeout: timedelta
+    timeout: timedelta  # dist.timeout_seconds: how soon a lost peer must fail the job
     workers_group: Any  # gloo subgroup of ranks 1..K (None on a one-process job)
+    collective_timeout: timedelta | None = None  # what a collective may wait (default: timeout)
 
     @property
     def is_master(self) -> bool:
@@ -56,24 +59,29 @@ class RankContext:
 _CONTEXT: RankContext | None = None
 
 
-def rank_label(rank: int) -> str:
-    return "rank 0 (master)" if rank == 0 else f"rank {rank} (worker {rank - 1})"
-
-
 def deterministic(threads: int) -> None:
     """Fixed thread count and deterministic kernels (bit-identical runs across schemes)."""
     torch.set_num_threads(int(threads))
     torch.use_deterministic_algorithms(True)
 
 
-def setup(cfg: Any, run_dir: str | Path | None = None) -> RankContext:
-    """Initialises gloo from the launcher's environment (idempotent); returns the context."""
+def setup(
+    cfg: Any, run_dir: str | Path | None = None, collective_timeout: timedelta | None = None
+) -> RankContext:
+    """Initialises gloo from the launcher's environment (idempotent); returns the context.
+
+    The rendezvous is bounded by ``dist.timeout_seconds``; collectives by
+    ``collective_timeout`` (default the same). A job with a :mod:`~train.liveness` watchdog
+    passes a long one, so that collectives wait for long work while the watchdog bounds
+    how long a lost peer goes unnoticed.
+    """
     global _CONTEXT
     if _CONTEXT is not None:
         return _CONTEXT
     timeout = timedelta(seconds=float(cfg.dist.timeout_seconds))
+    collective = collective_timeout or timeout
     if not dist.is_initialized():
-        init_gloo(timeout)
+        init_gloo(timeout, collective)
     rank, world = dist.get_rank(), dist.get_world_size()
     expected = int(cfg.workers) + 1
     if world != expected:
@@ -81,20 +89,24 @@ def setup(cfg: Any, run_dir: str | Path | None = None) -> RankContext:
             f"the job has {world} processes but workers={cfg.workers} needs {expected} "
             "(workers + 1: rank 0 is the master)"
         )
-    workers_group = dist.new_group(list(range(1, world)), timeout=timeout)
+    workers_group = dist.new_group(list(range(1, world)), timeout=collective)
     path = Path(run_dir) if run_dir is not None else Path(os.getcwd())
-    _CONTEXT = RankContext(rank, world, path, timeout, workers_group)
+    _CONTEXT = RankContext(rank, world, path, timeout, workers_group, collective)
     return _CONTEXT
 
 
-def init_gloo(timeout: timedelta) -> None:
+def store_prefix() -> str:
+    """The job's keys in the launcher's store, one prefix per restart attempt."""
+    return f"coded-shuffle/attempt_{int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
+
+
+def init_gloo(timeout: timedelta, collective: timedelta | None = None) -> None:
     """gloo from the launcher's environment, with a store prefix per restart attempt.
 
     The elastic agent keeps one store for all attempts; without the prefix a restarted group
     would read the addresses of the group that died.
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
@@ -102,8 +114,10 @@ def init_gloo(timeout: timedelta) -> None:
         is_master=rank == 0 and not agent_store,
         timeout=timeout,
     )
-    prefixed = dist.PrefixStore(f"coded-shuffle/attempt_{attempt}", store)
-    dist.init_process_group("gloo", store=prefixed, rank=rank, world_size=world, timeout=timeout)
+    prefixed = dist.PrefixStore(store_prefix(), store)
+    dist.init_process_group(
+        "gloo", store=prefixed, rank=rank, world_size=world, timeout=collective or timeout
+    )
 
 
 def context() -> RankContext:
@@ -115,6 +129,7 @@ def context() -> RankContext:
 
 def teardown() -> None:
     global _CONTEXT
+    stop_liveness()
     if dist.is_initialized():
         dist.destroy_process_group()
     _CONTEXT = None
@@ -128,48 +143,53 @@ def is_peer_loss(exc: BaseException) -> bool:
     return any(s in text for s in ("Connection closed by peer", "Timed out", "Connection reset"))
 
 
-PROGRESS_KEY = "coded-shuffle/progress"
-_PROGRESS: dict[str, int] = {"count": 0}
+_LIVENESS: Liveness | None = None
 
 
-def _store() -> Any:
-    return dist.distributed_c10d._get_default_store()
+def start_liveness(
+    cfg: Any, on_progress: Callable[[dict[int, Record], float], None] | None = None
+) -> Liveness:
+    """Heartbeats and the watchdog of :mod:`train.liveness` for this rank (after :func:`setup`)."""
+    global _LIVENESS
+    ctx = context()
+    deadline = ctx.timeout.total_seconds()
+    interval = float(cfg.dist.get("heartbeat_seconds", 1.0))
+    _LIVENESS = Liveness(
+        ctx.rank,
+        ctx.world_size,
+        deadline,
+        min(interval, deadline / 4),
+        (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
+        f"{store_prefix()}/live",
+        on_progress,
+        float(cfg.dist.get("progress_seconds", 10.0)),
+    )
+    _LIVENESS.start()
+    return _LIVENESS
+
+
+def stop_liveness() -> None:
+    global _LIVENESS
+    if _LIVENESS is not None:
+        _LIVENESS.stop()
+        _LIVENESS = None
 
 
 def mark(stage: str) -> None:
-    """Records this rank's progress (``stage`` like ``"epoch 2 delivered"``) in the job's store.
+    """This rank reached ``stage`` (``"epoch 2 delivered"``): progress the watchdog sees."""
+    if _LIVENESS is not None:
+        _LIVENESS.mark(stage)
 
-    When a collective fails because a peer died or stalled, :func:`stalled_ranks` names the
-    ranks that are behind, so the error points at the culprit rather than at its victims.
-    """
-    _PROGRESS["count"] += 1
-    with contextlib.suppress(Exception):  # a diagnosis aid: never fail the job for it
-        _store().set(f"{PROGRESS_KEY}/{dist.get_rank()}", f"{_PROGRESS['count']}|{stage}")
+
+def tick(detail: str | None = None) -> None:
+    """Progress inside a stage (a minibatch step, a message)."""
+    if _LIVENESS is not None:
+        _LIVENESS.tick(detail)
 
 
 def stalled_ranks() -> str:
-    """``"rank 2 (worker 1) stopped at 'epoch 1 trained' (others reached 'epoch 2 start')"``."""
-    try:
-        store, world = _store(), dist.get_world_size()
-        keys = {r: f"{PROGRESS_KEY}/{r}" for r in range(world)}
-        seen = {r: store.get(k).decode().split("|", 1) for r, k in keys.items() if store.check([k])}
-    except Exception:
-        return ""
-    if not seen:
-        return ""
-    counts = {r: int(c) for r, (c, _) in seen.items()}
-    top = max(counts.values())
-    low = min(counts.get(r, 0) for r in range(world))
-    if low == top:
-        return ""
-    # the ranks furthest behind: the others may only be waiting for them
-    behind = [r for r in range(world) if counts.get(r, 0) == low]
-    ahead = next(seen[r][1] for r in seen if counts[r] == top)
-    names = ", ".join(
-        f"{rank_label(r)} at {seen[r][1]!r}" if r in seen else f"{rank_label(r)} never started"
-        for r in behind
-    )
-    return f"stalled: {names} (others reached up to {ahead!r})"
+    """``"stalled: rank 2 (worker 1) at 'epoch 1 trained' (others reached ...)"``."""
+    return _LIVENESS.stalled() if _LIVENESS is not None else ""
 
 
 def die_if_asked(cfg: Any, rank: int, epoch: int) -> None:

@@ -10,6 +10,9 @@ Contract for a job module ``train/<name>.py`` (selected by ``job=<name>``, whose
 * optional ``num_processes(cfg)``; default ``workers + 1``.
 * optional ``max_restarts(cfg)``: how often the launcher restarts all processes after a
   failure; default 0 (the job fails with one line naming the failed rank).
+* optional ``collective_timeout(cfg)``: a ``timedelta`` that collectives may wait, for jobs
+  that watch liveness themselves (:func:`train.dist.start_liveness`); default
+  ``dist.timeout_seconds``.
 """
 
 from __future__ import annotations
@@ -112,7 +115,8 @@ def run_rank(cfg: DictConfig, run_dir: str) -> None:
     _logging(run_dir, rank)
     module = job_module(str(cfg.job.name))
     try:
-        setup(cfg, run_dir)
+        hook = getattr(module, "collective_timeout", None)
+        setup(cfg, run_dir, hook(cfg) if hook else None)
         module.run(cfg)
     except Exception as exc:
         if not is_peer_loss(exc):

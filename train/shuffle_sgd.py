@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,9 @@ from coded_shuffle.transports.framing import (
 )
 
 from . import data, models
-from .dist import RankContext, context, die_if_asked, mark
-from .metrics import MetricsWriter, saved_percent
+from .dist import RankContext, context, die_if_asked, mark, start_liveness, tick
+from .liveness import Record
+from .metrics import MetricsWriter, human_bytes, saved_percent
 from .schedule import (
     Chain,
     Transition,
@@ -57,6 +59,7 @@ from .schedule import (
 
 log = logging.getLogger("train")
 
+COLLECTIVE_TIMEOUT = timedelta(days=7)  # collectives wait for work; the watchdog for peers
 DIGEST_BYTES = 32
 META_FIELDS = 5  # points, features, classes, point bytes, dropped points (int64 each)
 # what every worker tells the master after each delivery
@@ -71,6 +74,32 @@ REPORT = np.dtype(
         ("control", "<i8"),
     ]
 )
+
+
+def collective_timeout(cfg: Any) -> timedelta:
+    """Collectives wait for long work (an epoch's training, a large delivery) without a bound:
+    the liveness watchdog fails the job within ``dist.timeout_seconds`` of a lost peer."""
+    del cfg
+    return COLLECTIVE_TIMEOUT
+
+
+def link_progress(done: int, total: int) -> None:
+    tick(f"{human_bytes(done)} of {human_bytes(total)} moved")
+
+
+def progress_line(records: dict[int, Record], seconds: float) -> None:
+    """The master's console during a long stage: what it does, or what the workers do."""
+    me = records.get(0)
+    if me is None:
+        return
+    if me.detail:
+        log.info(f"  ... {me.stage}: {me.detail} ({seconds:.0f} s)")
+        return
+    workers = [rec for r, rec in sorted(records.items()) if r > 0]
+    if workers:
+        slowest = min(workers, key=lambda rec: (rec.stage_count, rec.ticks))
+        doing = slowest.detail or slowest.stage
+        log.info(f"  ... {seconds:.0f} s after {me.stage!r}: the slowest worker at {doing}")
 
 
 def transport_options(cfg: Any) -> dict[str, Any]:
@@ -107,6 +136,9 @@ def validate(cfg: Any) -> None:
         raise UsageError(f"optim.batch_size={cfg.optim.batch_size} out of range (must be >= 1)")
     if int(cfg.dist.chunk_bytes) < 1:
         raise UsageError(f"dist.chunk_bytes={cfg.dist.chunk_bytes} out of range (must be >= 1)")
+    for key in ("timeout_seconds", "heartbeat_seconds", "progress_seconds"):
+        if float(cfg.dist[key]) <= 0:
+            raise UsageError(f"dist.{key}={cfg.dist[key]} out of range (must be > 0)")
     check_transport(str(cfg.dist.transport), scheme, workers, transport_options(cfg))
     die = cfg.get("debug", {}).get("die_rank")
     if die is not None and not 0 <= int(die) <= workers:
@@ -128,10 +160,12 @@ def check_transport(name: str, scheme: Scheme, workers: int, options: dict[str, 
 def run(cfg: Any) -> None:
     """Per-rank body (the process group is already set up by :mod:`train.entry`)."""
     ctx = context()
-    peer = Peer(ctx.rank, ctx.world_size, ctx.timeout)
+    start_liveness(cfg, progress_line if ctx.is_master else None)
+    collective = ctx.collective_timeout or ctx.timeout
+    peer = Peer(ctx.rank, ctx.world_size, collective)
     transport = build_transport(str(cfg.dist.transport), peer, transport_options(cfg))
-    link = Link(transport, chunk_bytes=int(cfg.dist.chunk_bytes))
-    pair = dist.new_group([0, 1], timeout=ctx.timeout)  # worker 0 -> master: parameters
+    link = Link(transport, chunk_bytes=int(cfg.dist.chunk_bytes), on_progress=link_progress)
+    pair = dist.new_group([0, 1], timeout=collective)  # worker 0 -> master: parameters
     try:
         if ctx.is_master:
             Master(cfg, ctx, link, pair).run()
@@ -589,7 +623,12 @@ class Worker(_Rank):
         params = list(self.model.parameters())
         self.model.train()
         loss_sum, count = 0.0, 0
-        for a in range(0, self.q, size):
+        steps = math.ceil(self.q / size)
+        delay = float((self.cfg.get("debug") or {}).get("step_delay") or 0.0)
+        for step, a in enumerate(range(0, self.q, size)):
+            tick(f"epoch {epoch} step {step + 1}/{steps}")
+            if delay:  # debug: a slow model (long epochs without changing the data)
+                time.sleep(delay)
             idx = order[a : a + size]
             loss = F.cross_entropy(self.model(x[idx]), y[idx])
             self.opt.zero_grad(set_to_none=False)

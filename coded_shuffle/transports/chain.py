@@ -10,6 +10,7 @@ Point-to-point messages go through gloo's ``isend``/``irecv``.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,10 +18,11 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UsageError
-from .base import OnMessage, Peer, Stream, Transport, empty_messages
+from .base import OnMessage, Peer, Stream, Transport
 
 TAG = 0x6368  # gloo tag of the chain's point-to-point messages
 DEFAULT_WINDOW = 4
+IN_FLIGHT = 2  # sends in flight per message received ahead (memory bound of a relay)
 
 
 def chain_order(order: Sequence[int] | None, world_size: int) -> tuple[int, ...]:
@@ -82,29 +84,38 @@ class Chain(Transport):
     def _send_all(self, messages: Iterable[torch.Tensor]) -> None:
         if self.next is None:
             return
-        works = []
+        sends: deque = deque()
         for m in messages:
-            works.append((m, dist.isend(m, self.next, group=self.peer.group, tag=TAG)))
+            sends.append((m, dist.isend(m, self.next, group=self.peer.group, tag=TAG)))
             self.counts.egress += m.numel()
-        for _, w in works:
-            w.wait()
+            _settle(sends, IN_FLIGHT * self.window)
+        _settle(sends, 0)
 
     def _relay(self, stream: Stream, on_message: Callable[[int, torch.Tensor], None]) -> None:
         """Receives every message from the previous rank and forwards it to the next one;
-        each message is handed to ``on_message`` once forwarded, while later ones arrive."""
-        bufs = empty_messages(stream.sizes)
-        recvs: list = [None] * len(bufs)
-        sends = []
+        each message goes to ``on_message`` once forwarded, while later ones arrive. Buffers
+        live only while a message is in flight: memory stays bounded whatever the stream."""
+        sizes, group = stream.sizes, self.peer.group
+        recvs: deque = deque()
+        sends: deque = deque()
         posted = 0
-        for i, buf in enumerate(bufs):
-            while posted < len(bufs) and posted < i + self.window:
-                recvs[posted] = dist.irecv(bufs[posted], self.prev, group=self.peer.group, tag=TAG)
+        for i in range(len(sizes)):
+            while posted < len(sizes) and posted < i + self.window:
+                buf = torch.empty(sizes[posted], dtype=torch.uint8)
+                recvs.append((buf, dist.irecv(buf, self.prev, group=group, tag=TAG)))
                 posted += 1
-            recvs[i].wait()
+            buf, work = recvs.popleft()
+            work.wait()
             self.counts.ingress += buf.numel()
             if self.next is not None:
-                sends.append(dist.isend(buf, self.next, group=self.peer.group, tag=TAG))
+                sends.append((buf, dist.isend(buf, self.next, group=group, tag=TAG)))
                 self.counts.egress += buf.numel()
             on_message(i, buf)
-        for w in sends:
-            w.wait()
+            _settle(sends, IN_FLIGHT * self.window)
+        _settle(sends, 0)
+
+
+def _settle(sends: deque, keep: int) -> None:
+    """Waits for the oldest sends until at most ``keep`` are in flight (their buffers freed)."""
+    while len(sends) > keep:
+        sends.popleft()[1].wait()

@@ -12,7 +12,7 @@ Every header field and every payload digest is checked on receipt
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,10 +52,16 @@ class Routes:
 class Link:
     """One rank's end of the link: frames, routes and checks; the transport moves the bytes."""
 
-    def __init__(self, transport: Transport, chunk_bytes: int) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        chunk_bytes: int,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         message_ranges(1, 1, chunk_bytes)  # validates chunk_bytes
         self.transport = transport
         self.chunk_bytes = chunk_bytes
+        self.on_progress = on_progress  # (bytes this rank moved, its total) after each message
         self.seconds = 0.0
 
     @property
@@ -156,10 +162,34 @@ class Link:
                     inboxes[index] = Inbox(
                         header, pos.size, row_bytes, self.chunk_bytes, every, out, pos
                     )
-        self.transport.exchange(streams, outgoing, lambda s, i, msg: inboxes[s].receive(i, msg))
+        meter = _Meter(sum(s.total for s in streams), self.on_progress)
+        outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
+
+        def on_message(s: int, i: int, msg: torch.Tensor) -> None:
+            inboxes[s].receive(i, msg)
+            meter.add(msg.numel())
+
+        self.transport.exchange(streams, outgoing, on_message)
         for inbox in inboxes.values():
             inbox.complete()
         return out
+
+
+class _Meter:
+    """Bytes this rank moved in one delivery, reported after every message (progress lines)."""
+
+    def __init__(self, total: int, report: Callable[[int, int], None] | None) -> None:
+        self.total, self.done, self.report = total, 0, report
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.report is not None:
+            self.report(self.done, self.total)
+
+    def count(self, messages: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+        for m in messages:
+            yield m
+            self.add(m.numel())
 
 
 def _refuse(stream: int, index: int, message: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from .base import OnMessage, Stream, Transport, empty_messages
+from .base import OnMessage, Stream, Transport
 
 
 def children(rank: int, world_size: int) -> list[int]:
@@ -47,7 +47,8 @@ class Tree(Transport):
                 for buf in outgoing[i]:
                     dist.broadcast(buf, src=0, group=self.peer.group)
             else:
-                for j, buf in enumerate(empty_messages(stream.sizes)):
+                for j, size in enumerate(stream.sizes):
+                    buf = torch.empty(size, dtype=torch.uint8)
                     dist.broadcast(buf, src=0, group=self.peer.group)
                     on_message(i, j, buf)
                 self.counts.ingress += stream.total

@@ -9,6 +9,7 @@ workers at once, so a coded scheme on this transport is a configuration error.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import zip_longest
 
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from .base import OnMessage, Stream, Transport, empty_messages
 
 TAG = 0x7563  # gloo tag of direct point-to-point messages
+IN_FLIGHT = 8  # messages in flight per destination at a sender
 
 
 class Unicast(Transport):
@@ -41,7 +43,7 @@ class Unicast(Transport):
                 for j, buf in enumerate(empty_messages(stream.sizes)):
                     inbound.append((i, j, buf, dist.irecv(buf, stream.src, group=group, tag=TAG)))
                 self.counts.ingress += stream.total
-        sends = []
+        sends: deque = deque()
         mine = [_addressed(s.dsts[0], outgoing[i]) for i, s in enumerate(streams) if s.src == me]
         # round robin over the destinations: every stream makes progress together
         for batch in zip_longest(*mine):
@@ -50,6 +52,8 @@ class Unicast(Transport):
                     dst, m = item
                     sends.append((m, dist.isend(m, dst, group=group, tag=TAG)))
                     self.counts.egress += m.numel()
+            while len(sends) > IN_FLIGHT * len(mine):  # bounded memory at the sender
+                sends.popleft()[1].wait()
         for i, j, buf, work in _arrival_order(inbound):
             work.wait()
             on_message(i, j, buf)

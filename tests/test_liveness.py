@@ -1,0 +1,118 @@
+"""Liveness separate from work: the watchdog's verdicts on synthetic heartbeat records, and
+real jobs whose epochs outlast ``dist.timeout_seconds`` (healthy) or whose worker hangs."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.test_train import JOB, _metrics, _run
+from train.liveness import Liveness, Record
+
+
+def watchdog(world: int = 3, deadline: float = 5.0) -> Liveness:
+    live = Liveness(0, world, deadline, 1.0, ("127.0.0.1", 1), "test")
+    live.t0 = 0.0
+    return live
+
+
+def see(live: Liveness, rank: int, now: float, beat: int, stage: tuple[int, str], ticks: int):
+    """What the watchdog's reader does with a record read at time ``now``."""
+    record = Record(beat, stage[0], stage[1], ticks, "", f"10.0.0.{rank + 1}")
+    old = live.seen.get(rank)
+    if old is None or old.beat != beat:
+        live.beat_at[rank] = now
+    if old is None or (old.stage_count, old.ticks) != (stage[0], ticks):
+        live.work_at[rank] = now
+    live.seen[rank] = record
+
+
+def test_a_rank_whose_heartbeat_stops_is_lost_after_the_deadline():
+    live = watchdog()
+    for r in range(3):
+        see(live, r, 1.0, 1, (2, "epoch 1 delivered"), 5)
+    assert live.verdict(5.9) == ""
+    see(live, 0, 6.0, 2, (2, "epoch 1 delivered"), 5)
+    see(live, 1, 6.0, 2, (2, "epoch 1 delivered"), 5)  # rank 2 stops beating at t = 1
+    assert live.verdict(6.0) == ""
+    verdict = live.verdict(6.5)
+    assert verdict.startswith("rank 2 (worker 1) on 10.0.0.3 at 'epoch 1 delivered' lost: ")
+    assert "no heartbeat for 6 s" in verdict
+
+
+def test_a_rank_that_never_starts_is_lost_after_the_deadline():
+    live = watchdog()
+    see(live, 0, 1.0, 1, (0, "start"), 0)
+    see(live, 1, 1.0, 1, (0, "start"), 0)
+    assert live.verdict(4.0) == ""
+    assert "rank 2 (worker 1) (never started) lost" in live.verdict(5.5)
+
+
+def test_a_busy_rank_is_never_hung_however_long_it_works():
+    """Workers training for an hour: behind the master's stage, but ticking every step."""
+    live = watchdog()
+    for t in range(0, 3600, 2):
+        see(live, 0, t, t, (3, "epoch 2 start"), 1)  # waits for the workers' parameters
+        see(live, 1, t, t, (2, "epoch 1 delivered"), t)  # trains: a tick per minibatch step
+        see(live, 2, t, t, (2, "epoch 1 delivered"), t)
+        assert live.verdict(t + 1.0) == ""
+
+
+def test_a_live_rank_that_stops_progressing_behind_the_others_is_hung():
+    live = watchdog()
+    for t in range(0, 20, 2):
+        see(live, 0, t, t, (4, "epoch 2 start"), 10)
+        see(live, 1, t, t, (4, "epoch 2 start"), 10)
+        see(live, 2, t, t, (3, "epoch 1 trained"), 7)  # beats, but its work stands still
+    verdict = live.verdict(20.0)
+    assert verdict == (
+        "rank 2 (worker 1) on 10.0.0.3 hung: no progress for 20 s at 'epoch 1 trained' "
+        "(others reached 'epoch 2 start')"
+    )
+    assert live.stalled() == (
+        "stalled: rank 2 (worker 1) at 'epoch 1 trained' (others reached up to 'epoch 2 start')"
+    )
+
+
+def test_ranks_waiting_together_are_not_hung():
+    """Every rank at the same stage (all waiting on a collective): nobody is behind."""
+    live = watchdog()
+    for t in range(0, 30, 2):
+        for r in range(3):
+            see(live, r, t, t, (5, "epoch 2 delivered"), 3)
+    assert live.verdict(30.0) == ""
+
+
+# --- real jobs ----------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+def test_an_epoch_longer_than_the_timeout_is_healthy_and_shows_progress(tmp_path):
+    """dist.timeout_seconds=3, yet every epoch trains for about 5 s (23 steps of 0.2 s): the
+    job completes, and the master's console shows the workers' progress while it waits."""
+    args = [*JOB, "scheme=uncoded", "epochs=2", "debug.step_delay=0.2", "dist.timeout_seconds=3"]
+    args += ["dist.progress_seconds=1", f"hydra.run.dir={tmp_path}"]
+    out = _run(args, tmp_path, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _metrics(tmp_path)
+    assert [r["epoch"] for r in rows] == [1, 2] and all(r["verified"] for r in rows)
+    assert min(r["train_seconds"] for r in rows) > 3  # longer than the timeout
+    console = out.stdout + out.stderr
+    assert re.search(
+        r"\.\.\. \d+ s after 'epoch \d \w+': the slowest worker at epoch \d step", console
+    )
+
+
+@pytest.mark.distributed
+def test_a_hung_worker_is_named_within_the_deadline(tmp_path):
+    args = ["scheme=uncoded", *JOB, "debug.die_rank=3", "debug.die_mode=hang"]
+    t0 = time.perf_counter()
+    out = _run([*args, "dist.timeout_seconds=3", f"hydra.run.dir={tmp_path}"], tmp_path)
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 1 and elapsed < 60
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.search(
+        r"rank 3 \(worker 2\) on \S+ hung: no progress for \d+ s at 'epoch 1 trained'", last
+    ), out.stderr
