@@ -21,12 +21,7 @@ def watchdog(world: int = 3, deadline: float = 5.0) -> Liveness:
 def see(live: Liveness, rank: int, now: float, beat: int, stage: tuple[int, str], ticks: int):
     """What the watchdog's reader does with a record read at time ``now``."""
     record = Record(beat, stage[0], stage[1], ticks, "", f"10.0.0.{rank + 1}")
-    old = live.seen.get(rank)
-    if old is None or old.beat != beat:
-        live.beat_at[rank] = now
-    if old is None or (old.stage_count, old.ticks) != (stage[0], ticks):
-        live.work_at[rank] = now
-    live.seen[rank] = record
+    live.observe(rank, record, now)
 
 
 def test_a_rank_whose_heartbeat_stops_is_lost_after_the_deadline():
@@ -66,6 +61,7 @@ def test_a_live_rank_that_stops_progressing_behind_the_others_is_hung():
         see(live, 0, t, t, (4, "epoch 2 start"), 10)
         see(live, 1, t, t, (4, "epoch 2 start"), 10)
         see(live, 2, t, t, (3, "epoch 1 trained"), 7)  # beats, but its work stands still
+        live.update_behind(t)
     verdict = live.verdict(20.0)
     assert verdict == (
         "rank 2 (worker 1) on 10.0.0.3 hung: no progress for 20 s at 'epoch 1 trained' "
@@ -74,6 +70,25 @@ def test_a_live_rank_that_stops_progressing_behind_the_others_is_hung():
     assert live.stalled() == (
         "stalled: rank 2 (worker 1) at 'epoch 1 trained' (others reached up to 'epoch 2 start')"
     )
+
+
+def test_a_rank_that_waited_long_is_not_hung_when_the_others_move_on():
+    """The master waits two minutes for the parameters; the workers finish, move on and wait
+    for its next epoch: it is behind from then on, and gets the full deadline from then."""
+    live = watchdog()
+    for t in range(0, 120, 2):
+        see(live, 0, t, t, (2, "epoch 1 delivered"), 9)  # waiting: no progress of its own
+        for r in (1, 2):
+            see(live, r, t, t, (2, "epoch 1 delivered"), t)
+        live.update_behind(t)
+        assert live.verdict(t + 1.0) == ""
+    for t in range(120, 124, 2):
+        see(live, 0, t, t, (2, "epoch 1 delivered"), 9)
+        for r in (1, 2):
+            see(live, r, t, t, (4, "epoch 2 start"), 200)
+        live.update_behind(t)
+        assert live.verdict(t + 1.0) == ""
+    assert "rank 0 (master) on 10.0.0.1 hung: no progress for 6 s" in live.verdict(126.0)
 
 
 def test_ranks_waiting_together_are_not_hung():

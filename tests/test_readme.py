@@ -4,11 +4,14 @@ the README promises. A command broken in the README fails here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,12 +71,30 @@ def sized(command: str) -> str:
     return " ".join(w if re.search(r"[*?]", w) else shlex.quote(w) for w in words)
 
 
-def run(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(command: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Runs ``command`` in its own session. On a timeout every process of the session prints
+    its Python stacks (SIGUSR1, :func:`train.entry.stacks_on_signal`) before it is killed,
+    and the test fails with the output: a hang in CI is diagnosable from the log."""
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the venv's commands first
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PATH": path}
-    out = subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    proc = subprocess.Popen(
+        ["bash", "-c", command], cwd=cwd, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGUSR1)
+        time.sleep(3)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"README command hung for {timeout:.0f} s: {command}\n--- stdout ---\n"
+            f"{stdout[-6000:]}\n--- stderr (stacks) ---\n{stderr[-20000:]}"
+        )
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert out.returncode == 0, f"README command failed: {command}\n{out.stderr[-3000:]}"
     return out
 

@@ -129,7 +129,16 @@ def _standardise(x: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndar
     mean = x.mean(axis=0, dtype=np.float64)
     std = x.std(axis=0, dtype=np.float64)
     std[std == 0] = 1.0
-    return ((x - mean) / std).astype(np.float32), ((x_test - mean) / std).astype(np.float32)
+    return _scaled(x, mean, std), _scaled(x_test, mean, std)
+
+
+def _scaled(x: np.ndarray, mean: np.ndarray, std: np.ndarray, rows: int = 1 << 16) -> np.ndarray:
+    """``((x - mean) / std)`` in float64, stored as float32, a block of rows at a time (the
+    same values as on the whole array, without a float64 copy of it)."""
+    out = np.empty(x.shape, dtype=np.float32)
+    for a in range(0, x.shape[0], rows):
+        out[a : a + rows] = (x[a : a + rows] - mean) / std
+    return out
 
 
 def _raw(

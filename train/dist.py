@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout  # no public setter (torch 2.13)
 
 from coded_shuffle.errors import UsageError
 
@@ -70,10 +71,11 @@ def setup(
 ) -> RankContext:
     """Initialises gloo from the launcher's environment (idempotent); returns the context.
 
-    The rendezvous is bounded by ``dist.timeout_seconds``; collectives by
-    ``collective_timeout`` (default the same). A job with a :mod:`~train.liveness` watchdog
-    passes a long one, so that collectives wait for long work while the watchdog bounds
-    how long a lost peer goes unnoticed.
+    The rendezvous and the groups' connections are bounded by ``dist.timeout_seconds``
+    (a rank that never arrives fails the job, even before any watchdog runs); collectives,
+    once every rank is connected, by ``collective_timeout`` (default the same). A job with a
+    :mod:`~train.liveness` watchdog passes a long one, so that collectives wait for long
+    work while the watchdog bounds how long a lost peer goes unnoticed.
     """
     global _CONTEXT
     if _CONTEXT is not None:
@@ -81,7 +83,7 @@ def setup(
     timeout = timedelta(seconds=float(cfg.dist.timeout_seconds))
     collective = collective_timeout or timeout
     if not dist.is_initialized():
-        init_gloo(timeout, collective)
+        init_gloo(timeout)  # connecting is bounded by dist.timeout_seconds, not the long wait
     rank, world = dist.get_rank(), dist.get_world_size()
     expected = int(cfg.workers) + 1
     if world != expected:
@@ -89,7 +91,10 @@ def setup(
             f"the job has {world} processes but workers={cfg.workers} needs {expected} "
             "(workers + 1: rank 0 is the master)"
         )
-    workers_group = dist.new_group(list(range(1, world)), timeout=collective)
+    workers_group = dist.new_group(list(range(1, world)), timeout=timeout)
+    if collective != timeout:  # every rank is connected: now collectives may wait for work
+        for group in (None, workers_group) if rank > 0 else (None,):
+            _set_pg_timeout(collective, group)
     path = Path(run_dir) if run_dir is not None else Path(os.getcwd())
     _CONTEXT = RankContext(rank, world, path, timeout, workers_group, collective)
     return _CONTEXT
@@ -100,7 +105,7 @@ def store_prefix() -> str:
     return f"coded-shuffle/attempt_{int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
 
 
-def init_gloo(timeout: timedelta, collective: timedelta | None = None) -> None:
+def init_gloo(timeout: timedelta) -> None:
     """gloo from the launcher's environment, with a store prefix per restart attempt.
 
     The elastic agent keeps one store for all attempts; without the prefix a restarted group
@@ -115,9 +120,7 @@ def init_gloo(timeout: timedelta, collective: timedelta | None = None) -> None:
         timeout=timeout,
     )
     prefixed = dist.PrefixStore(store_prefix(), store)
-    dist.init_process_group(
-        "gloo", store=prefixed, rank=rank, world_size=world, timeout=collective or timeout
-    )
+    dist.init_process_group("gloo", store=prefixed, rank=rank, world_size=world, timeout=timeout)
 
 
 def context() -> RankContext:

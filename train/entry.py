@@ -17,10 +17,12 @@ Contract for a job module ``train/<name>.py`` (selected by ``job=<name>``, whose
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -108,9 +110,15 @@ def _logging(run_dir: str | Path, rank: int) -> None:
         logger.addHandler(handler)
 
 
+def stacks_on_signal() -> None:
+    """``kill -USR1 <pid>`` prints every thread's Python stack to stderr (a hung process)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def run_rank(cfg: DictConfig, run_dir: str) -> None:
     """One rank: deterministic torch, process group, the job's ``run(cfg)``."""
     rank = int(os.environ.get("RANK", "0"))
+    stacks_on_signal()
     deterministic(int(cfg.threads))
     _logging(run_dir, rank)
     module = job_module(str(cfg.job.name))

@@ -26,7 +26,15 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.schemes import REGISTRY
 
 from .dist import rank_label
-from .entry import CONF_DIR, max_restarts, num_processes, rank_main, validate, write_config
+from .entry import (
+    CONF_DIR,
+    max_restarts,
+    num_processes,
+    rank_main,
+    stacks_on_signal,
+    validate,
+    write_config,
+)
 
 PROG = "coded-shuffle-train"
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
@@ -133,6 +141,7 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console script ``coded-shuffle-train``."""
+    stacks_on_signal()
     check_group_overrides(sys.argv[1:])
     register_schemes()
     _app()

@@ -107,6 +107,7 @@ class Liveness:
         self.seen: dict[int, Record] = {}
         self.beat_at: dict[int, float] = {}  # when each rank's heartbeat last moved (our clock)
         self.work_at: dict[int, float] = {}  # when each rank's progress last moved
+        self.behind_at: dict[int, float] = {}  # when each rank fell behind the others
         self.t0 = self.stage_since = self.last_line = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -175,17 +176,28 @@ class Liveness:
         for r in range(self.world):
             key = f"hb/{r}"
             if r == self.rank:
-                record = self.record
+                self.observe(r, self.record, now)
             elif self._store.check([key]):
-                record = Record.unpack(self._store.get(key))
-            else:
-                continue
-            old = self.seen.get(r)
-            if old is None or old.beat != record.beat:
-                self.beat_at[r] = now
-            if old is None or (old.stage_count, old.ticks) != (record.stage_count, record.ticks):
-                self.work_at[r] = now
-            self.seen[r] = record
+                self.observe(r, Record.unpack(self._store.get(key)), now)
+        self.update_behind(now)
+
+    def observe(self, rank: int, record: Record, now: float) -> None:
+        """Takes in a rank's record read at ``now``: when did its heartbeat, its work move."""
+        old = self.seen.get(rank)
+        if old is None or old.beat != record.beat:
+            self.beat_at[rank] = now
+        if old is None or (old.stage_count, old.ticks) != (record.stage_count, record.ticks):
+            self.work_at[rank] = now
+        self.seen[rank] = record
+
+    def update_behind(self, now: float) -> None:
+        """Notes when each rank fell behind the others (forgotten once it catches up)."""
+        behind, _ = self._behind()
+        for r in list(self.behind_at):
+            if r not in behind:
+                del self.behind_at[r]
+        for r in behind:
+            self.behind_at.setdefault(r, now)
 
     def verdict(self, now: float) -> str:
         """Why the job must end ('' if it need not): a lost or a hung rank."""
@@ -200,7 +212,8 @@ class Liveness:
                 )
         behind, ahead = self._behind()
         for r in behind:
-            idle = now - self.work_at[r]
+            # waiting was fine until the others moved on: count from the later of the two
+            idle = now - max(self.work_at[r], self.behind_at.get(r, now))
             if idle > self.deadline:
                 rec = self.seen[r]
                 return (

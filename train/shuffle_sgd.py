@@ -299,6 +299,7 @@ class Master(_Rank):
         self.chain = Chain(self.scheme, self.n, self.workers, self.storage, self.seed)
         self.model = self.build_model(ds.features, ds.classes)
         self.x_test, self.y_test = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
+        del ds  # the records hold the training split: its arrays can go
         self.writer = MetricsWriter(self.ctx.run_dir, self.epochs, bool(self.cfg.tensorboard))
         q = self.n // self.workers
         self.steps = math.ceil(q / int(self.cfg.optim.batch_size))
