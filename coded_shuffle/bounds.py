@@ -70,19 +70,26 @@ def _prefix_gains(s: np.ndarray) -> np.ndarray:
 
 
 def _exact_ordering(s: np.ndarray) -> np.ndarray:
-    """Maximum linear ordering: ``best[mask | v] = max(best[mask] + g[mask, v])``.
+    """Maximum linear ordering of the shuffle matrix (gains: :func:`_prefix_gains`)."""
+    return max_linear_ordering(_prefix_gains(s))[1]
 
-    Vectorised over all subsets of one size at a time (every subset of size ``p`` is final once
-    all subsets of size ``p - 1`` have been pushed forward).
+
+def max_linear_ordering(gains: np.ndarray) -> tuple[float, np.ndarray]:
+    """``(value, ordering)`` maximising ``sum_i gains[set before sigma_i, sigma_i]``.
+
+    ``gains[mask, v]``: what worker ``v`` adds when the workers in ``mask`` precede it. DP over
+    subsets, ``best[mask | v] = max(best[mask] + gains[mask, v])``, vectorised over all subsets
+    of one size at a time (every subset of size ``p`` is final once all subsets of size
+    ``p - 1`` have been pushed forward). Serves Theorem 2 of seed 001 (arcs of the shuffle
+    matrix) and the cut-set bound with excess storage (:mod:`coded_shuffle.rate_memory`).
     """
-    k = s.shape[0]
+    k = gains.shape[1]
     full = (1 << k) - 1
-    gains = _prefix_gains(s)
     masks = np.arange(1 << k, dtype=np.int64)
     popcount = np.zeros(1 << k, dtype=np.int64)
     for b in range(k):
         popcount += (masks >> b) & 1
-    best = np.full(1 << k, -1, dtype=np.int64)
+    best = np.full(1 << k, -np.inf if gains.dtype.kind == "f" else -1, dtype=gains.dtype)
     best[0] = 0
     bits = np.int64(1) << np.arange(k, dtype=np.int64)
     for size in range(k):
@@ -103,7 +110,7 @@ def _exact_ordering(s: np.ndarray) -> np.ndarray:
                     order.append(v)
                     mask = prev
                     break
-    return np.array(order[::-1], dtype=np.int64)
+    return best[full], np.array(order[::-1], dtype=np.int64)
 
 
 def exact_window(s: np.ndarray, order: np.ndarray) -> np.ndarray:

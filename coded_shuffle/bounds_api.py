@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from .assignment import shuffle_matrix
-from .schemes.base import CacheState
+from .bounds import ordering_bound
+from .rate_memory import placement_lower_bound
+from .state import CacheState
 
 
 def is_batch_placement(state: CacheState) -> bool:
@@ -25,12 +27,8 @@ def is_batch_placement(state: CacheState) -> bool:
 def lower_bound(state: CacheState, new_assignment: np.ndarray) -> tuple[float, bool]:
     """``(bound in points, exact ordering search)`` for the transition ``state -> new``."""
     if is_batch_placement(state):
-        from .bounds import ordering_bound
-
         shuffle = shuffle_matrix(state.assignment, new_assignment, state.num_workers)
         value, exact, _ = ordering_bound(shuffle)
         return float(value), bool(exact)
-    from .rate_memory import placement_lower_bound
-
     value, exact = placement_lower_bound(state, new_assignment)
     return float(value), bool(exact)

@@ -16,6 +16,7 @@ symbol of degree 2), not by the XORs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import sys
 import threading
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .decoder import BATCH, CACHE, SCRATCH, PoolOp, WorkerProgram
-from .plan import DeliveryPlan, XorBlock
+from .decoder import BATCH, CACHE, SCRATCH, PoolOp, WorkerProgram, block_op
+from .plan import DeliveryPlan, XorBlock, subpoint_bytes
 
 CHUNK_BYTES = 1 << 20
 HUGE_PAGE_BYTES = 4 << 20  # outputs from this size on are backed by transparent huge pages
@@ -83,9 +84,9 @@ def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
         return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(rows, row_bytes)
 
 
-def subpoint_bytes(point_bytes: int, splits: int) -> int:
-    """Bytes of one sub-point: ``ceil(B / s)``."""
-    return -(-point_bytes // splits)
+def digest(rows: torch.Tensor) -> bytes:
+    """SHA-256 of a tensor's bytes in row-major order (message payloads, decoded batches)."""
+    return hashlib.sha256(rows.contiguous().numpy()).digest()
 
 
 def split_points(data: torch.Tensor, splits: int) -> torch.Tensor:
@@ -113,50 +114,15 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _target_start(targets: np.ndarray) -> int | None:
-    """The first row when ``targets`` is one ascending run of rows, else None."""
-    n = targets.size
-    if n and targets[-1] - targets[0] == n - 1 and np.all(np.diff(targets) == 1):
-        return int(targets[0])
-    return None
-
-
 def run_blocks(blocks: tuple[XorBlock, ...], src: torch.Tensor, dst: torch.Tensor) -> None:
-    """``dst[targets] = XOR_c src[sources[:, c]]`` for every block, in bounded chunks.
-
-    Gathers go into two scratch buffers allocated once per call; the last XOR writes straight
-    into ``dst`` when a block's targets are one run of rows (always so for the encoder and the
-    decoder's programs), else the result is scattered with ``index_copy_``.
-    """
-    src_w, dst_w = _wide(src), _wide(dst)
-    if src_w.dtype != dst_w.dtype:  # one side unaligned: XOR both as bytes
-        src_w, dst_w = src, dst
-    chunk = max(1, CHUNK_BYTES // max(1, src.shape[1]))
-    rows = min(chunk, max((len(b) for b in blocks), default=0))
-    acc = torch.empty((rows, *src_w.shape[1:]), dtype=src_w.dtype)
-    tmp = torch.empty_like(acc)
-    for block in blocks:
-        start = _target_start(block.targets)
-        targets = torch.from_numpy(np.ascontiguousarray(block.targets))
-        sources = torch.from_numpy(np.ascontiguousarray(block.sources.T))
-        degree = sources.shape[0]
-        for a in range(0, len(block), chunk):
-            b = min(a + chunk, len(block))
-            n = b - a
-            out = dst_w[start + a : start + b] if start is not None else acc[:n]
-            if degree == 1:
-                torch.index_select(src_w, 0, sources[0, a:b], out=acc[:n])
-                if start is not None:
-                    out.copy_(acc[:n])
-            else:
-                torch.index_select(src_w, 0, sources[0, a:b], out=acc[:n])
-                for c in range(1, degree - 1):
-                    torch.index_select(src_w, 0, sources[c, a:b], out=tmp[:n])
-                    acc[:n].bitwise_xor_(tmp[:n])
-                torch.index_select(src_w, 0, sources[degree - 1, a:b], out=tmp[:n])
-                torch.bitwise_xor(acc[:n], tmp[:n], out=out)
-            if start is None:
-                dst_w.index_copy_(0, targets[a:b], out)
+    """``dst[targets] = XOR_c src[sources[:, c]]`` for every block (the encoder's program):
+    the blocks as pool ops (:func:`~coded_shuffle.decoder.block_op`) on :func:`run_ops`."""
+    if not blocks or src.shape[1] == 0:
+        return
+    row_bytes = src.shape[1]
+    size = _common_width([src, dst], row_bytes)
+    views = [_rows_view(t, size, row_bytes) for t in (src, dst)]
+    run_ops(tuple(block_op(b, src_pool=0, dest_pool=1) for b in blocks), views, full=False)
 
 
 def encode_blocks(plan: DeliveryPlan) -> tuple[XorBlock, ...]:
@@ -250,15 +216,19 @@ def _column(
 
 
 def run_ops(ops: tuple[PoolOp, ...], pools: list[torch.Tensor], full: bool) -> None:
-    """Executes pool ops in order, in chunks of at most ``CHUNK_BYTES`` per scratch buffer.
+    """Executes pool ops in order, in chunks of at most ``CHUNK_BYTES`` per scratch buffer:
+    the one gather-XOR executor of the codec (encode and decode).
 
     ``pools`` is indexed by pool code (all the same integer view); ``full``: the ``SYM``
-    pool is the whole broadcast (use ``full_sources``), else the kept symbols in order.
+    pool is the whole broadcast (use ``full_sources``), else the kept symbols in order. Each
+    column is read as a slice when its rows are one run, else gathered; the result is written
+    straight into its rows when the targets are one run, else scattered.
     """
-    width = pools[BATCH].shape[1] * pools[BATCH].element_size()
+    ref = pools[ops[0].dest] if ops else pools[0]  # every pool: the same integer view
+    width = ref.shape[1] * ref.element_size()
     chunk = max(1, CHUNK_BYTES // max(1, width))
     rows = min(chunk, max((len(op) for op in ops), default=0))
-    acc = torch.empty((rows, pools[BATCH].shape[1]), dtype=pools[BATCH].dtype)
+    acc = torch.empty((rows, ref.shape[1]), dtype=ref.dtype)
     tmp = torch.empty_like(acc)
     arrays = [p.numpy() for p in pools]  # numpy scatters rows faster than index_copy_
     for op in ops:

@@ -409,6 +409,27 @@ def _pool_op(
     )
 
 
+def block_op(block: XorBlock, src_pool: int, dest_pool: int) -> PoolOp:
+    """An :class:`XorBlock` whose sources all lie in one pool, as a pool op (the encoder's
+    program: sub-points in, symbols out)."""
+    targets, sources = block.targets, block.sources
+    if np.any(targets[1:] < targets[:-1]):
+        order = np.argsort(targets, kind="stable")
+        targets, sources = targets[order], sources[order]
+    cols = np.ascontiguousarray(np.asarray(sources, dtype=np.int64).T)
+    starts = tuple(_run_start(col) for col in cols)
+    return PoolOp(
+        dest=dest_pool,
+        targets=np.ascontiguousarray(targets, dtype=np.int64),
+        target_start=_run_start(targets),
+        pools=(src_pool,) * cols.shape[0],
+        sources=cols,
+        starts=starts,
+        full_sources=cols,
+        full_starts=starts,
+    )
+
+
 Group = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # dest, targets, pools, sources (n, d)
 
 

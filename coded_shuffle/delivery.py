@@ -16,30 +16,14 @@ import torch
 
 from . import codec
 from .decoder import WorkerProgram, decode_plan, decode_worker
-from .plan import DeliveryPlan
+from .plan import DeliveryPlan, Plan, byte_parts, subpoint_bytes
 from .transports.framing import framed_parts_bytes
 
 
-@dataclass(frozen=True)
-class SharedPlan:
-    """Memory sharing: ``plans[i]`` runs on ``fractions[i]`` of every point's bytes."""
-
-    plans: tuple[DeliveryPlan, ...]
-    fractions: tuple[float, ...]
-
-
-def byte_parts(point_bytes: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
-    """Splits ``point_bytes`` into parts by ``fractions`` (the last part takes the rest)."""
-    cuts = [round(point_bytes * f) for f in fractions[:-1]]
-    return (*cuts, point_bytes - sum(cuts))
-
-
 def _plans_and_parts(
-    plan: DeliveryPlan | SharedPlan, point_bytes: int
+    plan: Plan, point_bytes: int
 ) -> tuple[tuple[DeliveryPlan, ...], tuple[int, ...]]:
-    if isinstance(plan, SharedPlan):
-        return plan.plans, byte_parts(point_bytes, plan.fractions)
-    return (plan,), (point_bytes,)
+    return plan.plans, byte_parts(point_bytes, plan.fractions)
 
 
 @dataclass(frozen=True)
@@ -51,15 +35,13 @@ class Delivery:
     programs: tuple[tuple[WorkerProgram, ...], ...]
 
     @classmethod
-    def prepare(cls, plan: DeliveryPlan | SharedPlan, point_bytes: int) -> Delivery:
+    def prepare(cls, plan: Plan, point_bytes: int) -> Delivery:
         """Proves every part decodable at every worker (raises UndecodableError if not)."""
         plans, parts = _plans_and_parts(plan, point_bytes)
         return cls(plans, parts, tuple(tuple(decode_plan(p)) for p in plans))
 
     @classmethod
-    def prepare_worker(
-        cls, plan: DeliveryPlan | SharedPlan, point_bytes: int, worker: int
-    ) -> Delivery:
+    def prepare_worker(cls, plan: Plan, point_bytes: int, worker: int) -> Delivery:
         """One worker's view: only its own program is derived; the others' entries are None."""
         plans, parts = _plans_and_parts(plan, point_bytes)
         programs = tuple(
@@ -98,9 +80,7 @@ class Delivery:
 
     def symbol_bytes(self) -> list[int]:
         """Bytes of one symbol of every part (sub-point size, padding included)."""
-        return [
-            codec.subpoint_bytes(b, p.splits) for p, b in zip(self.plans, self.parts, strict=True)
-        ]
+        return [subpoint_bytes(b, p.splits) for p, b in zip(self.plans, self.parts, strict=True)]
 
     def payload_bytes(self) -> int:
         """Bytes of coded symbols on the link, sub-point padding included."""

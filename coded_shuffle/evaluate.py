@@ -72,9 +72,9 @@ class Evaluation:
         batch_size(self.points, self.workers)
         if not 1 <= self.storage <= self.workers:
             raise UsageError(f"storage T={self.storage} out of range 1..{self.workers} (workers)")
-        scheme = get_scheme(self.scheme)
+        scheme = get_scheme(self.scheme, self.point_bytes)
         scheme.check(self.points, self.workers, self.storage)
-        scheme.fit_point_bytes(self.workers, self.storage, self.point_bytes)
+        scheme.check_point_bytes(self.workers, self.storage)
         return scheme
 
     def assignments(self, rng: np.random.Generator) -> Iterator[np.ndarray]:

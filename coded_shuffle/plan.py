@@ -39,6 +39,15 @@ class DeliveryPlan:
     breakdown: Mapping[str, int] = field(default_factory=dict)  # symbols per part of the scheme
 
     @property
+    def plans(self) -> tuple[DeliveryPlan, ...]:
+        """The plan's byte parts: itself (the interface it shares with :class:`SharedPlan`)."""
+        return (self,)
+
+    @property
+    def fractions(self) -> tuple[float, ...]:
+        return (1.0,)
+
+    @property
     def num_symbols(self) -> int:
         return int(sum(b.shape[0] for b in self.symbols))
 
@@ -123,3 +132,34 @@ def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.
     if any(np.any(h < 0) for h in holders):
         raise ValueError(f"{plan.scheme}: a symbol is cached by no worker")
     return needs, holders
+
+
+@dataclass(frozen=True)
+class SharedPlan:
+    """Memory sharing (design 4.3): ``plans[i]`` runs on ``fractions[i]`` of every point's bytes.
+
+    Every plan has ``plans`` and ``fractions``: a :class:`DeliveryPlan` is the one-part case, so
+    code that handles a plan never asks which kind it holds.
+    """
+
+    plans: tuple[DeliveryPlan, ...]
+    fractions: tuple[float, ...]
+
+
+Plan = DeliveryPlan | SharedPlan
+
+
+def plan_load(plan: Plan) -> float:
+    """Load in points of a plan: fraction-weighted over its parts (design 4.3)."""
+    return float(sum(p.load_points * f for p, f in zip(plan.plans, plan.fractions, strict=True)))
+
+
+def byte_parts(point_bytes: int, fractions: tuple[float, ...]) -> tuple[int, ...]:
+    """Splits ``point_bytes`` into parts by ``fractions`` (the last part takes the rest)."""
+    cuts = [round(point_bytes * f) for f in fractions[:-1]]
+    return (*cuts, point_bytes - sum(cuts))
+
+
+def subpoint_bytes(point_bytes: int, splits: int) -> int:
+    """Bytes of one sub-point: ``ceil(B / s)`` (zero padding completes the last one)."""
+    return -(-point_bytes // splits)

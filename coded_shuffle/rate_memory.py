@@ -20,17 +20,10 @@ from math import comb
 import numpy as np
 
 from .assignment import batch_size
-from .schemes.base import CacheState
-
-EXACT_MAX_WORKERS = 14
-
+from .bounds import EXACT_MAX_WORKERS, max_linear_ordering, worst_case_optimum
+from .state import CacheState, part_states
 
 # ---------------------------------------------------------------- formulas
-
-
-def no_excess_optimum(num_workers: int, num_points: int) -> float:
-    """Worst-case optimum without excess storage: ``(K-1) N / K`` (seed 001, Theorem 3)."""
-    return (num_workers - 1) * num_points / num_workers
 
 
 def em_load(num_workers: int, t: int, cycles: int = 1) -> float:
@@ -54,7 +47,7 @@ def at_corners(num_workers: int, num_points: int) -> list[tuple[float, float]]:
     """
     q = batch_size(num_points, num_workers)
     k = num_workers
-    points = [(1.0, no_excess_optimum(k, num_points))]
+    points = [(1.0, worst_case_optimum(num_points, k))]
     points += [(1 + p * (k - 1) / k, q * (k - p) / (p + 1)) for p in range(1, k + 1)]
     return points
 
@@ -112,12 +105,6 @@ def _types(state: CacheState, new_assignment: np.ndarray, weight: float):
     return uniq >> k, uniq & ((np.int64(1) << k) - 1), counts * weight
 
 
-def _parts(state: CacheState):
-    from .schemes.memory_sharing import part_states
-
-    return part_states(state)
-
-
 def placement_lower_bound(state: CacheState, new_assignment: np.ndarray) -> tuple[float, bool]:
     """``(bound in points, exact)``: the ordering cut-set bound for this placement and shuffle.
 
@@ -125,7 +112,7 @@ def placement_lower_bound(state: CacheState, new_assignment: np.ndarray) -> tupl
     sub-points of every part are weighted by their byte fraction under one common ordering.
     """
     k = state.num_workers
-    parts, fractions = _parts(state)
+    parts, fractions = part_states(state)
     dem, mask, wts = [], [], []
     for part, f in zip(parts, fractions, strict=True):
         d, m, w = _types(part, new_assignment, f / part.splits)
@@ -141,10 +128,8 @@ def placement_lower_bound(state: CacheState, new_assignment: np.ndarray) -> tupl
 
 
 def _exact(k: int, dem: np.ndarray, mask: np.ndarray, wts: np.ndarray) -> float:
-    """DP over sets ``U`` placed first: ``f(U + k) = max f(U) + gain_k(U)``.
-
-    ``gain_k(U)`` = weight of types demanded by ``k`` whose holders miss ``U`` (a subset sum).
-    """
+    """The maximum over orderings (:func:`~coded_shuffle.bounds.max_linear_ordering`) with
+    ``gain_k(U)`` = weight of types demanded by ``k`` whose other holders miss ``U``."""
     full = 1 << k
     others = mask & ~(np.int64(1) << dem)
     gain = np.zeros((k, full))
@@ -155,22 +140,11 @@ def _exact(k: int, dem: np.ndarray, mask: np.ndarray, wts: np.ndarray) -> float:
         idx = np.arange(full)
         has = (idx & bit) != 0
         gain[:, has] += gain[:, idx[has] ^ bit]
-    sets = np.arange(full)
-    comp = (full - 1) ^ sets
-    best = np.full(full, -np.inf)
-    best[0] = 0.0
-    popcount = np.array([bin(v).count("1") for v in range(full)])
-    for size in range(k):
-        layer = sets[popcount == size]
-        for w in range(k):
-            free = layer[(layer >> w) & 1 == 0]
-            cand = best[free] + gain[w, comp[free]]
-            tgt = free | (1 << w)
-            np.maximum.at(best, tgt, cand)
-    return float(best[full - 1])
+    comp = (full - 1) ^ np.arange(full)
+    return float(max_linear_ordering(np.ascontiguousarray(gain[:, comp].T))[0])
 
 
-def ordering_value(order: np.ndarray, dem: np.ndarray, mask: np.ndarray, wts: np.ndarray) -> float:
+def cut_set_value(order: np.ndarray, dem: np.ndarray, mask: np.ndarray, wts: np.ndarray) -> float:
     """The bound of one ordering: types whose demander precedes all their other holders."""
     k = order.size
     pos = np.empty(k, dtype=np.int64)
@@ -193,7 +167,7 @@ def _local_search(k: int, dem: np.ndarray, mask: np.ndarray, wts: np.ndarray) ->
         order.append(w)
         placed |= np.int64(1) << w
     order = np.array(order)
-    value = ordering_value(order, dem, mask, wts)
+    value = cut_set_value(order, dem, mask, wts)
     improved = True
     while improved:
         improved = False
@@ -203,7 +177,7 @@ def _local_search(k: int, dem: np.ndarray, mask: np.ndarray, wts: np.ndarray) ->
                     continue
                 trial = list(order)
                 trial.insert(j, trial.pop(i))
-                v = ordering_value(np.array(trial), dem, mask, wts)
+                v = cut_set_value(np.array(trial), dem, mask, wts)
                 if v > value + 1e-12:
                     order, value, improved = np.array(trial), v, True
     return value

@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from coded_shuffle.assignment import batch_size
+from coded_shuffle.bounds import worst_case_optimum
 from coded_shuffle.errors import UsageError
 from coded_shuffle.evaluate import Evaluation, run
 from coded_shuffle.rate_memory import (
     at_corners,
     at_worst_case,
     em_worst_case,
-    no_excess_optimum,
     uncoded_excess,
 )
 
@@ -127,7 +127,7 @@ def run_table(k: int, n: int, epochs: int, seed: int, b: int, steps: int = 7) ->
             f"{row['em']:7.3f} {em_w.load:8.3f} {em_r.load:8.3f} {em_r.bound:10.3f} "
             f"{most:>9}/{budget:<10.0f}{'' if row['verified'] else ' MISMATCH'}"
         )
-    print(f"no-excess optimum (K-1)N/K = {no_excess_optimum(k, n):g} at T=1")
+    print(f"no-excess optimum (K-1)N/K = {worst_case_optimum(n, k):g} at T=1")
     return rows
 
 
@@ -150,7 +150,7 @@ def plot(rows: list[dict], k: int, n: int, b: int, out: Path) -> None:
     )
     ax.scatter(
         [1],
-        [no_excess_optimum(k, n)],
+        [worst_case_optimum(n, k)],
         marker="*",
         s=160,
         color="k",

@@ -18,9 +18,9 @@ from coded_shuffle.assignment import (
     worst_shuffle,
 )
 from coded_shuffle.decoder import decode_plan
-from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore, byte_parts
+from coded_shuffle.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UndecodableError, UsageError
-from coded_shuffle.plan import DeliveryPlan, ranges, symbol_blocks
+from coded_shuffle.plan import DeliveryPlan, SharedPlan, byte_parts, ranges, symbol_blocks
 from coded_shuffle.schemes import get_scheme
 
 

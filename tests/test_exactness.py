@@ -15,14 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle import codec
+from coded_shuffle.codec import digest
 from coded_shuffle.decoder import decode_plan
 from coded_shuffle.delivery import Delivery, WorkerStore
+from coded_shuffle.epochs import EpochChain
 from coded_shuffle.errors import VerificationError
 from coded_shuffle.plan import DeliveryPlan, symbol_blocks
 from coded_shuffle.schemes import get_scheme
-from coded_shuffle.schemes.memory_sharing import part_states
-from train.schedule import Chain
-from train.shuffle_sgd import batch_digests, sha256, verify_digests
+from coded_shuffle.shuffle import batch_digests, verify_digests
+from coded_shuffle.state import part_states
 
 CASES = [
     ("uncoded", 1.0),
@@ -65,13 +66,13 @@ def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_p
     decode); every symbol, every worker's batch and updated store equal the master's bytes,
     epoch after epoch."""
     k, n, b, epochs = 4, 24, 72, 4
-    scheme = get_scheme(name)
+    scheme = get_scheme(name, b)
     scheme.check(n, k, storage)
-    scheme.fit_point_bytes(k, storage, b)
+    scheme.check_point_bytes(k, storage)
     records = np.random.default_rng(rows_per_chunk).integers(0, 256, (n, b), dtype=np.uint8)
     data = torch.from_numpy(records)
     stores = None
-    for tr in Chain(scheme, n, k, storage, seed=7).transitions(epochs):
+    for tr in EpochChain(scheme, n, k, storage, seed=7).transitions(epochs):
         delivery = Delivery.prepare(tr.plan, b)
         sizes = delivery.symbol_bytes()
         # a chunk of rows_per_chunk rows of the widest part (fewer bytes than any row: 1 row)
@@ -134,17 +135,17 @@ def test_a_wrong_batch_makes_verification_fail():
     k, n, b = 4, 24, 40
     scheme = get_scheme("cycles")
     data = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (n, b), dtype=np.uint8))
-    tr = next(Chain(scheme, n, k, 1.0, seed=1).transitions(2))
+    tr = next(EpochChain(scheme, n, k, 1.0, seed=1).transitions(2))
     delivery = Delivery.prepare(tr.plan, b)
     stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
     symbols = delivery.encode(data)
     expected = batch_digests(data, tr.plans[0].new_batches)
-    reported = [sha256(delivery.decode(w, symbols, stores[w])[0]) for w in range(k)]
+    reported = [digest(delivery.decode(w, symbols, stores[w])[0]) for w in range(k)]
     assert verify_digests(2, reported, expected) is True
     victim = next(w for w in range(k) if delivery.programs[0][w].symbol_ids.size)
     bad = delivery.programs[0][victim].symbol_ids[0]
     symbols[0][bad, 0] ^= 1
-    reported[victim] = sha256(delivery.decode(victim, symbols, stores[victim])[0])
+    reported[victim] = digest(delivery.decode(victim, symbols, stores[victim])[0])
     with pytest.raises(VerificationError, match=rf"epoch 2: worker {victim} decoded a batch"):
         verify_digests(2, reported, expected)
 

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from coded_shuffle.assignment import batch_size, random_assignment, shuffle_matrix, worst_shuffle
 from coded_shuffle.decoder import decode_plan
-from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore
+from coded_shuffle.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UndecodableError, UsageError
+from coded_shuffle.plan import SharedPlan, plan_load
 from coded_shuffle.rate_memory import (
     _exact,
     _local_search,
@@ -42,12 +43,8 @@ from coded_shuffle.schemes.elmahdy_mohajer import (
     split_rows,
     sub_message_rows,
 )
-from coded_shuffle.schemes.memory_sharing import (
-    check_subpacketization,
-    load_points,
-    part_states,
-    stored_bytes,
-)
+from coded_shuffle.schemes.memory_sharing import check_subpacketization
+from coded_shuffle.state import part_states, stored_bytes
 
 
 @dataclass
@@ -90,7 +87,7 @@ def run_epochs(
     every worker keeps only what it cached or decoded.
     """
     rng = np.random.default_rng(seed)
-    scheme = get_scheme(name)
+    scheme = get_scheme(name, point_bytes if byte_exact else None)
     if byte_exact:
         check_subpacketization(scheme, k, storage, point_bytes)
     gen = torch.Generator().manual_seed(seed)
@@ -137,7 +134,7 @@ def run_epochs(
                 bound=placement_lower_bound(state, new)[0],
                 needs=[int(x.size) for x in needed_points(old, new, k)],
                 effective_storage=eff,
-                ideal_load=load_points(plan),
+                ideal_load=plan_load(plan),
                 mix_cap=mix_cap,
             )
         )
@@ -353,7 +350,7 @@ def test_memory_sharing_returns_a_shared_plan_on_byte_fractions():
     assert isinstance(plan, SharedPlan)
     assert plan.fractions == pytest.approx((0.75, 0.25))
     assert [p.splits for p in plan.plans] == [3, 3]
-    assert load_points(plan) == pytest.approx(0.75 * 3 + 0.25 * 3 * 1 / 3)
+    assert plan_load(plan) == pytest.approx(0.75 * 3 + 0.25 * 3 * 1 / 3)
     assert scheme.stored_points_max(state) == pytest.approx(2.25 * 3)
 
 
@@ -376,8 +373,7 @@ def test_tiny_subpoints_are_refused_with_the_numbers():
         check_subpacketization(get_scheme("elmahdy-mohajer"), 7, 4, 64)
     with pytest.raises(UsageError, match=r"at least 80 bytes"):
         check_subpacketization(get_scheme("attia-tandon-excess"), 5, 2.2, 64)
-    scheme = get_scheme("elmahdy-mohajer")
-    scheme.point_bytes = 16
+    scheme = get_scheme("elmahdy-mohajer", 16)
     with pytest.raises(UsageError, match="sub-points of"):
         scheme.initial_state(np.arange(7), 7, 4)
 

@@ -217,7 +217,7 @@ def test_best_takes_candidates_from_the_registry(monkeypatch):
     rng = np.random.default_rng(5)
     old, new = random_assignment(60, 3, rng), random_assignment(60, 3, rng)
     state = best.initial_state(old, 3, 1)
-    assert set(best.members) == names[0]
+    assert set(state.members) == names[0]  # the choice travels in the state
     assert best.plan(state, new).scheme in {"best:attia-tandon", "best:cycles", "best:uncoded"}
     monkeypatch.setattr(_OwnFamily, "applicable", classmethod(lambda cls, n, k, t: False))
     assert all("test-own-family" not in f for f in Best().families(12, 3, 1))
@@ -268,5 +268,5 @@ def test_best_probe_moves_points_even_for_an_assignment_from_its_seed():
     assert np.trace(shuffle_matrix(old, probe, 4)) < 40
     best = Best()
     assert len(best.families(40, 4, 2.0)) > 1  # the batch family and the excess-storage ones
-    best.initial_state(old, 4, 2.0)  # with twice the storage, an excess family must win
-    assert next(iter(best.members.values())).placement_family() != "batch"
+    state = best.initial_state(old, 4, 2.0)  # with twice the storage, an excess family wins
+    assert REGISTRY[state.members[0]].placement_family() != "batch"

@@ -195,6 +195,22 @@ def test_elastic_job_shows_progress_and_a_summary(workdir):
     assert list(workdir.glob("outputs/*/*/metrics.jsonl"))
 
 
+@pytest.mark.distributed
+def test_own_loop_example_runs_as_written(workdir):
+    """The own-loop example under torchrun, coded and uncoded (fewer epochs and points):
+    every epoch verified, and both end with the same parameters."""
+    found = commands(section("Your own training loop"))
+    assert len(found) == 2 and all(c.startswith("torchrun --standalone") for c in found)
+    os.symlink(REPO / "examples", workdir / "examples")
+    hashes = []
+    for command in found:
+        out = run(f"{command} --epochs 3 --points 1200", workdir)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("epoch ")]
+        assert len(lines) == 3 and all(ln.endswith("verified True") for ln in lines), out.stdout
+        hashes.append(re.search(r"final parameters sha256 (\w+)", out.stdout).group(1))
+    assert hashes[0] == hashes[1]
+
+
 def test_rate_memory_and_benchmark_scripts_run(workdir):
     rate_memory = next(c for c in commands(README) if c.startswith("python scripts/rate_memory.py"))
     run(rate_memory, workdir)

@@ -21,12 +21,12 @@ from omegaconf import OmegaConf
 
 from coded_shuffle.assignment import batches
 from coded_shuffle.delivery import Delivery
+from coded_shuffle.epochs import EpochChain, placement_points, store_from_points
 from coded_shuffle.errors import UsageError
 from coded_shuffle.schemes import get_scheme
 from train import data, shuffle_sgd
 from train.entry import CONF_DIR
 from train.metrics import EPOCH_KEYS
-from train.schedule import Chain, placement_points, store_from_points
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
@@ -44,20 +44,6 @@ def compose(*overrides: str):
 
 
 # --- records and data ------------------------------------------------------------------------
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.integers(1, 20), st.integers(1, 12), st.data())
-def test_records_round_trip_exactly(n, d, draw):
-    x = np.array(
-        draw.draw(st.lists(st.floats(width=32, allow_nan=False), min_size=n * d, max_size=n * d)),
-        dtype=np.float32,
-    ).reshape(n, d)
-    y = np.array(draw.draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n)))
-    rows = data.to_records(x, y)
-    assert rows.dtype == torch.uint8 and rows.shape == (n, data.record_bytes(d))
-    xb, yb = data.from_records(rows, d)
-    assert xb.numpy().tobytes() == x.tobytes() and yb.tolist() == y.tolist()
 
 
 def test_digits_are_trimmed_to_a_multiple_of_the_workers():
@@ -111,7 +97,7 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
     scheme.check(n, k_workers, storage)
     gen = torch.Generator().manual_seed(seed)
     records = torch.randint(0, 256, (n, b), dtype=torch.uint8, generator=gen)
-    chain = Chain(scheme, n, k_workers, storage, seed)
+    chain = EpochChain(scheme, n, k_workers, storage, seed)
     transitions = list(chain.transitions(epochs))
     firsts = batches(chain.first, k_workers)
     stores = []

@@ -148,10 +148,10 @@ def compose_argv(argv: list[str]) -> tuple[DictConfig, str]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import setup_globals
 
-    from .launch import register_schemes
+    from .launch import register_configs
 
     setup_globals()
-    register_schemes()
+    register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         cfg = compose("config", overrides=argv, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
@@ -161,9 +161,19 @@ def compose_argv(argv: list[str]) -> tuple[DictConfig, str]:
     return cfg, run_dir
 
 
+def config_error_line(exc: BaseException) -> str:
+    """One line for a composition error: the key and what is wrong with its value (Hydra
+    wraps OmegaConf's typed-schema error, which names the key, in its own)."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+    return f"{key}: {lines[0]}" if key and not lines[0].startswith(key) else lines[0]
+
+
 def _config_error(exc: BaseException) -> None:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    print(f"python -m train: error: {first}", file=sys.stderr, flush=True)
+    print(f"python -m train: error: {config_error_line(exc)}", file=sys.stderr, flush=True)
     raise SystemExit(2) from None
 
 

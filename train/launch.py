@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from coded_shuffle.errors import UsageError
 from coded_shuffle.schemes import REGISTRY
 
+from .config import SchemeConf, register_schemas
 from .dist import rank_label
 from .entry import (
     CONF_DIR,
@@ -46,12 +47,14 @@ def fail(message: str, code: int) -> None:
     raise SystemExit(code)
 
 
-def register_schemes() -> None:
-    """Makes every registered scheme a ``scheme=`` option, even without a conf/scheme YAML."""
+def register_configs() -> None:
+    """The typed schemas (:mod:`train.config`), and every registered scheme as a ``scheme=``
+    option, even without a conf/scheme YAML."""
+    register_schemas()
     store = ConfigStore.instance()
     for name in REGISTRY:
         if not (CONF_DIR / "scheme" / f"{name}.yaml").exists():
-            store.store(group="scheme", name=name, node={"name": name})
+            store.store(group="scheme", name=name, node=SchemeConf(name=name))
 
 
 GROUPS = ("scheme", "data", "model", "optim", "job")
@@ -139,11 +142,39 @@ def _app(cfg: DictConfig) -> None:
     launch(cfg, HydraConfig.get().runtime.output_dir)
 
 
+def sweep_choices(argv: list[str]) -> list[list[str]]:
+    """One argv per value of every ``key=a,b,c`` sweep (the other keys at their first value):
+    enough to check every value once."""
+    plain = [a for a in argv if a not in ("-m", "--multirun")]
+    swept = [i for i, a in enumerate(plain) if re.fullmatch(r"[\w.]+=[^()\[\]{}*$]*,.*", a)]
+    first = [a.split(",", 1)[0] if i in swept else a for i, a in enumerate(plain)]
+    out = [first]
+    for i in swept:
+        key, values = plain[i].split("=", 1)
+        out += [[*first[:i], f"{key}={v}", *first[i + 1 :]] for v in values.split(",")[1:]]
+    return out
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Every override composes against the typed schema (:mod:`train.config`); a mistyped
+    value fails in one line naming the key, before Hydra starts the app."""
+    from .entry import compose_argv, config_error_line
+
+    for choice in sweep_choices(argv):
+        try:
+            compose_argv(choice)
+        except Exception as exc:  # Hydra's and OmegaConf's composition errors
+            fail(config_error_line(exc), 2)
+
+
 def main() -> None:
     """Console script ``coded-shuffle-train``."""
     stacks_on_signal()
-    check_group_overrides(sys.argv[1:])
-    register_schemes()
+    argv = sys.argv[1:]
+    check_group_overrides(argv)
+    register_configs()
+    if not any(a.startswith(("--", "hydra/")) for a in argv if a != "--multirun"):
+        check_overrides(argv)
     _app()
 
 

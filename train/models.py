@@ -26,39 +26,55 @@ def image_side(features: int) -> int:
     return side
 
 
-def check(cfg: Any, features: int) -> None:
-    """Raises :class:`UsageError` for an unknown model or one that does not fit the data."""
-    name = str(cfg.name)
-    if name not in MODELS:
-        raise UsageError(f"model {name!r} unknown; valid: {', '.join(MODELS)}")
-    if name == "mlp" and int(cfg.hidden) < 1:
-        raise UsageError(f"model.hidden={cfg.hidden} out of range (must be >= 1)")
-    if name == "cnn":
-        image_side(features)
-        if int(cfg.channels) < 1:
-            raise UsageError(f"model.channels={cfg.channels} out of range (must be >= 1)")
+def logreg(features: int, classes: int, name: str = "logreg") -> nn.Module:
+    """Multinomial logistic regression (``model=logreg``)."""
+    return nn.Linear(features, classes)
 
 
-def build(cfg: Any, features: int, classes: int) -> nn.Module:
-    """The configured model (call after seeding torch: every rank builds the same one)."""
-    check(cfg, features)
-    name = str(cfg.name)
-    if name == "logreg":
-        return nn.Linear(features, classes)
-    if name == "mlp":
-        hidden = int(cfg.hidden)
-        return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
-    side, ch = image_side(features), int(cfg.channels)
+def mlp(features: int, classes: int, hidden: int = 64, name: str = "mlp") -> nn.Module:
+    """One hidden layer with ReLU (``model=mlp``)."""
+    if hidden < 1:
+        raise UsageError(f"model.hidden={hidden} out of range (must be >= 1)")
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def cnn(features: int, classes: int, channels: int = 8, name: str = "cnn") -> nn.Module:
+    """Two 3x3 convolutions, 2x2 max-pool, linear, for square images (``model=cnn``)."""
+    side = image_side(features)
+    if channels < 1:
+        raise UsageError(f"model.channels={channels} out of range (must be >= 1)")
     return nn.Sequential(
         nn.Unflatten(1, (1, side, side)),
-        nn.Conv2d(1, ch, 3, padding=1),
+        nn.Conv2d(1, channels, 3, padding=1),
         nn.ReLU(),
-        nn.Conv2d(ch, 2 * ch, 3, padding=1),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(2 * ch * (side // 2) ** 2, classes),
+        nn.Linear(2 * channels * (side // 2) ** 2, classes),
     )
+
+
+def build(cfg: Any, features: int, classes: int) -> nn.Module:
+    """The configured model, built by Hydra's ``instantiate`` from ``model._target_`` (call
+    after seeding torch: every rank builds the same one). ``name`` is passed along: the
+    builders take it so that the config can carry the name ``summary.json`` reports."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    if str(cfg.get("_target_", "")).rpartition(".")[2] not in MODELS:
+        raise UsageError(f"model {cfg.get('name')!r} unknown; valid: {', '.join(MODELS)}")
+    try:
+        return instantiate(cfg, features=features, classes=classes)
+    except InstantiationException as exc:  # the builder's own error, without Hydra's wrapping
+        if isinstance(exc.__cause__, UsageError):
+            raise exc.__cause__ from None
+        raise
+
+
+def check(cfg: Any, features: int) -> None:
+    """Raises :class:`UsageError` for a model that does not fit the data (a trial build)."""
+    build(cfg, features, 2)
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..state import CacheState
 from .attia_tandon import AttiaTandon
 from .attia_tandon_excess import AttiaTandonExcess
-from .base import CacheState, Scheme
+from .base import Scheme
 from .best import Best
 from .cycles import Cycles
 from .elmahdy_mohajer import ElmahdyMohajer
@@ -14,6 +15,7 @@ from .uncoded import Uncoded
 REGISTRY: dict[str, type[Scheme]] = {
     cls.name: cls for cls in (Uncoded, AttiaTandon, Cycles, AttiaTandonExcess, ElmahdyMohajer, Best)
 }
+Best.registry = REGISTRY  # best chooses among the registered schemes
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:
@@ -22,12 +24,12 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     return cls
 
 
-def get_scheme(name: str) -> Scheme:
-    """The scheme called ``name``; :class:`UsageError` lists the valid names otherwise."""
-    try:
-        return REGISTRY[name]()
-    except KeyError:
-        raise UsageError(f"unknown scheme {name!r}; valid: {', '.join(sorted(REGISTRY))}") from None
+def get_scheme(name: str, point_bytes: int | None = None) -> Scheme:
+    """The scheme called ``name`` for ``point_bytes``-byte points (if known);
+    :class:`UsageError` lists the valid names otherwise."""
+    if name not in REGISTRY:
+        raise UsageError(f"unknown scheme {name!r}; valid: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name](point_bytes)
 
 
 __all__ = ["REGISTRY", "CacheState", "Scheme", "get_scheme", "register"]

@@ -31,7 +31,8 @@ import numpy as np
 
 from ..assignment import batches
 from ..plan import DeliveryPlan
-from .base import CacheState, batch_plan_fields
+from ..state import CacheState
+from .base import batch_plan_fields
 from .elmahdy_mohajer import EMLabels, em_initial_state, em_next_state, em_plan
 from .memory_sharing import CornerScheme, grouped_blocks
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -11,36 +10,7 @@ import numpy as np
 from ..assignment import batches
 from ..errors import UsageError
 from ..plan import DeliveryPlan, subpoints_of
-
-
-@dataclass(frozen=True)
-class CacheState:
-    """The placement: what every worker holds before a delivery.
-
-    ``assignment`` is the epoch's assignment (who processes which point); ``caches[k]`` the
-    sorted sub-point ids worker ``k`` stores (its batch included); ``labels`` any structure a
-    scheme keeps beside it (e.g. the sub-point labels of an excess-storage placement).
-    """
-
-    assignment: np.ndarray
-    num_workers: int
-    splits: int
-    caches: tuple[np.ndarray, ...]
-    labels: Any = None
-
-    @property
-    def num_points(self) -> int:
-        return int(self.assignment.size)
-
-    def stored_points(self) -> np.ndarray:
-        """Points' worth stored by every worker (sub-points / splits)."""
-        return np.array([c.size for c in self.caches], dtype=np.float64) / self.splits
-
-
-def batch_state(assignment: np.ndarray, num_workers: int) -> CacheState:
-    """No excess storage: every worker holds exactly its batch, whole."""
-    caches = tuple(b.astype(np.int64) for b in batches(assignment, num_workers))
-    return CacheState(assignment, num_workers, 1, caches)
+from ..state import CacheState, batch_state
 
 
 class Scheme(ABC):
@@ -50,6 +20,11 @@ class Scheme(ABC):
     summary: ClassVar[str] = ""
     coded: ClassVar[bool] = True  # False: every symbol is one sub-point (point-to-point ok)
     placement: ClassVar[str | None] = None  # family name; None: derived by placement_family
+
+    def __init__(self, point_bytes: int | None = None) -> None:
+        """``point_bytes``: the size of the points it will carry, if known (schemes that cut
+        points into parts fit the parts to it, design 4.4); fixed for the scheme's life."""
+        self.point_bytes = point_bytes
 
     @classmethod
     def placement_family(cls) -> str:
@@ -67,7 +42,7 @@ class Scheme(ABC):
     def applicable(cls, num_points: int, num_workers: int, storage: float) -> bool:
         """Whether :meth:`check` accepts these parameters (``best`` asks every scheme)."""
         try:
-            cls().check(num_points, num_workers, storage)
+            cls(None).check(num_points, num_workers, storage)
         except UsageError:
             return False
         return True
@@ -91,9 +66,9 @@ class Scheme(ABC):
         """What every worker holds after the delivery (default: its new batch only)."""
         return batch_state(new_assignment, state.num_workers)
 
-    def fit_point_bytes(self, num_workers: int, storage: float, point_bytes: int) -> None:
-        """Adapts the scheme to ``point_bytes``-byte points; raises :class:`UsageError` when
-        sub-points would become tiny (design 4.4). Whole-point schemes need nothing."""
+    def check_point_bytes(self, num_workers: int, storage: float) -> None:
+        """Raises :class:`UsageError` when the scheme's sub-points of ``point_bytes``-byte
+        points would become tiny (design 4.4). Whole-point schemes need nothing."""
         return None
 
     def part_caches(self, state: CacheState, worker: int) -> list[np.ndarray]:

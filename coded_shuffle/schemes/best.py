@@ -14,22 +14,17 @@ without extra traffic. Each plan's ``scheme`` names the winner, e.g. ``"best:cyc
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from ..delivery import SharedPlan
 from ..errors import UsageError
-from ..plan import DeliveryPlan
-from .base import CacheState, Scheme
+from ..plan import DeliveryPlan, Plan, SharedPlan, plan_load
+from ..state import CacheState
+from .base import Scheme
 
 PROBE_SEED = 0
-
-
-def plan_load(plan: DeliveryPlan | SharedPlan) -> float:
-    """Load in points of a plan or of a memory-shared plan (fraction-weighted)."""
-    if isinstance(plan, SharedPlan):
-        return sum(p.load_points * f for p, f in zip(plan.plans, plan.fractions, strict=True))
-    return plan.load_points
 
 
 def probe_reshuffle(assignment: np.ndarray) -> np.ndarray:
@@ -41,49 +36,44 @@ def probe_reshuffle(assignment: np.ndarray) -> np.ndarray:
     return assignment[np.random.default_rng(PROBE_SEED).permutation(assignment.size)]
 
 
-def renamed(plan: DeliveryPlan | SharedPlan, scheme: str) -> DeliveryPlan | SharedPlan:
+def renamed(plan: Plan, scheme: str) -> Plan:
     """The same plan with ``scheme`` as its name (every part of a shared plan)."""
-    if isinstance(plan, SharedPlan):
-        return SharedPlan(tuple(renamed(p, scheme) for p in plan.plans), plan.fractions)
-    return dataclasses.replace(plan, scheme=scheme)
+    parts = tuple(dataclasses.replace(p, scheme=scheme) for p in plan.plans)
+    return parts[0] if isinstance(plan, DeliveryPlan) else SharedPlan(parts, plan.fractions)
 
 
-def winner_of(plan: DeliveryPlan | SharedPlan) -> str:
+def winner_of(plan: Plan) -> str:
     """The scheme behind a ``best:NAME`` plan."""
-    inner = plan.plans[0] if isinstance(plan, SharedPlan) else plan
-    return inner.scheme.split(":", 1)[1]
+    return plan.plans[0].scheme.split(":", 1)[1]
 
 
 class Best(Scheme):
-    """Per epoch, the lowest-load scheme of the chosen placement family."""
+    """Per epoch, the lowest-load scheme of the chosen placement family.
+
+    The family chosen at the placement travels in the state (``CacheState.members``), so the
+    object holds nothing but its point size.
+    """
 
     name = "best"
     summary = "per epoch the lowest-load applicable scheme (ties: registry order)"
+    registry: ClassVar[Mapping[str, type[Scheme]]] = {}  # set by the scheme registry
 
-    def __init__(self) -> None:
-        self.members: dict[str, Scheme] | None = None
-        self.point_bytes: int | None = None
+    def member(self, name: str) -> Scheme:
+        return self.registry[name](self.point_bytes)
 
     def candidates(self, num_points: int, num_workers: int, storage: float) -> dict[str, Scheme]:
         """Every other registered scheme that accepts ``(N, K, T)`` and the point size."""
-        from . import REGISTRY
-
         out: dict[str, Scheme] = {}
-        for name, cls in REGISTRY.items():
+        for name, cls in self.registry.items():
             if cls is Best or not cls.applicable(num_points, num_workers, storage):
                 continue
-            scheme = cls()
-            if self.point_bytes is not None:
-                try:
-                    scheme.fit_point_bytes(num_workers, storage, self.point_bytes)
-                except UsageError:
-                    continue  # its sub-points would be too small for these points
+            scheme = self.member(name)
+            try:
+                scheme.check_point_bytes(num_workers, storage)
+            except UsageError:
+                continue  # its sub-points would be too small for these points
             out[name] = scheme
         return out
-
-    def fit_point_bytes(self, num_workers: int, storage: float, point_bytes: int) -> None:
-        """Remembers the point size: candidates that cannot fit it are left out."""
-        self.point_bytes = point_bytes
 
     def check(self, num_points: int, num_workers: int, storage: float) -> None:
         super().check(num_points, num_workers, storage)
@@ -114,12 +104,11 @@ class Best(Scheme):
             probe = probe_reshuffle(np.asarray(assignment))
             loads = [self._best_of(f, s, probe)[0] for f, s in zip(families, states, strict=True)]
             chosen = int(np.argmin(loads))
-        self.members = families[chosen]
-        return states[chosen]
+        return dataclasses.replace(states[chosen], members=tuple(families[chosen]))
 
     def _best_of(
         self, members: dict[str, Scheme], state: CacheState, new_assignment: np.ndarray
-    ) -> tuple[float, str, DeliveryPlan | SharedPlan]:
+    ) -> tuple[float, str, Plan]:
         best = None
         for name, scheme in members.items():
             plan = scheme.plan(state, new_assignment)
@@ -130,21 +119,21 @@ class Best(Scheme):
         return best
 
     def _members(self, state: CacheState) -> dict[str, Scheme]:
-        if self.members is not None:
-            return self.members
+        if state.members:
+            return {name: self.member(name) for name in state.members}
         if state.splits == 1 and state.labels is None:  # a whole-batch placement
             families = self.families(state.num_points, state.num_workers, 1)
             return next(f for f in families if next(iter(f.values())).placement_family() == "batch")
         raise UsageError("best: call initial_state before plan for an excess-storage placement")
 
-    def plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan | SharedPlan:
+    def plan(self, state: CacheState, new_assignment: np.ndarray) -> Plan:
         _, name, plan = self._best_of(self._members(state), state, new_assignment)
         return renamed(plan, f"{self.name}:{name}")
 
-    def next_state(
-        self, state: CacheState, plan: DeliveryPlan | SharedPlan, new_assignment: np.ndarray
-    ) -> CacheState:
-        return self._members(state)[winner_of(plan)].next_state(state, plan, new_assignment)
+    def next_state(self, state: CacheState, plan: Plan, new_assignment: np.ndarray) -> CacheState:
+        members = self._members(state)
+        nxt = members[winner_of(plan)].next_state(state, plan, new_assignment)
+        return dataclasses.replace(nxt, members=tuple(members))
 
     def stored_points_max(self, state: CacheState) -> float:
         return next(iter(self._members(state).values())).stored_points_max(state)

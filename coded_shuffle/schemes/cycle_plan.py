@@ -22,7 +22,8 @@ import numpy as np
 from ..assignment import batch_size, leftover_matrix, points_by_pair, shuffle_matrix
 from ..bounds import off_diagonal
 from ..plan import DeliveryPlan, ranges, symbol_blocks
-from .base import CacheState, Scheme, batch_plan_fields
+from ..state import CacheState
+from .base import Scheme, batch_plan_fields
 
 UNREACHABLE = np.iinfo(np.int64).max // 4
 

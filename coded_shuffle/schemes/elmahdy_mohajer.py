@@ -37,8 +37,12 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from ..assignment import points_by_pair, shuffle_matrix
+from ..bounds import off_diagonal
 from ..plan import DeliveryPlan
-from .base import CacheState, batch_plan_fields
+from ..rate_memory import em_load
+from ..state import CacheState
+from .base import batch_plan_fields
+from .cycle_plan import greedy_cycles
 from .memory_sharing import CornerScheme, grouped_blocks
 
 SHORT_CYCLE_MAX = 3  # the greedy split packs cycles up to this length before completing
@@ -232,49 +236,10 @@ def cycles_of(sigma: np.ndarray) -> list[list[int]]:
     return cycles
 
 
-def _shortest_cycle(support: np.ndarray) -> list[int] | None:
-    """A shortest directed cycle of the support graph (BFS from every worker), or ``None``."""
-    k = support.shape[0]
-    best: list[int] | None = None
-    for start in range(k):
-        parent = {start: -1}
-        frontier = [start]
-        found = None
-        while frontier and found is None:
-            nxt = []
-            for v in frontier:
-                if support[v, start]:
-                    found = v
-                    break
-                for w in np.flatnonzero(support[v]):
-                    if int(w) not in parent:
-                        parent[int(w)] = v
-                        nxt.append(int(w))
-            frontier = nxt
-        if found is not None:
-            path = [found]
-            while parent[path[-1]] != -1:
-                path.append(parent[path[-1]])
-            cycle = path[::-1]
-            if best is None or len(cycle) < len(best):
-                best = cycle
-                if len(best) == 2:
-                    break
-    return best
-
-
 def cycle_decomposition(shuffle: np.ndarray) -> list[tuple[list[int], int]]:
-    """Off-diagonal arcs as directed cycles with multiplicities, shortest first (design 3.2)."""
-    counts = np.array(shuffle, dtype=np.int64)
-    np.fill_diagonal(counts, 0)
-    out = []
-    while counts.any():
-        cycle = _shortest_cycle(counts > 0)
-        arcs = (np.array(cycle), np.roll(np.array(cycle), -1))
-        mult = int(counts[arcs].min())
-        counts[arcs] -= mult
-        out.append((cycle, mult))
-    return out
+    """Off-diagonal arcs as directed cycles with multiplicities, shortest first (design 3.2;
+    the decomposition of :func:`~coded_shuffle.schemes.cycle_plan.greedy_cycles`)."""
+    return [(list(c.workers), c.multiplicity) for c in greedy_cycles(off_diagonal(shuffle))]
 
 
 def _first_fit(k: int, q: int, cycles: list[tuple[list[int], int]]) -> np.ndarray | None:
@@ -325,8 +290,6 @@ def split_rows(shuffle: np.ndarray, t: int = 1) -> np.ndarray:
 
 
 def _rows_load(sigmas: np.ndarray, t: int) -> float:
-    from ..rate_memory import em_load
-
     uniq, counts = np.unique(sigmas, axis=0, return_counts=True)
     k = sigmas.shape[1]
     return sum(c * em_load(k, t, len(cycles_of(u))) for u, c in zip(uniq, counts, strict=True))

@@ -15,61 +15,19 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..assignment import batch_size
-from ..delivery import SharedPlan
 from ..errors import UsageError
-from ..plan import DeliveryPlan
-from .base import CacheState, Scheme
+from ..plan import DeliveryPlan, Plan, SharedPlan
+from ..state import CacheState, SharedLabels, part_states, shared_state
+from .base import Scheme
 
 MIN_SUBPOINT_BYTES = 8
 MAX_SUBPOINTS = 1 << 24  # N * splits above this is refused (index arrays would not fit)
 EPS = 1e-9
 SEARCH = 8  # candidate multiples tried per corner in the byte-exact split
-
-
-@dataclass(frozen=True)
-class SharedLabels:
-    """A memory-shared placement: one corner state per byte part."""
-
-    params: tuple[int, ...]  # corner of every part (t or p)
-    parts: tuple[CacheState, ...]
-    fractions: tuple[float, ...]  # fraction of every point's bytes on each part
-
-
-def part_states(state: CacheState) -> tuple[tuple[CacheState, ...], tuple[float, ...]]:
-    """The per-part corner states of a (possibly single-part) placement, with their fractions."""
-    if isinstance(state.labels, SharedLabels):
-        return state.labels.parts, state.labels.fractions
-    return (state,), (1.0,)
-
-
-def shared_state(
-    params: Sequence[int], parts: Sequence[CacheState], fractions: Sequence[float]
-) -> CacheState:
-    """One part: that corner's state. Several: the top part's fields, all parts in ``labels``."""
-    if len(parts) == 1:
-        return parts[0]
-    top = parts[-1]
-    return CacheState(
-        assignment=top.assignment,
-        num_workers=top.num_workers,
-        splits=top.splits,
-        caches=top.caches,
-        labels=SharedLabels(tuple(params), tuple(parts), tuple(fractions)),
-    )
-
-
-def load_points(plan: DeliveryPlan | SharedPlan) -> float:
-    """Load in points of a plan or a memory-shared plan (fraction-weighted)."""
-    if isinstance(plan, SharedPlan):
-        return float(
-            sum(p.load_points * f for p, f in zip(plan.plans, plan.fractions, strict=True))
-        )
-    return plan.load_points
 
 
 def grouped_blocks(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
@@ -153,9 +111,6 @@ def _byte_exact(corners, hi: int, alpha: float, point_bytes: int) -> list[tuple[
 class CornerScheme(Scheme):
     """A scheme defined at corner points, extended to any ``T`` by memory sharing."""
 
-    def __init__(self, point_bytes: int | None = None) -> None:
-        self.point_bytes = point_bytes
-
     @abstractmethod
     def corners(self, num_workers: int) -> list[tuple[int, float, int, float]]:
         """``(param, storage, splits, worst-case load)`` per corner, increasing storage.
@@ -175,9 +130,10 @@ class CornerScheme(Scheme):
     def corner_next(self, state: CacheState, new_assignment: np.ndarray) -> CacheState:
         """The corner's cache update."""
 
-    def fit_point_bytes(self, num_workers: int, storage: float, point_bytes: int) -> None:
-        """Byte-exact parts for ``point_bytes``; refuses tiny sub-points (design 4.4)."""
-        check_subpacketization(self, num_workers, storage, point_bytes)
+    def check_point_bytes(self, num_workers: int, storage: float) -> None:
+        """Refuses tiny sub-points of ``point_bytes``-byte points (design 4.4)."""
+        if self.point_bytes is not None:
+            check_subpacketization(self, num_workers, storage, self.point_bytes)
 
     def parts(self, num_workers: int, storage: float) -> list[tuple[int, float]]:
         return sharing_parts(self.corners(num_workers), storage, self.point_bytes)
@@ -204,16 +160,14 @@ class CornerScheme(Scheme):
         states = [self.corner_state(assignment, num_workers, p) for p, _ in parts]
         return shared_state([p for p, _ in parts], states, [f for _, f in parts])
 
-    def plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan | SharedPlan:
+    def plan(self, state: CacheState, new_assignment: np.ndarray) -> Plan:
         parts, fractions = part_states(state)
         plans = tuple(self.corner_plan(p, new_assignment) for p in parts)
         if len(plans) == 1:
             return plans[0]
         return SharedPlan(plans, fractions)
 
-    def next_state(
-        self, state: CacheState, plan: DeliveryPlan | SharedPlan, new_assignment: np.ndarray
-    ) -> CacheState:
+    def next_state(self, state: CacheState, plan: Plan, new_assignment: np.ndarray) -> CacheState:
         parts, fractions = part_states(state)
         states = [self.corner_next(p, new_assignment) for p in parts]
         params = state.labels.params if isinstance(state.labels, SharedLabels) else (0,)
@@ -231,19 +185,6 @@ class CornerScheme(Scheme):
         return float(self.stored_points(state).max())
 
 
-def stored_bytes(state: CacheState, point_bytes: int) -> np.ndarray:
-    """Bytes every worker stores, as a WorkerStore holds them (sub-point padding included)."""
-    from ..codec import subpoint_bytes
-    from ..delivery import byte_parts
-
-    parts, fractions = part_states(state)
-    sizes = byte_parts(point_bytes, fractions)
-    out = np.zeros(state.num_workers, dtype=np.int64)
-    for p, b in zip(parts, sizes, strict=True):
-        out += np.array([c.size for c in p.caches], dtype=np.int64) * subpoint_bytes(b, p.splits)
-    return out
-
-
 def check_subpacketization(
     scheme: Scheme, num_workers: int, storage: float, point_bytes: int
 ) -> list[tuple[int, int, int]]:
@@ -251,8 +192,9 @@ def check_subpacketization(
 
     Raises :class:`UsageError` when the corner at or above ``T`` would cut a ``point_bytes``
     point into sub-points below ``MIN_SUBPOINT_BYTES`` bytes, naming the sizes and what to
-    change. Configures a :class:`CornerScheme` for byte-exact parts (no padding, every worker
-    within ``T * q * point_bytes`` bytes). Other schemes pass unchanged (returns ``[]``).
+    change. The parts are byte-exact (no padding, every worker within ``T * q * point_bytes``
+    bytes) for a :class:`CornerScheme` built with that ``point_bytes``. Other schemes pass
+    unchanged (returns ``[]``).
     """
     if not isinstance(scheme, CornerScheme):
         return []
@@ -268,7 +210,6 @@ def check_subpacketization(
             f"into {hi[2]} sub-points of {point_bytes / hi[2]:.2f} bytes (< {MIN_SUBPOINT_BYTES}); "
             f"use T <= {best:g} or points of at least {MIN_SUBPOINT_BYTES * hi[2]} bytes"
         )
-    scheme.point_bytes = point_bytes
     parts = sharing_parts(corners, storage, point_bytes)
     splits = {c[0]: c[2] for c in corners}
     return [(p, round(f * point_bytes), splits[p]) for p, f in parts]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan import DeliveryPlan, symbol_blocks
-from .base import CacheState, Scheme, batch_plan_fields, uncoded_symbols
+from ..state import CacheState
+from .base import Scheme, batch_plan_fields, uncoded_symbols
 
 
 class Uncoded(Scheme):

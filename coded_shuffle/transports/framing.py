@@ -9,7 +9,6 @@ every byte of every header is counted on every link it crosses.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..codec import digest as payload_digest
 from ..errors import UsageError, VerificationError
 
 # epoch u32, part u16, kind u16, first row u32, row count u32, row bytes u32, SHA-256 of payload
@@ -86,11 +86,6 @@ def framed_bytes(num_rows: int, row_bytes: int, chunk_bytes: int) -> int:
 def framed_parts_bytes(rows: list[int], row_bytes: list[int], chunk_bytes: int) -> int:
     """:func:`framed_bytes` summed over the parts of a delivery (one message stream each)."""
     return sum(framed_bytes(n, b, chunk_bytes) for n, b in zip(rows, row_bytes, strict=True))
-
-
-def payload_digest(payload: torch.Tensor) -> bytes:
-    """SHA-256 of a contiguous uint8 tensor's bytes."""
-    return hashlib.sha256(payload.contiguous().numpy()).digest()
 
 
 def frame(

@@ -1,4 +1,4 @@
-"""What master and workers derive from the shared seed: assignments, plans, minibatch order.
+"""What master and workers derive from the shared seed: every epoch's assignment and plan.
 
 No index metadata crosses the link: every rank draws epoch ``e``'s assignment from
 ``(seed, e)``, runs the same deterministic scheme on the same state, and so knows every plan.
@@ -14,24 +14,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coded_shuffle import codec
-from coded_shuffle.assignment import random_assignment
-from coded_shuffle.delivery import Delivery, SharedPlan, WorkerStore
-from coded_shuffle.plan import DeliveryPlan, direct_routes
-from coded_shuffle.schemes import CacheState, Scheme
-from coded_shuffle.schemes.memory_sharing import part_states
-from coded_shuffle.transports import Routes
+from . import codec
+from .assignment import random_assignment
+from .delivery import Delivery, WorkerStore
+from .plan import DeliveryPlan, Plan, direct_routes
+from .schemes import Scheme
+from .state import CacheState, part_states
+from .transports import Routes
 
 
 def assignment(seed: int, epoch: int, num_points: int, num_workers: int) -> np.ndarray:
     """Epoch ``epoch``'s uniformly random balanced assignment (random reshuffling)."""
     rng = np.random.default_rng([seed, 0, epoch])
     return random_assignment(num_points, num_workers, rng)
-
-
-def minibatch_order(seed: int, epoch: int, worker: int, batch: int) -> np.ndarray:
-    """The order in which ``worker`` visits its batch in ``epoch`` (scheme-independent)."""
-    return np.random.default_rng([seed, 1, epoch, worker]).permutation(batch)
 
 
 @dataclass(frozen=True)
@@ -41,16 +36,16 @@ class Transition:
     epoch: int
     state: CacheState
     new_assignment: np.ndarray
-    plan: DeliveryPlan | SharedPlan
+    plan: Plan
     next_state: CacheState
     plan_seconds: float
 
     @property
     def plans(self) -> tuple[DeliveryPlan, ...]:
-        return self.plan.plans if isinstance(self.plan, SharedPlan) else (self.plan,)
+        return self.plan.plans
 
 
-class Chain:
+class EpochChain:
     """Epoch 1's placement, then one :class:`Transition` per later epoch, from the seed."""
 
     def __init__(

@@ -1,0 +1,231 @@
+"""The typed schema of ``coded-shuffle-train``'s config: one dataclass per concern (Hydra
+structured configs). ``conf/*.yaml`` set the values; these classes fix every key's type, so
+that a mistyped value (``optim.lr=abc``) stops at composition with one line naming the key.
+Ranges are checked by the jobs' ``validate(cfg)`` before any process starts.
+
+A string under a field is its documentation (shown by ``coded-shuffle-train --help``'s
+config dump and read by the docs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# --- groups ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SchemeConf:
+    name: str = MISSING
+    """A registered scheme (``coded-shuffle schemes``)."""
+
+
+@dataclass
+class DigitsConf:
+    _target_: str = "train.data.Digits"
+    source: str = "digits"
+    """scikit-learn's bundled 8x8 digits (1797 images, 10 classes, no download)."""
+    test_fraction: float = 0.2
+    """Share of the points the master holds for evaluation, in (0, 1)."""
+    normalise: bool = True
+    """Per-feature standardisation with the training split's statistics."""
+
+
+@dataclass
+class SyntheticConf:
+    _target_: str = "train.data.Synthetic"
+    source: str = "synthetic"
+    """Gaussian classes with size knobs (scale runs)."""
+    points: int = 4000
+    """Training points (trimmed to a multiple of the workers), >= 1."""
+    test_points: int = 1000
+    """Test points held by the master, >= 1."""
+    features: int = 64
+    """Features per point, >= 1 (a record is 4 * features + 4 bytes)."""
+    classes: int = 10
+    """Classes, >= 2."""
+    separation: float = 3.0
+    """Scale of the class means."""
+    normalise: bool = True
+    """Per-feature standardisation with the training split's statistics."""
+
+
+@dataclass
+class FileConf:
+    _target_: str = "train.data.File"
+    source: str = "file"
+    """X (n, ...) and y (n,) integer labels from an .npz or .pt file."""
+    path: str = MISSING
+    """The file (required)."""
+    test_fraction: float = 0.2
+    """Share held out for evaluation when the file has no X_test / y_test, in (0, 1)."""
+    normalise: bool = True
+    """Per-feature standardisation with the training split's statistics."""
+
+
+@dataclass
+class LogRegConf:
+    _target_: str = "train.models.logreg"
+    name: str = "logreg"
+    """Multinomial logistic regression (one linear layer)."""
+
+
+@dataclass
+class MLPConf:
+    _target_: str = "train.models.mlp"
+    name: str = "mlp"
+    """One hidden layer with ReLU."""
+    hidden: int = 64
+    """Hidden units, >= 1."""
+
+
+@dataclass
+class CNNConf:
+    _target_: str = "train.models.cnn"
+    name: str = "cnn"
+    """Two 3x3 convolutions, 2x2 max-pool, linear (square images only)."""
+    channels: int = 8
+    """Channels of the first convolution, >= 1."""
+
+
+@dataclass
+class SGDConf:
+    name: str = "sgd"
+    lr: float = 0.05
+    """Step size, > 0."""
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 16
+    """Minibatch per worker, >= 1 (the global minibatch is workers * batch_size)."""
+
+
+@dataclass
+class ShuffleJobConf:
+    name: str = "shuffle_sgd"
+    """Random-reshuffling SGD with coded epoch delivery (train/shuffle_sgd.py)."""
+
+
+@dataclass
+class ElasticJobConf:
+    name: str = "elastic_gd"
+    """Coded elastic gradient descent, seed 002 (train/elastic_gd.py)."""
+    steps: int = 40
+    """Full-batch gradient-descent steps per method, >= 1."""
+    lr: float | None = None
+    """Step size; null = 1 / largest eigenvalue of X^T X / N + ridge."""
+    ridge: float = 0.0
+    """f(w) = |Xw - y|^2 / (2N) + ridge |w|^2 / 2, >= 0."""
+    report_every: int = 10
+    """Console line every this many steps per method (0: events and summary only)."""
+    problem: dict[str, Any] = field(default_factory=dict)
+    """Synthetic least squares: points, features, noise, heterogeneity."""
+    elastic: dict[str, Any] = field(default_factory=dict)
+    """Recovery threshold, generator, methods, events, restarts (docs/elastic.md)."""
+
+
+# --- the top level ---------------------------------------------------------------------------
+
+
+@dataclass
+class ChainConf:
+    order: list[int] | None = None
+    """Worker ranks in relay order; null = 1, 2, ..., workers."""
+    window: int = 4
+    """Messages every relay receives ahead, >= 1."""
+
+
+@dataclass
+class MulticastConf:
+    rate: str | None = None
+    """Required with multicast: pacing on the wire, e.g. 380mbit."""
+    group: str = "239.255.77.77"
+    """IPv4 multicast group of the job."""
+    port: int = 29577
+    """UDP port of the job."""
+    datagram_bytes: int | None = None
+    """Stream bytes per datagram; null: about 4 IP fragments (8-32 KiB)."""
+    interface: str | None = None
+    """Default: GLOO_SOCKET_IFNAME, else the kernel's route."""
+    drop: float = 0.0
+    """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
+    grace_seconds: float = 0.02
+    """After "round sent", how long a receiver drains its socket."""
+
+
+@dataclass
+class DistConf:
+    transport: str = "chain"
+    """chain | multicast | tree | unicast | p2p (coded-shuffle transports)."""
+    timeout_seconds: float = 60.0
+    """A dead, hung or unreachable rank fails the job within this, > 0."""
+    heartbeat_seconds: float = 1.0
+    """How often every rank tells the others it is alive (job's store), > 0."""
+    progress_seconds: float = 10.0
+    """The master's console line during a long stage, > 0."""
+    chunk_bytes: int = 262144
+    """Payload bytes per message (one 52-byte header each), >= 1."""
+    start_method: str = "fork"
+    """fork | spawn | forkserver (local launcher only)."""
+    monitor_interval: float = 0.1
+    """Seconds between the launcher's liveness checks."""
+    chain: ChainConf = field(default_factory=ChainConf)
+    multicast: MulticastConf = field(default_factory=MulticastConf)
+
+
+@dataclass
+class DebugConf:
+    die_rank: int | None = None
+    """A rank that exits (or hangs) on purpose, to test failure handling."""
+    die_epoch: int = 2
+    die_mode: str = "exit"
+    """exit | hang."""
+    corrupt_epoch: int | None = None
+    """The master flips a byte of this epoch's symbols: the job must fail."""
+    step_delay: float = 0.0
+    """Seconds every worker sleeps per minibatch step (a slow model, long epochs)."""
+
+
+@dataclass
+class Config:
+    job: Any = MISSING
+    scheme: SchemeConf = MISSING
+    data: Any = MISSING
+    model: Any = MISSING
+    optim: SGDConf = MISSING
+    workers: int = 4
+    """K worker processes (ranks 1..K); rank 0 is the master."""
+    epochs: int = 10
+    """Epoch 1 is the uncoded placement, epochs 2.. are coded deliveries."""
+    seed: int = 0
+    """Assignments, minibatch order, model init, data split."""
+    storage: float = 1.0
+    """T: what a worker stores, in batches (1 <= T <= workers)."""
+    threads: int = 1
+    """Torch threads per process (fixed: bit-identical runs)."""
+    tensorboard: bool = False
+    """TensorBoard scalars in RUN_DIR/tb (skipped if tensorboard is missing)."""
+    dist: DistConf = field(default_factory=DistConf)
+    debug: DebugConf = field(default_factory=DebugConf)
+
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "data": {"digits": DigitsConf, "synthetic": SyntheticConf, "file": FileConf},
+    "model": {"logreg": LogRegConf, "mlp": MLPConf, "cnn": CNNConf},
+    "optim": {"sgd": SGDConf},
+    "job": {"shuffle_sgd": ShuffleJobConf, "elastic_gd": ElasticJobConf},
+    "scheme": {"base": SchemeConf},
+}
+
+
+def register_schemas() -> None:
+    """The schemas in Hydra's config store: ``base_config`` for the top level and
+    ``<group>/schema_<option>`` for every group option (the YAMLs name them first)."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for group, options in SCHEMAS.items():
+        for option, node in options.items():
+            store.store(group=group, name=f"schema_{option}", node=node)
