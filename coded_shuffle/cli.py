@@ -68,6 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=float, default=30.0, help="seconds the others get after a host fails"
     )
     cl.add_argument("--logs", type=Path, help="where every host's log goes")
+    cl.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="HOST@SECONDS",
+        help="SIGKILL every process of HOST that many seconds after the start; with "
+        "dist.max_restarts > 0 the host is started again (a replaced machine)",
+    )
+    cl.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        metavar="HOST@SECONDS",
+        help="take HOST's link down that many seconds after the start (processes stay alive)",
+    )
     cl.add_argument("--script", type=Path, help="run this torchrun script instead of the job")
     cl.add_argument(
         "--cleanup", action="store_true", help="remove clusters left by killed runs, then exit"

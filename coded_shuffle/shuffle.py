@@ -13,11 +13,13 @@ derives the assignments and plans from the seed (:mod:`~coded_shuffle.epochs`).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .assignment import batches
+from .blockstore import BlockStore
 from .bounds_api import lower_bound
 from .codec import digest
 from .delivery import Delivery, WorkerStore
@@ -170,6 +173,8 @@ class CodedShuffle:
         (``False``: such an ``N`` is an error).
     timeout : how long the delivery's collectives wait (default: the default group's).
     on_progress : ``(bytes moved, bytes to move)`` after every message (progress lines).
+    store_dir : where every worker persists its store after each epoch (atomically, with a
+        digest), so that :meth:`restore` can resume a restarted job; ``None``: in memory only.
 
     Attributes
     ----------
@@ -195,6 +200,7 @@ class CodedShuffle:
         drop_last: bool = True,
         timeout: timedelta | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        store_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise UsageError("CodedShuffle needs torch.distributed: call init_process_group first")
@@ -231,6 +237,9 @@ class CodedShuffle:
             self._upcoming = next(self._transitions, None)
             self._plan_ahead()
             self._store: WorkerStore | None = None
+            self._disk = None
+            if store_dir is not None:
+                self._disk = BlockStore(Path(store_dir) / f"worker-{self._k}", dtype=None)
 
     # -- the data set, from the master to every rank -----------------------------------------
 
@@ -293,6 +302,121 @@ class CodedShuffle:
     def close(self) -> None:
         """Releases the transport's sockets and threads."""
         self.link.transport.close()
+
+    # -- resuming a restarted job ------------------------------------------------------------
+
+    def restore(self, completed: int) -> dict[str, Any]:
+        """Resumes after epoch ``completed`` (call on every rank, before any :meth:`epoch`).
+
+        Every worker reloads its store of that epoch from ``store_dir`` and checks its digest;
+        a worker whose store is missing or damaged gets the points its store holds again,
+        uncoded (only those rows cross the link). Returns (and puts in ``report``)
+        ``resumed_after_epoch``, ``replaced_workers`` and ``replacement_bytes`` (bytes the
+        master sent, headers included), so a restart's cost is counted.
+        """
+        if self._next != 1:
+            raise UsageError(f"restore({completed}) after epoch {self._next - 1}: call it first")
+        if completed < 1 or (self.epochs is not None and completed > self.epochs):
+            raise UsageError(f"restore({completed}) out of range 1..{self.epochs or 'epochs'}")
+        state = self._advance(completed)
+        intact = torch.tensor([1 if self.rank == 0 else int(self._load(completed))])
+        every = [torch.zeros_like(intact) for _ in range(self.workers + 1)]
+        dist.all_gather(every, intact)
+        broken = [k for k in range(self.workers) if not int(every[k + 1])]
+        if broken and self._pending(completed):
+            self._replace(completed, state, broken)
+        counts, _ = self.link.take_counts()
+        self._next = completed + 1
+        self.report = {
+            "resumed_after_epoch": completed,
+            "replaced_workers": broken,
+            "replacement_bytes": counts.egress if self.rank == 0 else 0,
+        }
+        return self.report
+
+    def _pending(self, completed: int) -> bool:
+        return self.epochs is None or completed < self.epochs
+
+    def _advance(self, completed: int):
+        """The chain moved on to the state after epoch ``completed`` (plans replayed, nothing
+        proved, encoded or sent)."""
+        state = self.chain.initial
+        if self.rank == 0:
+            for _ in range(completed - 1):
+                state = next(self._transitions).next_state
+            return state
+        while self._upcoming is not None and self._upcoming.epoch <= completed:
+            state = self._upcoming.next_state
+            self._upcoming = next(self._transitions, None)
+        self._plan_ahead()
+        return state
+
+    def _replace(self, completed: int, state: Any, broken: list[int]) -> None:
+        """The points of every broken worker's store, uncoded, to that worker only."""
+        needs = {k: placement_points(self.scheme, state, k) for k in broken}
+        union = np.unique(np.concatenate(list(needs.values())))
+        empty = np.zeros(0, dtype=np.int64)
+        b = self.setup.layout.record_bytes
+        if self.rank == 0:
+            routes = Routes(
+                tuple(
+                    np.searchsorted(union, needs[k]) if k in needs else empty
+                    for k in range(self.workers)
+                )
+            )
+            self.link.deliver(
+                epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size, row_bytes=b,
+                routes=routes, rows=self._records.index_select(0, torch.from_numpy(union)),
+            )  # fmt: skip
+            return
+        k = self._k
+        mine = np.searchsorted(union, needs[k]) if k in needs else empty
+        rows = self.link.deliver(
+            epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size, row_bytes=b,
+            routes=self._mine(mine),
+        )  # fmt: skip
+        if k in needs and self._delivery is not None:
+            assert rows is not None
+            self._store = store_from_points(self._delivery, k, needs[k], rows)
+            self._persist(completed)
+
+    def _persist(self, epoch: int) -> None:
+        """The worker's store after ``epoch`` on its disk (the one before it is dropped)."""
+        if self._disk is None or self._store is None:
+            return
+        for part, cache in enumerate(self._store.caches):
+            self._disk.save(f"e{epoch}-part{part}", cache.numpy(), self._identity(epoch))
+            self._disk.remove(f"e{epoch - 2}-part{part}")
+
+    def _identity(self, epoch: int) -> dict[str, Any]:
+        """What a stored store must match to be reused: the same job, the same epoch."""
+        s = self.setup
+        return {
+            "epoch": epoch,
+            "scheme": self.scheme.name,
+            "seed": s.seed,
+            "storage": s.storage,
+            "points": s.num_points,
+            "record_bytes": s.layout.record_bytes,
+            "workers": self.workers,
+        }
+
+    def _load(self, epoch: int) -> bool:
+        """The store after ``epoch`` from disk, if every part is present and intact."""
+        if not self._pending(epoch):
+            return True  # nothing left to decode: no store needed
+        if self._disk is None or self._delivery is None:
+            return False
+        caches = []
+        for part in range(len(self._delivery.plans)):
+            slot = f"e{epoch}-part{part}"
+            meta = {k: v for k, v in self._disk.meta(slot).items() if k != "digest"}
+            array = self._disk.load(slot) if meta == self._identity(epoch) else None
+            if array is None:
+                return False
+            caches.append(torch.from_numpy(array))
+        self._store = WorkerStore(caches)
+        return True
 
     def _assignment(self, epoch: int) -> np.ndarray:
         if epoch == 1:
@@ -453,6 +577,9 @@ class CodedShuffle:
     def _k(self) -> int:
         return self.rank - 1
 
+    def _upcoming_after(self, epoch: int) -> bool:
+        return self.epochs is None or epoch < self.epochs
+
     def _plan_ahead(self) -> None:
         """The next epoch's worker program, derived before the master sends (it is ready)."""
         up = self._upcoming
@@ -488,6 +615,7 @@ class CodedShuffle:
         batch = rows.index_select(0, torch.from_numpy(np.searchsorted(keep, first)))
         if self._delivery is not None:
             self._store = store_from_points(self._delivery, k, keep, rows)
+            self._persist(1)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self._store is None else self._store.stored_bytes()
         self._report(batch, seconds, stored)
@@ -518,7 +646,10 @@ class CodedShuffle:
         batch, workspaces = delivery.decode(k, symbols, store)
         next_caches = self.scheme.part_caches(tr.next_state, k)
         self._store = store.updated(delivery, k, workspaces, next_caches)
-        self._report(batch, time.perf_counter() - t0, self._store.stored_bytes())
+        seconds = time.perf_counter() - t0
+        if self._upcoming_after(tr.epoch):
+            self._persist(tr.epoch)
+        self._report(batch, seconds, self._store.stored_bytes())
         return batch
 
     def _report(self, batch: torch.Tensor, decode_seconds: float, stored_bytes: int) -> None:

@@ -197,3 +197,60 @@ def bad_use(rank, world, case):
 def test_bad_use_fails_on_every_rank_with_one_line(case, message):
     errors = run_ranks(4, bad_use, case)
     assert all(e is not None and re.search(message, e) for e in errors), errors
+
+
+# --- resuming a restarted job -------------------------------------------------------------------
+
+
+def epochs_with_store(rank, world, scheme, storage, store_dir, first, last, resume_after):
+    """Epochs ``first..last`` of 5 (after ``restore(resume_after)`` when given): what every
+    worker got, and the master's restore report."""
+    from coded_shuffle import CodedShuffle
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 256, (48, 24), dtype=torch.uint8, generator=gen)
+    cs = CodedShuffle(
+        TensorDataset(x) if rank == 0 else None,
+        scheme=scheme,
+        storage=storage,
+        seed=2,
+        epochs=5,
+        store_dir=store_dir,
+    )
+    restored = cs.restore(resume_after) if resume_after else None
+    got = {}
+    for epoch in range(first, last + 1):
+        local = cs.epoch(epoch)
+        if rank:
+            assert torch.equal(local.tensors[0], x[cs.indices])
+            got[epoch] = cs.indices.tolist()
+    cs.close()
+    return restored, got
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("scheme", "storage"), [("elmahdy-mohajer", 2.0)])  # cycles: job tests
+def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(tmp_path, scheme, storage):
+    unbroken = run_ranks(4, epochs_with_store, scheme, storage, None, 1, 5, 0)
+    run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 1, 3, 0)  # then "killed"
+    intact = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 4, 4, 3)
+    assert intact[0][0] == {
+        "resumed_after_epoch": 3,
+        "replaced_workers": [],
+        "replacement_bytes": 0,
+    }
+    # worker 1's store after epoch 4 is damaged on its disk: detected, re-placed, the same data
+    damaged = tmp_path / "worker-1" / "e4-part0.npy"
+    raw = bytearray(damaged.read_bytes())
+    raw[-1] ^= 0x01
+    damaged.write_bytes(bytes(raw))
+    resumed = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 5, 5, 4)
+    report = resumed[0][0]
+    assert report["replaced_workers"] == [1]
+    # the whole points behind worker 1's store (T * q points' worth), one header; never more
+    # than the placement of every point (T = 1: its batch only, tests/test_train.py)
+    stored = int(storage * 48 / 3) * 24
+    assert stored < report["replacement_bytes"] <= 48 * 24 + 52
+    for k in range(1, 4):
+        assert intact[k][1][4] == unbroken[k][1][4]
+        assert resumed[k][1][5] == unbroken[k][1][5]

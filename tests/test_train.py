@@ -24,7 +24,7 @@ from coded_shuffle.delivery import Delivery
 from coded_shuffle.epochs import EpochChain, placement_points, store_from_points
 from coded_shuffle.errors import UsageError
 from coded_shuffle.schemes import get_scheme
-from train import data, shuffle_sgd
+from train import checkpoint, data, shuffle_sgd
 from train.entry import CONF_DIR
 from train.metrics import EPOCH_KEYS
 
@@ -39,6 +39,9 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from train.launch import register_configs
+
+    register_configs()  # the typed schemas the YAMLs name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("config", overrides=list(overrides))
 
@@ -310,7 +313,10 @@ def test_compare_script_writes_the_plots(runs, tmp_path):
 
 
 @pytest.mark.distributed
-def test_a_dead_worker_fails_the_job_naming_its_rank(tmp_path):
+def test_a_dead_worker_fails_the_job_naming_its_rank_and_the_same_command_resumes(runs, tmp_path):
+    """The job fails in one line naming the rank; the same command again (same run
+    directory) resumes after the last epoch, re-places the one damaged store only, and ends
+    with the unbroken run's parameters."""
     t0 = time.perf_counter()
     args = ["scheme=uncoded", *JOB, "debug.die_rank=2", "debug.die_epoch=2"]
     out = _run([*args, "dist.timeout_seconds=20", f"hydra.run.dir={tmp_path}"], tmp_path)
@@ -321,6 +327,45 @@ def test_a_dead_worker_fails_the_job_naming_its_rank(tmp_path):
     assert "Traceback" not in out.stderr
     assert elapsed < 60
     assert [r["epoch"] for r in _metrics(tmp_path)] == [1]  # epoch 1 finished, then the death
+    store = tmp_path / "stores" / "worker-2" / "e1-part0.npy"
+    store.write_bytes(store.read_bytes()[:-1] + bytes([store.read_bytes()[-1] ^ 1]))
+    again = _run([*args, "debug.die_rank=null", f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed after epoch 1 (attempt 0)" in again.stderr + again.stdout
+    rows = _metrics(tmp_path)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert rows[1]["resumed_after_epoch"] == 1 and rows[1]["replaced_workers"] == [2]
+    assert 0 < rows[1]["replacement_bytes"] < rows[0]["broadcast_bytes"]  # one worker's batch
+    summary = _summary(tmp_path)
+    assert summary["final_params_sha256"] == _summary(runs["uncoded"])["final_params_sha256"]
+    assert summary["restarts"] == 1 and summary["all_verified"] is True
+
+
+def test_the_checkpoint_of_another_run_is_refused_in_one_line(tmp_path):
+    cfg = compose("scheme=cycles", *JOB)
+    checkpoint.save(tmp_path, cfg, 2, torch.zeros(3), torch.zeros(0), [])
+    assert checkpoint.load(tmp_path, cfg)["epoch"] == 2
+    with pytest.raises(UsageError, match="is the checkpoint of another run"):
+        checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, "seed=4"))
+    with pytest.raises(UsageError, match="holds epoch 2, beyond epochs=1"):
+        checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, "epochs=1"))
+    transport = compose("scheme=cycles", *JOB, "dist.transport=tree")  # bit-identical: fine
+    assert checkpoint.load(tmp_path, transport)["epoch"] == 2
+
+
+@pytest.mark.distributed
+def test_a_restarted_job_resumes_with_every_store_and_the_same_parameters(runs, tmp_path):
+    """``dist.max_restarts=1``: the launcher restarts every process after a worker died in
+    epoch 3; the job resumes after epoch 2 with every store intact (nothing re-placed)."""
+    args = ["scheme=cycles", *JOB, "debug.die_rank=3", "debug.die_epoch=3"]
+    out = _run([*args, "dist.max_restarts=1", f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _metrics(tmp_path)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert rows[2]["resumed_after_epoch"] == 2 and rows[2]["attempt"] == 1
+    assert rows[2]["replaced_workers"] == [] and rows[2]["replacement_bytes"] == 0
+    summary = _summary(tmp_path)
+    assert summary["final_params_sha256"] == _summary(runs["cycles"])["final_params_sha256"]
 
 
 @pytest.mark.distributed
@@ -334,24 +379,3 @@ def test_a_wrong_decode_fails_loudly(tmp_path):
     assert "failed: VerificationError: epoch 2: worker" in last, out.stderr
     assert "the master's is" in last
     assert [r["epoch"] for r in _metrics(tmp_path)] == [1]
-
-
-@pytest.mark.distributed
-def test_torchrun_module_trains_like_the_local_launcher(tmp_path):
-    """The documented ``torchrun ... -m train`` path: same parameters as the Hydra launcher."""
-    args = ["workers=2", "epochs=2", "seed=3", "scheme=uncoded", "model.hidden=16"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    out = subprocess.run(
-        [*torchrun, "--nproc-per-node", "3", "-m", "train", *args, f"hydra.run.dir={tmp_path}/tr"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    local = _run([*args, f"hydra.run.dir={tmp_path}/local"], tmp_path)
-    assert local.returncode == 0, local.stderr[-3000:]
-    a, b = _summary(tmp_path / "tr"), _summary(tmp_path / "local")
-    assert a["all_verified"] and b["all_verified"]
-    assert a["final_params_sha256"] == b["final_params_sha256"]
-    assert (tmp_path / "tr" / "config.yaml").exists()

@@ -107,6 +107,9 @@ class SGDConf:
 class ShuffleJobConf:
     name: str = "shuffle_sgd"
     """Random-reshuffling SGD with coded epoch delivery (train/shuffle_sgd.py)."""
+    checkpoint: bool = True
+    """After every epoch: the master's checkpoint and every worker's store in the run
+    directory; a restart resumes after the last epoch (docs/training.md, "Failures")."""
 
 
 @dataclass
@@ -172,6 +175,9 @@ class DistConf:
     """fork | spawn | forkserver (local launcher only)."""
     monitor_interval: float = 0.1
     """Seconds between the launcher's liveness checks."""
+    max_restarts: int = 0
+    """How often the launcher restarts the job's processes after a failure (>= 0); the
+    job resumes from its checkpoint."""
     chain: ChainConf = field(default_factory=ChainConf)
     multicast: MulticastConf = field(default_factory=MulticastConf)
 

@@ -196,9 +196,12 @@ def stalled_ranks() -> str:
 
 
 def die_if_asked(cfg: Any, rank: int, epoch: int) -> None:
-    """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``."""
+    """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``, in
+    the first attempt only (a restart can then succeed)."""
     debug = cfg.get("debug") or {}
     if debug.get("die_rank") is None or int(debug.die_rank) != rank:
+        return
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
     if int(debug.get("die_epoch", 1)) != epoch:
         return

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from coded_shuffle.blockstore import BlockStore
 from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.problem import Problem, make_problem
 from coded_shuffle.elastic.protocol import HEADER_INTS, Message, Op, WorkerLost, WorkerNode
@@ -39,7 +40,6 @@ from coded_shuffle.elastic.runner import (
     Settings,
     make_settings,
 )
-from coded_shuffle.elastic.store import BlockStore
 from coded_shuffle.errors import UsageError
 
 from .dist import setup

@@ -132,8 +132,11 @@ class Liveness:
 
     def start(self) -> None:
         self.t0 = time.monotonic()
+        self.reached = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
         self._thread.start()
+        guard = threading.Thread(target=self._guard, name="liveness-guard", daemon=True)
+        guard.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -149,7 +152,6 @@ class Liveness:
         return dist.PrefixStore(self.prefix, store)
 
     def _run(self) -> None:
-        reached = time.monotonic()
         while not self._stop.wait(self.interval):
             now = time.monotonic()
             try:
@@ -158,19 +160,30 @@ class Liveness:
                 self.record.beat += 1
                 self._store.set(f"hb/{self.rank}", self.record.pack())
                 self._read_all(now)
-                reached = now
+                self.reached = now
             except Exception:  # the store is unreachable: this host may be cut off
                 self._store = None
-                if now - reached > self.deadline:
-                    self._fail(
-                        f"{rank_label(self.rank)} lost contact with the job: its store at "
-                        f"{self.store_address[0]} unreachable for {now - reached:.0f} s"
-                    )
+                self._check_contact(now)
                 continue
             verdict = self.verdict(now)
             if verdict:
                 self._fail(verdict)
             self._progress_line(now)
+
+    def _check_contact(self, now: float) -> None:
+        """Ends this process when the store has been out of reach for longer than the deadline
+        (this host is cut off from the job)."""
+        if now - self.reached > self.deadline:
+            self._fail(
+                f"lost contact with the job: its store at {self.store_address[0]} "
+                f"unreachable for {now - self.reached:.0f} s (this host is cut off)"
+            )
+
+    def _guard(self) -> None:
+        """The same check from a second thread: a store call on a dead link can block without
+        a timeout (``TCPStore.check``), and then only this thread still runs."""
+        while not self._stop.wait(self.interval):
+            self._check_contact(time.monotonic())
 
     def _read_all(self, now: float) -> None:
         for r in range(self.world):

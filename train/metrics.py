@@ -86,6 +86,11 @@ class MetricsWriter:
         self.rows: list[dict[str, Any]] = []
         self.tb = _tensorboard(self.run_dir) if tensorboard else None
 
+    def resume(self, rows: list[dict[str, Any]]) -> None:
+        """After a restart: the records of the epochs already done, as they were."""
+        self.rows = list(rows)
+        self.path.write_text("".join(json.dumps(r, sort_keys=False) + "\n" for r in rows))
+
     def epoch(self, row: dict[str, Any]) -> None:
         missing = [k for k in EPOCH_KEYS if k not in row]
         if missing:
@@ -127,6 +132,8 @@ class MetricsWriter:
             "allreduce_payload_bytes_total": total("allreduce_payload_bytes", rows),
             "delivery_seconds_total": total("delivery_seconds", rows),
             "all_verified": all(r["verified"] for r in rows),
+            "restarts": sum(1 for r in rows if "resumed_after_epoch" in r),
+            "replacement_bytes_total": sum(r.get("replacement_bytes", 0) for r in rows),
             "stored_points_max": max((r["stored_points_max"] for r in rows), default=0.0),
             "final_train_loss": rows[-1]["train_loss"] if rows else None,
             "final_test_loss": rows[-1]["test_loss"] if rows else None,

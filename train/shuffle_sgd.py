@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -31,7 +32,7 @@ from coded_shuffle.records import LocalBatch
 from coded_shuffle.schemes import get_scheme
 from coded_shuffle.shuffle import check_transport
 
-from . import data, models
+from . import checkpoint, data, models
 from .dist import RankContext, context, die_if_asked, mark, start_liveness, tick
 from .liveness import Record
 from .metrics import MetricsWriter, human_bytes
@@ -40,7 +41,7 @@ log = logging.getLogger("train")
 
 COLLECTIVE_TIMEOUT = timedelta(days=7)  # collectives wait for work; the watchdog for peers
 DIGEST_BYTES = 32
-META_FIELDS = 3  # features, classes, dropped points (int64 each)
+META_FIELDS = 4  # features, classes, dropped points, epochs already done (int64 each)
 
 
 def minibatch_order(seed: int, epoch: int, worker: int, batch: int) -> np.ndarray:
@@ -53,6 +54,12 @@ def collective_timeout(cfg: Any) -> timedelta:
     the liveness watchdog fails the job within ``dist.timeout_seconds`` of a lost peer."""
     del cfg
     return COLLECTIVE_TIMEOUT
+
+
+def max_restarts(cfg: Any) -> int:
+    """``dist.max_restarts``: the launcher restarts every process; the job resumes from its
+    checkpoint (``job.checkpoint``)."""
+    return int(cfg.dist.max_restarts)
 
 
 def link_progress(done: int, total: int) -> None:
@@ -108,6 +115,8 @@ def validate(cfg: Any) -> None:
         raise UsageError(f"optim.batch_size={cfg.optim.batch_size} out of range (must be >= 1)")
     if int(cfg.dist.chunk_bytes) < 1:
         raise UsageError(f"dist.chunk_bytes={cfg.dist.chunk_bytes} out of range (must be >= 1)")
+    if int(cfg.dist.max_restarts) < 0:
+        raise UsageError(f"dist.max_restarts={cfg.dist.max_restarts} out of range (must be >= 0)")
     for key in ("timeout_seconds", "heartbeat_seconds", "progress_seconds"):
         if float(cfg.dist[key]) <= 0:
             raise UsageError(f"dist.{key}={cfg.dist[key]} out of range (must be > 0)")
@@ -151,7 +160,22 @@ class _Rank:
             epochs=self.epochs,
             timeout=self.ctx.collective_timeout or self.ctx.timeout,
             on_progress=link_progress,
+            store_dir=self.ctx.run_dir / "stores" if self.checkpointing else None,
         )
+
+    @property
+    def checkpointing(self) -> bool:
+        return bool(self.cfg.job.get("checkpoint", True))
+
+    @property
+    def momentum(self) -> float:
+        return float(self.cfg.optim.get("momentum", 0.0))
+
+    def resumed_state(self, params: torch.Tensor, momentum: torch.Tensor) -> None:
+        """The master's checkpointed parameters and momentum, to every rank (in place)."""
+        dist.broadcast(params, src=0)
+        if momentum.numel():
+            dist.broadcast(momentum, src=0)
 
     def build_model(self, features: int, classes: int) -> torch.nn.Module:
         torch.manual_seed(self.seed)
@@ -180,7 +204,9 @@ class Master(_Rank):
                 f"divide N = {ds.num_points}"
             )
         self.dropped = ds.dropped
-        self.meta([ds.features, ds.classes, ds.dropped])
+        saved = checkpoint.load(self.ctx.run_dir, self.cfg) if self.checkpointing else None
+        done = int(saved["epoch"]) if saved else 0
+        self.meta([ds.features, ds.classes, ds.dropped, done])
         train = TensorDataset(
             torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train.astype(np.int32))
         )  # float32 features and an int32 label: records of 4 d + 4 bytes
@@ -197,15 +223,55 @@ class Master(_Rank):
             f"{self.cs.link.transport.name}, {self.workers} workers, storage {self.storage:g}, "
             f"N = {self.n} records of {self.b} bytes, {self.epochs} epochs"
         )
+        restart: dict[str, Any] = {}
+        self.momentum_flat = torch.zeros(0)
+        if saved:
+            restart = self.resume(saved)
         try:
-            for epoch in range(1, self.epochs + 1):
+            for epoch in range(done + 1, self.epochs + 1):
                 self.begin(epoch)
                 self.cs.epoch(epoch)  # then prepares the next while the workers train
                 mark(f"epoch {epoch} delivered")
-                self.finish_epoch({**self.cs.report, "dropped_points": self.dropped})
+                attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+                self.finish_epoch(
+                    {
+                        **self.cs.report,
+                        "dropped_points": self.dropped,
+                        "attempt": attempt,
+                        **restart,
+                    }
+                )
+                restart = {}
+                if self.checkpointing:
+                    flat = models.flat_params(self.model)
+                    rows = self.writer.rows
+                    checkpoint.save(
+                        self.ctx.run_dir, self.cfg, epoch, flat, self.momentum_flat, rows
+                    )
         finally:
             self.cs.close()
         self.finish(time.perf_counter() - t_start)
+
+    def resume(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """After a restart: the stores restored (damaged ones re-placed), the checkpointed
+        model and momentum to every rank, the metrics so far rewritten. The first resumed
+        epoch's record says what the restart cost."""
+        done = int(saved["epoch"])
+        report = self.cs.restore(done)
+        params, momentum = saved["params"].clone(), saved["momentum"].clone()
+        self.resumed_state(params, momentum)
+        models.load_flat(self.model, params)
+        self.momentum_flat = momentum
+        self.writer.resume(saved["rows"])
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # 0: run again by hand
+        replaced = report["replaced_workers"]
+        log.info(
+            f"resumed after epoch {done} (attempt {attempt}): stores of "
+            f"{self.workers - len(replaced)} of {self.workers} workers intact"
+            + (f", workers {replaced} re-placed ({human_bytes(report['replacement_bytes'])})"
+               if replaced else "")
+        )  # fmt: skip
+        return {**report, "attempt": attempt}
 
     def corrupt_if_asked(self, epoch: int, symbols: list[torch.Tensor]) -> None:
         """Debug knob ``debug.corrupt_epoch``: flips a byte of the first symbol before sending.
@@ -235,6 +301,9 @@ class Master(_Rank):
             logits = self.model(self.x_test)
             row["test_loss"] = float(F.cross_entropy(logits, self.y_test))
             row["test_accuracy"] = float((logits.argmax(1) == self.y_test).double().mean())
+        if self.checkpointing and self.momentum:
+            self.momentum_flat = torch.zeros_like(flat)
+            dist.broadcast(self.momentum_flat, src=1, group=self.pair)
         row["train_loss"] = float(loss[0] / loss[1])
         row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
         row["allreduce_payload_bytes"] = self.steps * flat.numel() * flat.element_size()
@@ -280,7 +349,7 @@ class Worker(_Rank):
     """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
 
     def run(self) -> None:
-        features, classes, _ = self.meta()
+        features, classes, _, done = self.meta()
         self.cs = self.coded_shuffle(None)
         self.k, self.q = self.ctx.worker, self.cs.setup.num_points // self.workers
         self.model = self.build_model(features, classes)
@@ -291,8 +360,10 @@ class Worker(_Rank):
             momentum=float(o.get("momentum", 0.0)),
             weight_decay=float(o.get("weight_decay", 0.0)),
         )
+        if done:
+            self.resume(done)
         try:
-            for epoch in range(1, self.epochs + 1):
+            for epoch in range(done + 1, self.epochs + 1):
                 self.begin(epoch)
                 batch = self.cs.epoch(epoch)
                 mark(f"epoch {epoch} delivered")
@@ -301,6 +372,29 @@ class Worker(_Rank):
         finally:
             self.cs.close()
         self.gather_digest()
+
+    def resume(self, done: int) -> None:
+        """After a restart: the own store restored (or re-placed), the master's checkpointed
+        parameters and momentum loaded."""
+        self.cs.restore(done)
+        params = models.flat_params(self.model).clone()
+        momentum = torch.zeros_like(params) if self.momentum else torch.zeros(0)
+        self.resumed_state(params, momentum)
+        models.load_flat(self.model, params)
+        if momentum.numel():
+            offset = 0
+            for p in self.model.parameters():
+                n = p.numel()
+                self.opt.state[p]["momentum_buffer"] = (
+                    momentum[offset : offset + n].view_as(p).clone()
+                )
+                offset += n
+
+    def momentum_buffers(self) -> torch.Tensor:
+        """The optimiser's momentum as one flat vector (parameters' order)."""
+        return torch.cat(
+            [self.opt.state[p]["momentum_buffer"].reshape(-1) for p in self.model.parameters()]
+        )
 
     def train(self, epoch: int, batch: LocalBatch) -> None:
         """One epoch of synchronous SGD over the own batch; worker 0 sends the result."""
@@ -329,6 +423,8 @@ class Worker(_Rank):
         if self.k == 0:
             dist.broadcast(models.flat_params(self.model), src=1, group=self.pair)
             dist.broadcast(totals, src=1, group=self.pair)
+            if self.checkpointing and self.momentum:
+                dist.broadcast(self.momentum_buffers(), src=1, group=self.pair)
         mark(f"epoch {epoch} trained")
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:

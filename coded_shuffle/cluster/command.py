@@ -13,6 +13,7 @@ from ..errors import UsageError
 from ..rates import format_rate, parse_rate
 from .netns import Cluster, check_privileges, sweep_stale
 from .run import (
+    Fault,
     check_training_config,
     last_error,
     run_hosts,
@@ -44,6 +45,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
     cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu)
+    faults = [Fault.parse(kind, text, args.hosts) for kind in ("kill", "cut")
+              for text in getattr(args, kind, None) or []]  # fmt: skip
     if not args.dry_run:
         check_privileges()
     if args.script is not None:
@@ -70,10 +73,10 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         with cluster:
             before = cluster.nic_counters()
             t0 = time.perf_counter()
-            results = run_hosts(cluster, target, logs, grace=args.grace)
+            results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults)
             wall = time.perf_counter() - t0
             record.parent.mkdir(parents=True, exist_ok=True)
-            write_record(record, cluster, before, cluster.nic_counters(), results, wall)
+            write_record(record, cluster, before, cluster.nic_counters(), results, wall, faults)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..rates import format_rate
-from .netns import IFACE, Cluster
+from .netns import IFACE, Cluster, kill_namespace_processes
 
 MASTER_PORT = 29500
 MULTICAST_SHARE = 0.99  # default pacing of multicast: this share of the slowest NIC
@@ -35,6 +35,31 @@ class HostResult:
     host: int
     code: int | None
     log: Path
+
+
+@dataclass
+class Fault:
+    """``--kill HOST@SECONDS`` or ``--cut HOST@SECONDS``: what happens to a host, and when."""
+
+    kind: str  # "kill" | "cut"
+    host: int
+    at: float
+    done_at: float | None = None
+    restarted: bool = False
+
+    @classmethod
+    def parse(cls, kind: str, text: str, hosts: int) -> Fault:
+        m = re.fullmatch(r"(\d+)@(\d+(?:\.\d*)?)", text.strip())
+        if not m:
+            raise UsageError(f"--{kind} {text!r}: expected HOST@SECONDS, e.g. 2@20")
+        host, at = int(m.group(1)), float(m.group(2))
+        if not 0 <= host < hosts:
+            raise UsageError(f"--{kind} {text}: host {host} out of range 0..{hosts - 1}")
+        return cls(kind, host, at)
+
+    def record(self) -> dict:
+        return {"kind": self.kind, "host": self.host, "at": self.at, "done_at": self.done_at,
+                "restarted": self.restarted}  # fmt: skip
 
 
 def _override(overrides: Sequence[str], key: str) -> str | None:
@@ -82,22 +107,35 @@ def check_training_config(overrides: Sequence[str]) -> None:
         raise UsageError(re.sub(r"^[\w .-]+: error: ", "", lines[-1]))
 
 
+def max_restarts(target: Sequence[str]) -> int:
+    """``dist.max_restarts`` of the training job (0 for a script or when not given)."""
+    value = _override(target, "dist.max_restarts") if "train" in target[:2] else None
+    return int(value) if value and value.isdigit() else 0
+
+
 def torchrun_argv(cluster: Cluster, host: int, target: Sequence[str]) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(cluster.hosts), "--nproc-per-node", "1",
         "--node-rank", str(host), "--master-addr", cluster.address(0),
-        "--master-port", str(MASTER_PORT), *target,
+        "--master-port", str(MASTER_PORT), "--max-restarts", str(max_restarts(target)),
+        *target,
     ]  # fmt: skip
 
 
 def run_hosts(
-    cluster: Cluster, target: Sequence[str], logs: Path, grace: float = 30.0
+    cluster: Cluster,
+    target: Sequence[str],
+    logs: Path,
+    grace: float = 30.0,
+    faults: Sequence[Fault] = (),
 ) -> list[HostResult]:
     """Starts ``torchrun ... target`` on every host and waits for all of them.
 
-    Host 0's output is echoed to the console. After the first failure the others get
-    ``grace`` seconds, then every process in the cluster is killed.
+    Host 0's output is echoed to the console. ``faults`` fire at their time: a killed host
+    loses every process (and is started again when the job restarts after failures); a cut
+    host's link goes down. After the first failure the others get ``grace`` seconds, then
+    every process in the cluster is killed.
     """
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": IFACE, "PYTHONUNBUFFERED": "1"}
@@ -105,14 +143,19 @@ def run_hosts(
     files = [r.log.open("w") for r in results]
     procs: list[subprocess.Popen] = []
     echo = None
+
+    def start(i: int) -> subprocess.Popen:
+        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
+        out = subprocess.PIPE if i == 0 else files[i]
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
     try:
         for i in range(cluster.hosts):
-            argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
-            out = subprocess.PIPE if i == 0 else files[i]
-            procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(start(i))
         echo = threading.Thread(target=_tee, args=(procs[0].stdout, files[0]), daemon=True)
         echo.start()
-        _wait(procs, results, grace)
+        restart = start if max_restarts(target) > 0 else None
+        _wait(procs, results, grace, Faults(cluster, faults, restart))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -135,10 +178,52 @@ def _tee(stream, log) -> None:
         log.flush()
 
 
-def _wait(procs: list[subprocess.Popen], results: list[HostResult], grace: float) -> None:
+class Faults:
+    """Fires ``--kill`` and ``--cut`` at their time; a killed host is started again when the
+    job restarts after failures (``restart``), as a replaced machine would be."""
+
+    def __init__(self, cluster: Cluster, faults: Sequence[Fault], restart) -> None:
+        self.cluster, self.pending, self.restart = (
+            cluster,
+            sorted(faults, key=lambda f: f.at),
+            restart,
+        )
+        self.t0 = time.monotonic()
+
+    def fire(self, procs: list[subprocess.Popen]) -> None:
+        now = time.monotonic() - self.t0
+        while self.pending and self.pending[0].at <= now:
+            fault = self.pending.pop(0)
+            ns = self.cluster.host_ns(fault.host)
+            if fault.kind == "cut":
+                _ip_quiet("-n", ns, "link", "set", IFACE, "down")
+            else:
+                while kill_namespace_processes(ns):
+                    time.sleep(0.05)
+                procs[fault.host].wait()
+                if self.restart is not None:
+                    procs[fault.host] = self.restart(fault.host)
+                    fault.restarted = True
+            fault.done_at = round(now, 3)
+            print(
+                f"coded-shuffle cluster: {fault.kind} host {fault.host} at {now:.1f} s"
+                f"{' (started again)' if fault.restarted else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _ip_quiet(*args: str) -> None:
+    subprocess.run(["ip", *args], capture_output=True, check=False)
+
+
+def _wait(
+    procs: list[subprocess.Popen], results: list[HostResult], grace: float, faults: Faults
+) -> None:
     """Until every host exited; ``grace`` seconds after the first failure, kills the rest."""
     failed_at = None
     while True:
+        faults.fire(procs)
         for r, p in zip(results, procs, strict=True):
             r.code = p.poll()
         codes = [r.code for r in results]
@@ -159,7 +244,8 @@ def last_error(log: Path) -> str:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    for pattern in (r"error: ", r"Error", r"failed"):
+    # a rank's watchdog names the lost rank and its address; then the job's own one-line errors
+    for pattern in (r"^rank \d+ \((master|worker \d+)\): ", r"error: ", r"Error", r"failed"):
         for line in reversed(lines):
             if re.search(pattern, line):
                 return line
@@ -167,7 +253,13 @@ def last_error(log: Path) -> str:
 
 
 def write_record(
-    path: Path, cluster: Cluster, before: list[dict], after: list[dict], results, wall: float
+    path: Path,
+    cluster: Cluster,
+    before: list[dict],
+    after: list[dict],
+    results,
+    wall: float,
+    faults: Sequence[Fault] = (),
 ) -> None:
     hosts = []
     for i in range(cluster.hosts):
@@ -181,5 +273,11 @@ def write_record(
                 "nic_rx_bytes": after[i]["rx_bytes"] - before[i]["rx_bytes"],
             }
         )
-    record = {"run_id": cluster.run_id, "mtu": cluster.mtu, "wall_seconds": wall, "hosts": hosts}
+    record = {
+        "run_id": cluster.run_id,
+        "mtu": cluster.mtu,
+        "wall_seconds": wall,
+        "hosts": hosts,
+        "faults": [f.record() for f in faults],
+    }
     path.write_text(json.dumps(record, indent=2) + "\n")

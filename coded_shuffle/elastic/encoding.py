@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 
@@ -24,11 +22,3 @@ def split_blocks(data: np.ndarray, recovery_threshold: int) -> np.ndarray:
 def encode(blocks: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Coded blocks ``(R, b, d)`` for generator rows ``(R, L)`` (eq. (1))."""
     return np.tensordot(np.atleast_2d(rows), blocks, axes=(1, 0))
-
-
-def digest(array: np.ndarray) -> bytes:
-    """SHA-256 of an array's shape, dtype and bytes (to recognise a stored block)."""
-    a = np.ascontiguousarray(array)
-    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a.tobytes())
-    return h.digest()

@@ -17,9 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ..blockstore import BlockStore, digest
 from .cyclic import worker_backward, worker_forward
-from .encoding import digest
-from .store import BlockStore
 
 HEADER_INTS = 3
 SLOTS = ("coded", "uncoded")  # uncoded rows are stored as [row id, x..., y]

@@ -25,9 +25,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..blockstore import digest
 from ..errors import UsageError
 from .cyclic import CyclicUsage, GroupCode
-from .encoding import block_rows, digest, encode, split_blocks
+from .encoding import block_rows, encode, split_blocks
 from .generator import KINDS, Generator, systematic_generator, with_fresh_row
 from .membership import (
     Event,

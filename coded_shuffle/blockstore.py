@@ -1,12 +1,15 @@
-"""A worker's persistent store: its coded block (and a baseline's uncoded rows) on its own disk.
+"""A worker's persistent store on its own disk: named arrays that survive a restart.
 
 Each slot is ``<slot>.npy`` plus ``<slot>.json`` (digest and metadata), written to a temporary
 file and renamed, so a worker killed mid-write leaves either the old slot or the new one. A
-restarted worker reloads its slot and proves it to the master by the SHA-256 digest.
+restarted worker reloads its slot and proves it intact by the SHA-256 digest. Used by coded
+elastic computing (a worker's coded block) and by :class:`~coded_shuffle.CodedShuffle`
+(a worker's cached rows, ``store_dir=``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,13 +18,23 @@ from typing import Any
 
 import numpy as np
 
-from .encoding import digest
+
+def digest(array: np.ndarray) -> bytes:
+    """SHA-256 of an array's shape, dtype and bytes (to recognise a stored array)."""
+    a = np.ascontiguousarray(array)
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.digest()
 
 
 class BlockStore:
-    """Named arrays persisted under ``root`` (one directory per worker)."""
+    """Named arrays persisted under ``root`` (one directory per worker), stored as ``dtype``
+    (``None``: as given)."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], dtype: np.dtype | type | None = np.float64
+    ) -> None:
+        self.dtype = dtype
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._cache: dict[str, np.ndarray] = {}
@@ -32,7 +45,7 @@ class BlockStore:
     def save(self, slot: str, array: np.ndarray, meta: dict[str, Any] | None = None) -> bytes:
         """Persists ``array`` in ``slot`` atomically; returns its digest."""
         data, info = self._paths(slot)
-        array = np.ascontiguousarray(array, dtype=np.float64)
+        array = np.ascontiguousarray(array, dtype=self.dtype)
         d = digest(array)
         tmp = data.with_suffix(".npy.tmp")
         with open(tmp, "wb") as f:
@@ -60,6 +73,12 @@ class BlockStore:
             return None
         self._cache[slot] = array
         return array
+
+    def remove(self, slot: str) -> None:
+        """Forgets ``slot`` (on disk too; absent is fine)."""
+        self._cache.pop(slot, None)
+        for path in self._paths(slot):
+            path.unlink(missing_ok=True)
 
     def meta(self, slot: str) -> dict[str, Any]:
         try:
