@@ -334,8 +334,9 @@ class CodedShuffle:
         }
         return self.report
 
-    def _pending(self, completed: int) -> bool:
-        return self.epochs is None or completed < self.epochs
+    def _pending(self, epoch: int) -> bool:
+        """Whether an epoch follows ``epoch`` (a store is needed after it)."""
+        return self.epochs is None or epoch < self.epochs
 
     def _advance(self, completed: int):
         """The chain moved on to the state after epoch ``completed`` (plans replayed, nothing
@@ -577,9 +578,6 @@ class CodedShuffle:
     def _k(self) -> int:
         return self.rank - 1
 
-    def _upcoming_after(self, epoch: int) -> bool:
-        return self.epochs is None or epoch < self.epochs
-
     def _plan_ahead(self) -> None:
         """The next epoch's worker program, derived before the master sends (it is ready)."""
         up = self._upcoming
@@ -647,7 +645,7 @@ class CodedShuffle:
         next_caches = self.scheme.part_caches(tr.next_state, k)
         self._store = store.updated(delivery, k, workspaces, next_caches)
         seconds = time.perf_counter() - t0
-        if self._upcoming_after(tr.epoch):
+        if self._pending(tr.epoch):
             self._persist(tr.epoch)
         self._report(batch, seconds, self._store.stored_bytes())
         return batch

@@ -99,13 +99,17 @@ def load(cfg: Any, workers: int, seed: int) -> DataSet:
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Source:
-    """A data source: features and labels (test arrays only if it brings its own)."""
+    """A data source: features and labels (test arrays only if it brings its own).
+
+    Built by ``instantiate`` from the config, which gives every field: the defaults live in
+    the schema (:mod:`train.config`) and ``conf/data``, not here.
+    """
 
     source: str
-    test_fraction: float = 0.2
-    normalise: bool = True
+    test_fraction: float
+    normalise: bool
 
     def raw(self, seed: int) -> Arrays:
         raise NotImplementedError
@@ -121,11 +125,9 @@ class Source:
         return DataInfo(int(train), int(x.shape[1]), int(y.max()) + 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Digits(Source):
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes, no download)."""
-
-    source: str = "digits"
 
     def raw(self, seed: int) -> Arrays:
         from sklearn.datasets import load_digits  # about 1 s: only for this source
@@ -134,16 +136,16 @@ class Digits(Source):
         return digits.data.astype(np.float32), digits.target.astype(np.int64), None, None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Synthetic(Source):
     """Gaussian classes: class means ``separation * N(0, I)``, unit noise (vectorised)."""
 
-    source: str = "synthetic"
-    points: int = 4000
-    test_points: int = 1000
-    features: int = 64
-    classes: int = 10
-    separation: float = 3.0
+    test_fraction: float = 0.0  # unused: the source brings its own test points
+    points: int
+    test_points: int
+    features: int
+    classes: int
+    separation: float
 
     def check(self) -> None:
         for key, low in (("points", 1), ("test_points", 1), ("features", 1), ("classes", 2)):
@@ -164,12 +166,11 @@ class Synthetic(Source):
         return x[:n], y[:n], x[n:], y[n:]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class File(Source):
     """``X``/``y`` (and optional ``X_test``/``y_test``) from an ``.npz`` or ``.pt`` file."""
 
-    source: str = "file"
-    path: str = ""
+    path: str
 
     def raw(self, seed: int) -> Arrays:
         path = Path(self.path)
