@@ -20,12 +20,14 @@ import hashlib
 import mmap
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .decoder import BATCH, CACHE, SCRATCH, PoolOp, WorkerProgram, block_op
+from . import kernel
+from .decoder import BATCH, CACHE, SCRATCH, PoolOp, WorkerProgram, arrival_order, block_op
 from .plan import DeliveryPlan, XorBlock, subpoint_bytes
 
 CHUNK_BYTES = 1 << 20
@@ -105,23 +107,12 @@ def join_subpoints(rows: torch.Tensor, splits: int, point_bytes: int) -> torch.T
     return rows.reshape(rows.shape[0] // splits, splits * rows.shape[1])[:, :point_bytes]
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """The same bytes viewed as the widest integer type that divides a row."""
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
-        aligned = t.numel() > 0 and t.storage_offset() % size == 0  # empty or offset parts
-        if aligned and t.shape[1] % size == 0 and t.is_contiguous():
-            return t.view(dtype)
-    return t
-
-
 def run_blocks(blocks: tuple[XorBlock, ...], src: torch.Tensor, dst: torch.Tensor) -> None:
     """``dst[targets] = XOR_c src[sources[:, c]]`` for every block (the encoder's program):
     the blocks as pool ops (:func:`~coded_shuffle.decoder.block_op`) on :func:`run_ops`."""
     if not blocks or src.shape[1] == 0:
         return
-    row_bytes = src.shape[1]
-    size = _common_width([src, dst], row_bytes)
-    views = [_rows_view(t, size, row_bytes) for t in (src, dst)]
+    views = [_rows_view(t, src.shape[1]) for t in (src, dst)]
     run_ops(tuple(block_op(b, src_pool=0, dest_pool=1) for b in blocks), views, full=False)
 
 
@@ -135,12 +126,42 @@ def encode_blocks(plan: DeliveryPlan) -> tuple[XorBlock, ...]:
     return tuple(blocks)
 
 
+class Encoder:
+    """A plan's symbols, encoded on demand in runs of rows (streaming delivery).
+
+    ``rows(first, count)`` returns symbols ``first .. first + count`` as fresh rows; a
+    transport can send them while the next run is encoded (the kernel releases the GIL).
+    The bytes are those of :func:`encode`; ``seconds`` sums the time spent encoding.
+    """
+
+    def __init__(self, plan: DeliveryPlan, data: torch.Tensor) -> None:
+        self.subs = _rows_view(
+            split_points(data, plan.splits), subpoint_bytes(data.shape[1], plan.splits)
+        )
+        self.ops = tuple(block_op(b, src_pool=0, dest_pool=1) for b in encode_blocks(plan))
+        self.shape = (plan.num_symbols, self.subs.shape[1])
+        self.seconds = 0.0
+
+    def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Symbols ``first .. first + count`` into ``out`` (``(count, sub)`` uint8, C-order;
+        e.g. a message's payload) or fresh rows."""
+        t0 = time.perf_counter()
+        out = empty_rows(count, self.shape[1]) if out is None else out
+        if count and self.shape[1]:
+            arrays = [self.subs.numpy(), out.numpy()]
+            for op in self.ops:  # encode ops write one run of symbols each
+                lo = max(first, op.target_start) - op.target_start
+                hi = min(first + count, op.target_start + len(op)) - op.target_start
+                if hi > lo:
+                    _run_op(op, arrays, False, lo, hi, shift=first)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
 def encode(plan: DeliveryPlan, data: torch.Tensor) -> torch.Tensor:
     """All symbols of ``plan`` as a ``(num_symbols, sub_bytes)`` uint8 tensor."""
-    subs = split_points(data, plan.splits)
-    out = empty_rows(plan.num_symbols, subs.shape[1])
-    run_blocks(encode_blocks(plan), subs, out)
-    return out
+    encoder = Encoder(plan, data)
+    return encoder.rows(0, encoder.shape[0])
 
 
 def decode(
@@ -176,91 +197,118 @@ class Workspace:
         pools = {CACHE: self.cache, BATCH: self.batch, SCRATCH: self.scratch}
         if np.all(pool == BATCH):  # e.g. no excess storage: the new cache is the new batch
             return gather_rows(self.batch, row)
-        out = torch.empty((subpoints.size, self.batch.shape[1]), dtype=torch.uint8)
+        out = empty_rows(subpoints.size, self.batch.shape[1])
         for code, src in pools.items():
             sel = np.flatnonzero(pool == code)
             if sel.size:
-                picked = src.index_select(0, torch.from_numpy(row[sel]))
-                out.index_copy_(0, torch.from_numpy(sel), picked)
+                _copy_rows(out, sel, src, row[sel])
         return out
 
 
-def _common_width(tensors: list[torch.Tensor], row_bytes: int) -> int:
-    """The widest integer size (8, 4, 2, 1) that divides a row and aligns every tensor."""
-    for size in (8, 4, 2):
-        if row_bytes % size == 0 and all(
-            t.numel() == 0 or t.storage_offset() % size == 0 for t in tensors
-        ):
-            return size
-    return 1
-
-
-_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
-
-
-def _rows_view(t: torch.Tensor, size: int, row_bytes: int) -> torch.Tensor:
-    """``t`` as ``(rows, row_bytes // size)`` integers of ``size`` bytes."""
+def _rows_view(t: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """``t`` as contiguous ``(rows, row_bytes)`` uint8 rows (an empty tensor: no rows)."""
     if t.dim() != 2 or t.shape[1] != row_bytes:  # only empty tensors (no rows) get here
         t = t.new_empty((0, row_bytes))
-    return t.contiguous().view(_DTYPES[size])
+    return t.contiguous()
 
 
-def _column(
-    src: torch.Tensor, idx: np.ndarray, start: int, a: int, b: int, buf: torch.Tensor
-) -> torch.Tensor:
-    """Rows ``idx[a:b]`` of ``src``: a slice when they are one run, else gathered into ``buf``."""
-    if start >= 0:
-        return src[start + a : start + b]
-    torch.index_select(src, 0, torch.from_numpy(idx[a:b]), out=buf)
-    return buf
+def _pairs(count: int) -> list[tuple[int, int, int]]:
+    """Kernel calls for an op of ``count`` columns: ``(mode, first, second)`` each (second -1:
+    one column), the first writing, the rest XORing into the targets."""
+    calls = [(kernel.XOR if count > 1 else kernel.COPY, 0, 1 if count > 1 else -1)]
+    for c in range(2, count, 2):
+        calls.append((kernel.ACC_XOR, c, c + 1) if c + 1 < count else (kernel.ACC, c, -1))
+    return calls
 
 
 def run_ops(ops: tuple[PoolOp, ...], pools: list[torch.Tensor], full: bool) -> None:
-    """Executes pool ops in order, in chunks of at most ``CHUNK_BYTES`` per scratch buffer:
-    the one gather-XOR executor of the codec (encode and decode).
+    """Executes pool ops in order on the fused gather-XOR kernel (:mod:`.kernel`): the one
+    executor of the codec (encode and decode).
 
-    ``pools`` is indexed by pool code (all the same integer view); ``full``: the ``SYM``
-    pool is the whole broadcast (use ``full_sources``), else the kept symbols in order. Each
-    column is read as a slice when its rows are one run, else gathered; the result is written
-    straight into its rows when the targets are one run, else scattered.
+    ``pools`` is indexed by pool code (uint8 rows of one width); ``full``: the ``SYM`` pool is
+    the whole broadcast (use ``full_sources``), else the kept symbols in order. Each column is
+    read as a run of rows when it is one, else gathered; each result is written straight
+    into its row.
     """
-    ref = pools[ops[0].dest] if ops else pools[0]  # every pool: the same integer view
-    width = ref.shape[1] * ref.element_size()
-    chunk = max(1, CHUNK_BYTES // max(1, width))
-    rows = min(chunk, max((len(op) for op in ops), default=0))
-    acc = torch.empty((rows, ref.shape[1]), dtype=ref.dtype)
-    tmp = torch.empty_like(acc)
-    arrays = [p.numpy() for p in pools]  # numpy scatters rows faster than index_copy_
+    arrays = [p.numpy() for p in pools]
     for op in ops:
-        sources, starts = (op.full_sources, op.full_starts) if full else (op.sources, op.starts)
-        dst, dst_np = pools[op.dest], arrays[op.dest]
-        cols = [(pools[p], sources[c], starts[c]) for c, p in enumerate(op.pools)]
-        for a in range(0, len(op), chunk):
-            b = min(a + chunk, len(op))
-            n = b - a
-            direct = op.target_start >= 0
-            out = dst[op.target_start + a : op.target_start + b] if direct else acc[:n]
-            src, idx, start = cols[0]
-            if len(cols) == 1:
-                if direct and start < 0:
-                    torch.index_select(src, 0, torch.from_numpy(idx[a:b]), out=out)
-                    continue
-                value = _column(src, idx, start, a, b, acc[:n])
-                if direct:
-                    out.copy_(value)
-                else:
-                    dst_np[op.targets[a:b]] = value.numpy()
-                continue
-            cur = _column(src, idx, start, a, b, acc[:n])
-            for src, idx, start in cols[1:-1]:
-                value = _column(src, idx, start, a, b, tmp[:n])
-                torch.bitwise_xor(cur, value, out=acc[:n])
-                cur = acc[:n]
-            src, idx, start = cols[-1]
-            value = _column(src, idx, start, a, b, tmp[:n])
-            torch.bitwise_xor(cur, value, out=out)
-            if not direct:
-                dst_np[op.targets[a:b]] = out.numpy()
+        _run_op(op, arrays, full, 0, len(op))
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _column(op: PoolOp, full: bool, c: int, a: int, b: int) -> tuple[int, np.ndarray]:
+    """Rows ``a:b`` of column ``c``: ``(start, no index)`` for a run, else ``(-1, index)``."""
+    sources, starts = (op.full_sources, op.full_starts) if full else (op.sources, op.starts)
+    if starts[c] >= 0:
+        return starts[c] + a, _NONE
+    return -1, sources[c][a:b]
+
+
+def _run_op(
+    op: PoolOp, arrays: list[np.ndarray], full: bool, a: int, b: int, shift: int = 0
+) -> None:
+    """Rows ``a:b`` of ``op`` (targets moved down by ``shift``), in chunks of at most
+    ``CHUNK_BYTES`` when the op has more than two columns, so that partial XORs stay in
+    cache."""
+    dst, count = arrays[op.dest], len(op.pools)
+    chunk = b - a if count <= 2 else max(1, CHUNK_BYTES // max(1, dst.shape[1]))
+    for lo in range(a, b, max(chunk, 1)):
+        hi = min(lo + chunk, b)
+        if op.target_start >= 0:
+            t0, targets = op.target_start + lo - shift, _NONE
+        else:
+            t0, targets = -1, op.targets[lo:hi] - shift if shift else op.targets[lo:hi]
+        for mode, c1, c2 in _pairs(count):
+            s1, i1 = _column(op, full, c1, lo, hi)
+            s2, i2 = _column(op, full, c2, lo, hi) if c2 >= 0 else (-1, _NONE)
+            src1 = arrays[op.pools[c1]]
+            src2 = arrays[op.pools[c2]] if c2 >= 0 else src1
+            kernel.gather_xor(dst, targets, t0, src1, i1, s1, src2, i2, s2, mode, hi - lo)
+
+
+class StreamDecoder:
+    """One part's decode at a worker, run as its symbols arrive (streaming delivery).
+
+    ``symbols`` is the buffer the kept symbols (``program.symbol_ids``, in that order) arrive
+    in; :meth:`advance` is told how many leading rows have arrived and runs every row of the
+    program whose symbols are all there (:func:`~coded_shuffle.decoder.arrival_order`), so
+    that decoding overlaps the transfer; :meth:`finish` runs the rest. Every decoded row is
+    written once, in place, by the same kernel as :func:`decode_workspace`; the bytes are
+    the same. ``seconds`` sums the time spent decoding.
+    """
+
+    def __init__(self, program: WorkerProgram, symbols: torch.Tensor, cache: torch.Tensor):
+        m = program.symbol_ids.size
+        if symbols.shape[0] != m:
+            raise ValueError(f"{symbols.shape[0]} symbol rows for {m} kept symbols")
+        sub = cache.shape[1] if cache.numel() else symbols.shape[1]
+        self.program, self.symbols, self.cache = program, symbols, cache
+        self.batch = empty_rows(program.batch_rows.size, sub)
+        self.scratch = torch.empty((program.num_scratch, sub), dtype=torch.uint8)
+        pools = [symbols, cache, self.batch, self.scratch]
+        self.arrays = [_rows_view(t, sub).numpy() for t in pools]
+        self.staged = arrival_order(program) if sub else ()
+        self.ready = -1  # rows with need <= ready have run
+        self.seconds = 0.0
+
+    def advance(self, available: int) -> None:
+        """Runs every row whose kept symbols ``0 .. available - 1`` have all arrived."""
+        if available <= self.ready:
+            return
+        t0 = time.perf_counter()
+        for op, need in self.staged:
+            a, b = np.searchsorted(need, [self.ready, available], side="right")
+            if b > a:
+                _run_op(op, self.arrays, False, int(a), int(b))
+        self.ready = available
+        self.seconds += time.perf_counter() - t0
+
+    def finish(self) -> Workspace:
+        """Runs what is left (every symbol has arrived) and returns the workspace."""
+        self.advance(self.program.symbol_ids.size)
+        return Workspace(self.program, self.cache, self.batch, self.scratch)
 
 
 def decode_workspace(
@@ -277,12 +325,9 @@ def decode_workspace(
     sub = cache.shape[1] if cache.numel() else symbols.shape[1]
     batch = empty_rows(program.batch_rows.size, sub)
     scratch = torch.empty((program.num_scratch, sub), dtype=torch.uint8)
-    if sub == 0:  # a zero-byte part (memory sharing): nothing to compute
-        return Workspace(program, cache, batch, scratch)
-    pools = [symbols, cache, batch, scratch]
-    size = _common_width(pools, sub)
-    views = [_rows_view(t, size, sub) for t in pools]
-    run_ops(program.ops, views, full=symbols.shape[0] != m)
+    if sub:  # a zero-byte part (memory sharing): nothing to compute
+        views = [_rows_view(t, sub) for t in (symbols, cache, batch, scratch)]
+        run_ops(program.ops, views, full=symbols.shape[0] != m)
     return Workspace(program, cache, batch, scratch)
 
 
@@ -299,10 +344,21 @@ def cache_bytes(data: torch.Tensor, plan: DeliveryPlan, worker: int) -> torch.Te
 
 
 def gather_rows(src: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-    """``src[rows]`` into a fresh :func:`empty_rows` buffer, on a wide integer view."""
+    """``src[rows]`` into a fresh :func:`empty_rows` buffer (the kernel's copy)."""
     out = empty_rows(rows.size, src.shape[1])
-    src_w, out_w = _wide(src), _wide(out)
-    if src_w.dtype != out_w.dtype:
-        src_w, out_w = src, out
-    torch.index_select(src_w, 0, torch.from_numpy(np.ascontiguousarray(rows)), out=out_w)
+    _copy_rows(out, None, src, rows)
     return out
+
+
+def _copy_rows(
+    out: torch.Tensor, targets: np.ndarray | None, src: torch.Tensor, rows: np.ndarray
+) -> None:
+    """``out[targets] = src[rows]`` (``targets`` None: the rows of ``out`` in order)."""
+    if rows.size == 0 or src.shape[1] == 0:
+        return
+    none = np.zeros(0, dtype=np.int64)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    t = none if targets is None else np.ascontiguousarray(targets, dtype=np.int64)
+    dst, s = _rows_view(out, out.shape[1]).numpy(), _rows_view(src, src.shape[1]).numpy()
+    t0 = 0 if targets is None else -1
+    kernel.gather_xor(dst, t, t0, s, rows, -1, s, none, -1, kernel.COPY, rows.size)

@@ -10,6 +10,7 @@ rows, which the byte codec executes. A plan that some worker cannot decode raise
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 from scipy.sparse import coo_matrix
@@ -23,6 +24,16 @@ MAX_ELIMINATION_UNKNOWNS = 4096
 # Pools of rows that the byte codec reads and writes (see PoolOp).
 SYM, CACHE, BATCH, SCRATCH = 0, 1, 2, 3
 DENSE_SPAN = 1.5  # a group may write its targets' span when it is at most this many rows each
+
+
+def distinct(values: np.ndarray, size: int) -> np.ndarray:
+    """Sorted distinct ``values`` (all in ``0 .. size - 1``): a mask over ``size`` when the
+    values are many (linear, no sort), ``np.unique`` when they are few."""
+    if values.size * 64 < size:
+        return np.unique(values)
+    mask = np.zeros(size, dtype=bool)
+    mask[values] = True
+    return np.flatnonzero(mask)
 
 
 @dataclass(frozen=True)
@@ -71,8 +82,21 @@ class WorkerProgram:
     cache_ids: np.ndarray  # sub-points in the cache rows (sorted)
     decoded_ids: np.ndarray  # sub-points in the decoded rows, in row order
     eliminated: int  # sub-points that needed GF(2) elimination (0: peeling sufficed)
-    ops: tuple[PoolOp, ...] = ()
-    num_scratch: int = 0  # decoded sub-points outside the new batch
+
+    @cached_property
+    def _compiled(self) -> tuple[tuple[PoolOp, ...], int]:
+        return _compile(self)
+
+    @property
+    def ops(self) -> tuple[PoolOp, ...]:
+        """The executable program (compiled on first use: the master, which proves every
+        worker's program, never needs the others' ops)."""
+        return self._compiled[0]
+
+    @property
+    def num_scratch(self) -> int:
+        """Decoded sub-points outside the new batch (rows of the ``SCRATCH`` pool)."""
+        return self._compiled[1]
 
     @property
     def num_decoded(self) -> int:
@@ -140,8 +164,8 @@ def decode_worker(plan: DeliveryPlan, worker: int, index: PlanIndex | None = Non
     index = index or PlanIndex(plan)
     state = _DecodeState(index, plan.caches[worker])
     demands = plan.demands(worker)
-    ready = np.flatnonzero(state.unknown == 1)
-    ready = ready[state.reachable(demands)[ready]]
+    reached = state.reachable(demands)
+    ready = reached[state.unknown[reached] == 1]
     while True:
         state.peel(ready)
         missing = demands[~state.known[demands]]
@@ -165,16 +189,15 @@ class _DecodeState:
         self.cache = cache
         self.known = np.zeros(index.num_subpoints, dtype=bool)
         self.known[cache] = True
-        unknown_terms = ~self.known[index.terms]
-        self.unknown = np.bincount(
-            index.symbol_of_term[unknown_terms], minlength=index.num_symbols
-        ).astype(np.int64)
+        # unknown terms per symbol; counted for the symbols reachable from the demands only
+        self.unknown = np.zeros(index.num_symbols, dtype=np.int64)
         # steps: (targets, sources) with a symbol s written as -(s + 1) among the sources
         self.steps: list[tuple[np.ndarray, np.ndarray]] = []
         self.eliminated = 0
 
     def reachable(self, subpoints: np.ndarray) -> np.ndarray:
-        """Mask of the symbols connected to ``subpoints`` through unknown sub-points.
+        """The symbols connected to ``subpoints`` through unknown sub-points (sorted), with
+        their unknown terms counted.
 
         Only these can ever help decode ``subpoints``: peeling the others is wasted work
         (with uncoded symbols it would decode all ``N`` points at every worker).
@@ -184,14 +207,20 @@ class _DecodeState:
         seen_sym = np.zeros(ix.num_symbols, dtype=bool)
         frontier = subpoints[~self.known[subpoints]]
         seen_sub[frontier] = True
+        found = []
         while frontier.size:
-            symbols = np.unique(ix.symbols_containing(frontier))
-            symbols = symbols[~seen_sym[symbols]]
+            symbols = ix.symbols_containing(frontier)
+            symbols = distinct(symbols[~seen_sym[symbols]], ix.num_symbols)
             seen_sym[symbols] = True
+            found.append(symbols)
             terms = ix.terms[ranges(ix.offsets[symbols], ix.degrees[symbols])]
-            frontier = np.unique(terms[~self.known[terms] & ~seen_sub[terms]])
+            frontier = distinct(terms[~self.known[terms] & ~seen_sub[terms]], ix.num_subpoints)
             seen_sub[frontier] = True
-        return seen_sym
+        reached = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+        pos = ranges(ix.offsets[reached], ix.degrees[reached])
+        unknown = ~self.known[ix.terms[pos]]
+        self.unknown[reached] = _per_symbol(unknown, ix.degrees[reached])
+        return np.sort(reached)
 
     def peel(self, ready: np.ndarray) -> None:
         """Resolves every symbol with one unknown left, round after round."""
@@ -212,8 +241,9 @@ class _DecodeState:
     def after_learning(self, subpoints: np.ndarray) -> np.ndarray:
         """Marks ``subpoints`` known; returns the symbols left with exactly one unknown."""
         self.known[subpoints] = True
-        touched, counts = np.unique(self.index.symbols_containing(subpoints), return_counts=True)
-        self.unknown[touched] -= counts
+        symbols = self.index.symbols_containing(subpoints)
+        np.subtract.at(self.unknown, symbols, 1)
+        touched = distinct(symbols, self.index.num_symbols)
         return touched[self.unknown[touched] == 1]
 
     def eliminate(self, missing: np.ndarray) -> np.ndarray:
@@ -300,8 +330,11 @@ class _DecodeState:
         """Prunes the steps to those the demands need and maps everything to rows."""
         steps = _prune(self.steps, demands, self.index.num_subpoints)
         used = [-s[s < 0] - 1 for _, s in steps]
-        symbol_ids = np.unique(np.concatenate(used)) if used else np.zeros(0, dtype=np.int64)
+        num_symbols = self.index.num_symbols
+        symbol_ids = distinct(np.concatenate(used), num_symbols) if used else np.zeros(0, np.int64)
         m, n_cache = symbol_ids.size, self.cache.size
+        position = np.zeros(num_symbols, dtype=np.int64)
+        position[symbol_ids] = np.arange(m, dtype=np.int64)
         row_of = np.full(self.index.num_subpoints, -1, dtype=np.int64)
         row_of[self.cache] = m + np.arange(n_cache, dtype=np.int64)
         decoded = np.concatenate([t for t, _ in steps]) if steps else np.zeros(0, np.int64)
@@ -310,14 +343,14 @@ class _DecodeState:
         for targets, sources in steps:
             mapped = np.where(
                 sources < 0,
-                np.searchsorted(symbol_ids, -sources - 1),
+                position[np.maximum(-sources - 1, 0)],
                 row_of[np.maximum(sources, 0)],
             )
             blocks.append(XorBlock(row_of[targets], mapped))
         batch_rows = row_of[subpoints_of(plan.new_batches[worker], plan.splits)]
         if np.any(batch_rows < 0):
             raise UndecodableError(f"{plan.scheme}: worker {worker} lacks part of its new batch")
-        program = WorkerProgram(
+        return WorkerProgram(
             worker=worker,
             symbol_ids=symbol_ids,
             num_cache=n_cache,
@@ -328,7 +361,12 @@ class _DecodeState:
             decoded_ids=decoded,
             eliminated=self.eliminated,
         )
-        return _with_ops(program)
+
+
+def _per_symbol(flags: np.ndarray, degrees: np.ndarray) -> np.ndarray:
+    """Sums of ``flags`` over consecutive runs of ``degrees`` entries (one run per symbol)."""
+    owner = np.repeat(np.arange(degrees.size), degrees)
+    return np.bincount(owner, weights=flags, minlength=degrees.size).astype(np.int64)
 
 
 def _prune(
@@ -409,6 +447,56 @@ def _pool_op(
     )
 
 
+def arrival_order(program: WorkerProgram) -> tuple[tuple[PoolOp, np.ndarray], ...]:
+    """Every op with its rows sorted by ``need``: how many kept symbols (in ``symbol_ids``
+    order, the order they arrive in) must be there before the row can be computed.
+
+    A row's need is the largest over its sources (a symbol: its position + 1; a cached row:
+    0; a decoded row: that row's need). A row that a later op overwrites (a gap row of the
+    densified group) needs 0: it runs first and its value is never read. Running, op by op
+    in program order, the rows whose need has been met gives the bytes of the whole program
+    (rows of one op are independent: they come from one peeling round).
+    """
+    need = {BATCH: np.zeros(program.batch_rows.size, np.int64)}
+    need[SCRATCH] = np.zeros(program.num_scratch, np.int64)
+    final = {BATCH: np.zeros(program.batch_rows.size, bool)}
+    final[SCRATCH] = np.zeros(program.num_scratch, bool)
+    last = [np.zeros(0, bool)] * len(program.ops)
+    for i in range(len(program.ops) - 1, -1, -1):  # the last writer of every row
+        op = program.ops[i]
+        last[i] = ~final[op.dest][op.targets]
+        final[op.dest][op.targets] = True
+    out = []
+    for i, op in enumerate(program.ops):
+        row_need = np.zeros(len(op), np.int64)
+        for c, pool in enumerate(op.pools):
+            col = op.sources[c]
+            if pool == SYM:
+                np.maximum(row_need, col + 1, out=row_need)
+            elif pool != CACHE:
+                np.maximum(row_need, need[pool][col], out=row_need)
+        row_need[~last[i]] = 0
+        need[op.dest][op.targets] = row_need
+        order = np.argsort(row_need, kind="stable")
+        if np.array_equal(order, np.arange(len(op))):
+            out.append((op, row_need))
+            continue
+        sources = np.ascontiguousarray(op.sources[:, order])
+        targets = op.targets[order]
+        starts = tuple(_run_start(col) for col in sources)
+        op = replace(
+            op,
+            targets=targets,
+            target_start=_run_start(targets),
+            sources=sources,
+            starts=starts,
+            full_sources=sources,  # streaming reads kept symbols only
+            full_starts=starts,
+        )
+        out.append((op, row_need[order]))
+    return tuple(out)
+
+
 def block_op(block: XorBlock, src_pool: int, dest_pool: int) -> PoolOp:
     """An :class:`XorBlock` whose sources all lie in one pool, as a pool op (the encoder's
     program: sub-points in, symbols out)."""
@@ -485,11 +573,11 @@ def _densified(groups: list[Group]) -> list[Group]:
     return [(dest, span, pools, padded), *groups[:best], *groups[best + 1 :]]
 
 
-def _with_ops(program: WorkerProgram) -> WorkerProgram:
-    """Compiles ``program.blocks`` into :class:`PoolOp` groups (one per pool pattern)."""
+def _compile(program: WorkerProgram) -> tuple[tuple[PoolOp, ...], int]:
+    """``program.blocks`` as :class:`PoolOp` groups (one per pool pattern), and the number
+    of scratch rows."""
     pool_of, row_of = _row_maps(program, prefer_batch=False)
     groups = _densified(_groups(program, pool_of, row_of))
     ops = tuple(_pool_op(program, *group) for group in groups)
     m, c = program.symbol_ids.size, program.num_cache
-    num_scratch = int(np.count_nonzero(pool_of[m + c :] == SCRATCH))
-    return replace(program, ops=ops, num_scratch=num_scratch)
+    return ops, int(np.count_nonzero(pool_of[m + c :] == SCRATCH))

@@ -108,22 +108,46 @@ class Delivery:
             for p, cols in zip(self.plans, self.column_slices(), strict=True)
         ]
 
+    def encoders(self, data: torch.Tensor) -> list[codec.Encoder]:
+        """Streaming encoders of every part (symbols encoded run by run as they are sent)."""
+        return [
+            codec.Encoder(p, data[:, cols])
+            for p, cols in zip(self.plans, self.column_slices(), strict=True)
+        ]
+
     def decode(
         self, worker: int, symbols: list[torch.Tensor], store: WorkerStore
     ) -> tuple[torch.Tensor, list[codec.Workspace]]:
         """The worker's new batch ``(q, B)`` and its decode workspaces (one per part).
 
+        ``symbols[part]``: the whole broadcast of the part, or only the worker's kept symbols.
         The batch may share memory with the workspaces; :meth:`WorkerStore.updated` copies.
         """
-        pieces, workspaces = [], []
-        for part, _plan in enumerate(self.plans):
-            program = self.programs[part][worker]
-            work = codec.decode_workspace(program, symbols[part], store.caches[part])
-            pieces.append(codec.batch_from_workspace(work, program, self.parts[part]))
-            workspaces.append(work)
+        workspaces = [
+            codec.decode_workspace(self.programs[part][worker], symbols[part], store.caches[part])
+            for part in range(len(self.plans))
+        ]
+        return self.batch(worker, workspaces), workspaces
+
+    def decoders(
+        self, worker: int, symbols: list[torch.Tensor], store: WorkerStore
+    ) -> list[codec.StreamDecoder]:
+        """Streaming decoders of every part: ``symbols[part]`` is the buffer the worker's kept
+        symbols arrive in; each decoder runs what it can as rows arrive."""
+        return [
+            codec.StreamDecoder(self.programs[part][worker], symbols[part], store.caches[part])
+            for part in range(len(self.plans))
+        ]
+
+    def batch(self, worker: int, workspaces: list[codec.Workspace]) -> torch.Tensor:
+        """The worker's new batch ``(q, B)`` from its decoded workspaces (one per part)."""
+        pieces = [
+            codec.batch_from_workspace(work, self.programs[part][worker], self.parts[part])
+            for part, work in enumerate(workspaces)
+        ]
         if len(pieces) == 1:
-            return pieces[0].contiguous(), workspaces
-        return torch.cat(pieces, dim=1), workspaces
+            return pieces[0].contiguous()
+        return torch.cat(pieces, dim=1)
 
 
 @dataclass

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import kernel
 from .assignment import batches
 from .blockstore import BlockStore
 from .bounds_api import lower_bound
-from .codec import digest
+from .codec import Encoder, digest
 from .delivery import Delivery, WorkerStore
 from .epochs import (
     EpochChain,
@@ -135,7 +136,7 @@ class Prepared:
 
     tr: Transition
     delivery: Delivery
-    symbols: list[torch.Tensor]
+    symbols: list[torch.Tensor] | list[Encoder]  # encoders: encoded as they are sent
     expected: list[bytes]  # SHA-256 of every worker's new batch
     bound: tuple[float, bool]
     plan_seconds: float
@@ -175,6 +176,10 @@ class CodedShuffle:
     on_progress : ``(bytes moved, bytes to move)`` after every message (progress lines).
     store_dir : where every worker persists its store after each epoch (atomically, with a
         digest), so that :meth:`restore` can resume a restarted job; ``None``: in memory only.
+    stream : an epoch the master did not make ready ahead (``epochs`` unknown) is encoded
+        message by message while earlier messages are on the link (``False``: the whole
+        epoch is encoded before the first byte is sent). Workers always decode as symbols
+        arrive.
 
     Attributes
     ----------
@@ -201,13 +206,14 @@ class CodedShuffle:
         timeout: timedelta | None = None,
         on_progress: Callable[[int, int], None] | None = None,
         store_dir: str | os.PathLike[str] | None = None,
+        stream: bool = True,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise UsageError("CodedShuffle needs torch.distributed: call init_process_group first")
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if world < 2:
             raise UsageError(f"world size {world}: CodedShuffle needs a master and >= 1 worker")
-        self.workers, self.epochs = world - 1, epochs
+        self.workers, self.epochs, self.stream = world - 1, epochs, stream
         if epochs is not None and epochs < 1:
             raise UsageError(f"epochs={epochs} out of range (must be >= 1)")
         options = dict(transport_options or {})
@@ -220,8 +226,10 @@ class CodedShuffle:
         self.scheme.check(self.setup.num_points, self.workers, storage)
         self.scheme.check_point_bytes(self.workers, storage)
         check_transport(transport, self.scheme, self.workers, options)
+        kernel.warm()  # the codec's kernel loaded before the first deadline
         wait = timeout or timedelta(minutes=30)
         self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
+        dist.barrier()  # every worker joined its group before any rank can fail and leave
         peer = Peer(self.rank, world, wait)
         self.link = Link(build_transport(transport, peer, options), chunk_bytes, on_progress)
         self.chain = EpochChain(self.scheme, self.setup.num_points, self.workers, storage, seed)
@@ -430,7 +438,7 @@ class CodedShuffle:
         if epoch == 1:
             row = self._placement()
         else:
-            ready = self._ready or self._prepare(next(self._transitions))
+            ready = self._ready or self._prepare(next(self._transitions), stream=self.stream)
             self._ready = None
             row = self._deliver(ready)
         if self.epochs is not None and epoch < self.epochs:
@@ -468,15 +476,22 @@ class CodedShuffle:
             breakdown={"placement": float(n)},
         )
 
-    def _prepare(self, tr: Transition) -> Prepared:
+    def _prepare(self, tr: Transition, stream: bool = False) -> Prepared:
         """Everything an epoch's delivery needs before its first byte: the proved delivery,
-        the bound, the encoded symbols and the digests every worker's batch must have."""
+        the bound, the encoded symbols and the digests every worker's batch must have.
+
+        ``stream``: the symbols are encoded message by message while earlier ones are on the
+        link (an epoch that was not made ready while the workers trained)."""
         t0 = time.perf_counter()
         delivery = Delivery.prepare(tr.plan, self.setup.layout.record_bytes)
         plan_seconds = tr.plan_seconds + time.perf_counter() - t0
         bound = lower_bound(tr.state, tr.new_assignment)
         t1 = time.perf_counter()
-        symbols = delivery.encode(self._records)
+        symbols: list[torch.Tensor] | list[Encoder]
+        if stream and self.before_send is None:
+            symbols = delivery.encoders(self._records)
+        else:
+            symbols = delivery.encode(self._records)
         encode_seconds = time.perf_counter() - t1
         expected = batch_digests(self._records, tr.plans[0].new_batches)
         return Prepared(tr, delivery, symbols, expected, bound, plan_seconds, encode_seconds)
@@ -486,7 +501,8 @@ class CodedShuffle:
         tr, delivery, symbols = ready.tr, ready.delivery, ready.symbols
         self._current = tr
         if self.before_send is not None:
-            self.before_send(tr.epoch, symbols)
+            assert all(isinstance(x, torch.Tensor) for x in symbols)
+            self.before_send(tr.epoch, symbols)  # type: ignore[arg-type]
         sizes = delivery.symbol_bytes()
         chunk, routing = self.link.chunk_bytes, self.link.transport.routing
         t0 = time.perf_counter()
@@ -513,7 +529,8 @@ class CodedShuffle:
             seconds={
                 "delivery": time.perf_counter() - t0,
                 "plan": ready.plan_seconds,
-                "encode": ready.encode_seconds,
+                "encode": ready.encode_seconds
+                + sum(x.seconds for x in symbols if isinstance(x, Encoder)),
             },
             stored=self.scheme.stored_points_max(tr.next_state),
             breakdown=delivery.breakdown(),
@@ -624,10 +641,12 @@ class CodedShuffle:
         store = self._store
         assert store is not None
         routing, k = self.link.transport.routing, self._k
-        symbols = []
-        for part, (plan, sub) in enumerate(
-            zip(delivery.plans, delivery.symbol_bytes(), strict=True)
-        ):
+        buffers = [
+            torch.empty((delivery.programs[part][k].symbol_ids.size, sub), dtype=torch.uint8)
+            for part, sub in enumerate(delivery.symbol_bytes())
+        ]
+        decoders = delivery.decoders(k, buffers, store)  # decode as the symbols arrive
+        for part, plan in enumerate(delivery.plans):
             keep = delivery.programs[part][k].symbol_ids
             routes = symbol_routes(routing, plan, {k: keep})
             rows = row_ids = None
@@ -635,16 +654,18 @@ class CodedShuffle:
                 if not np.array_equal(routes.needs[k], keep):
                     raise VerificationError(f"worker {k}: routes differ from its decoder")
                 row_ids, rows = outgoing_rows(routes, plan, k, store.caches[part])
-            got = self.link.deliver(
+            decoders[part].advance(0)  # what needs no symbol: while the first ones travel
+            self.link.deliver(
                 epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
-                row_bytes=sub, routes=routes, rows=rows, row_ids=row_ids,
+                row_bytes=buffers[part].shape[1], routes=routes, rows=rows, row_ids=row_ids,
+                out=buffers[part], on_rows=decoders[part].advance,
             )  # fmt: skip
-            symbols.append(got)
+        workspaces = [d.finish() for d in decoders]
         t0 = time.perf_counter()
-        batch, workspaces = delivery.decode(k, symbols, store)
+        batch = delivery.batch(k, workspaces)
         next_caches = self.scheme.part_caches(tr.next_state, k)
         self._store = store.updated(delivery, k, workspaces, next_caches)
-        seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
         if self._pending(tr.epoch):
             self._persist(tr.epoch)
         self._report(batch, seconds, self._store.stored_bytes())

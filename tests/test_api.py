@@ -107,8 +107,9 @@ def test_items_of_mixed_shapes_or_types_are_named():
 # --- CodedShuffle in real process groups -------------------------------------------------------
 
 
-def own_loop(rank, world, scheme, transport, epochs, points):
-    """A user's loop: the master passes a TensorDataset, workers train on what they get."""
+def own_loop(rank, world, scheme, transport, epochs, points, ahead=True, stream=True):
+    """A user's loop: the master passes a TensorDataset, workers train on what they get.
+    ``ahead``: the master knows the epochs (encodes each ahead), else ``stream`` decides."""
     from coded_shuffle import CodedShuffle
 
     gen = torch.Generator().manual_seed(3)
@@ -119,8 +120,9 @@ def own_loop(rank, world, scheme, transport, epochs, points):
         scheme=scheme,
         seed=11,
         transport=transport,
-        epochs=epochs,
+        epochs=epochs if ahead else None,
         chunk_bytes=512,  # many messages per epoch
+        stream=stream,
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
@@ -254,3 +256,19 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(tmp_path, sch
     for k in range(1, 4):
         assert intact[k][1][4] == unbroken[k][1][4]
         assert resumed[k][1][5] == unbroken[k][1][5]
+
+
+@pytest.mark.distributed
+def test_streamed_and_whole_epoch_encoding_deliver_the_same_bytes():
+    """Epochs unknown: the master encodes message by message while sending (``stream``) or
+    the whole epoch first; either way the same verified batches, parameters and link bytes as
+    the epochs encoded ahead (workers decode as symbols arrive in every case)."""
+    ahead = run_ranks(4, own_loop, "cycles", "chain", 3, 302)
+    streamed = run_ranks(4, own_loop, "cycles", "chain", 3, 302, False, True)
+    whole = run_ranks(4, own_loop, "cycles", "chain", 3, 302, False, False)
+    for run in (streamed, whole):
+        assert run[1:] == ahead[1:]  # every worker's parameters and batches
+        for mine, theirs in zip(run[0], ahead[0], strict=True):
+            assert mine["verified"] is True
+            assert mine["broadcast_bytes"] == theirs["broadcast_bytes"]
+            assert mine["network_bytes"] == theirs["network_bytes"]

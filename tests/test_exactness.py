@@ -59,12 +59,44 @@ def expected_symbols(data: np.ndarray, plan: DeliveryPlan, cols: slice) -> np.nd
     return np.concatenate(blocks)
 
 
+def streamed(delivery: Delivery, data: torch.Tensor, rows: int) -> list[torch.Tensor]:
+    """Every part's symbols from the streaming encoder, ``rows`` symbols at a time."""
+    out = []
+    for enc in delivery.encoders(data):
+        n = enc.shape[0]
+        runs = [enc.rows(a, min(rows, n - a)) for a in range(0, n, rows)]
+        out.append(torch.cat(runs) if runs else torch.empty(enc.shape, dtype=torch.uint8))
+    return out
+
+
+def stream_decode(
+    delivery: Delivery, w: int, symbols: list[torch.Tensor], store: WorkerStore, rows: int
+) -> tuple[torch.Tensor, list[codec.Workspace]]:
+    """The worker's batch from the streaming decoder, told of ``rows`` more kept symbols at a
+    time (the rows not yet arrived hold garbage)."""
+    kept = []
+    for part, sym in enumerate(symbols):
+        ids = torch.from_numpy(delivery.programs[part][w].symbol_ids)
+        kept.append(sym.index_select(0, ids))
+    buffers = [torch.full_like(k, 0xA5) for k in kept]
+    decoders = delivery.decoders(w, buffers, store)
+    for buf, got, dec in zip(buffers, kept, decoders, strict=True):
+        dec.advance(0)
+        for a in range(0, got.shape[0], rows):
+            b = min(a + rows, got.shape[0])
+            buf[a:b] = got[a:b]
+            dec.advance(b)
+    works = [dec.finish() for dec in decoders]
+    return delivery.batch(w, works), works
+
+
 @pytest.mark.parametrize("rows_per_chunk", [1, 2, 3])
 @pytest.mark.parametrize(("name", "storage"), CASES)
 def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_per_chunk):
     """The codec's chunks cut to a few rows, so that every op spans many chunks (encode and
-    decode); every symbol, every worker's batch and updated store equal the master's bytes,
-    epoch after epoch."""
+    decode), the streaming encoder run a few symbols at a time and the streaming decoder told
+    of a few more symbols at a time; every symbol, every worker's batch (both decoders) and
+    updated store equal the master's bytes, epoch after epoch."""
     k, n, b, epochs = 4, 24, 72, 4
     scheme = get_scheme(name, b)
     scheme.check(n, k, storage)
@@ -84,11 +116,16 @@ def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_p
         for part, plan in enumerate(delivery.plans):
             want = expected_symbols(records, plan, slices[part])
             assert np.array_equal(symbols[part].numpy(), want), f"{name}: part {part} encoded"
+        for got, want in zip(streamed(delivery, data, rows_per_chunk), symbols, strict=True):
+            assert torch.equal(got, want), f"{name}: streaming encoder"
         parts = part_states(tr.next_state)[0]
         for w in range(k):
-            batch, work = delivery.decode(w, symbols, stores[w])
             where = f"{name} T={storage} epoch {tr.epoch} worker {w}"
-            assert np.array_equal(batch.numpy(), records[tr.plans[0].new_batches[w]]), where
+            first, _ = stream_decode(delivery, w, symbols, stores[w], rows_per_chunk)
+            want_batch = records[tr.plans[0].new_batches[w]]
+            assert np.array_equal(first.numpy(), want_batch), f"{where}: streaming decoder"
+            batch, work = delivery.decode(w, symbols, stores[w])
+            assert np.array_equal(batch.numpy(), want_batch), where
             caches = scheme.part_caches(tr.next_state, w)
             stores[w] = stores[w].updated(delivery, w, work, caches)
             for part, ids in enumerate(caches):

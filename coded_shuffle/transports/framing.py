@@ -10,8 +10,9 @@ every byte of every header is counted on every link it crosses.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -88,20 +89,34 @@ def framed_parts_bytes(rows: list[int], row_bytes: list[int], chunk_bytes: int) 
     return sum(framed_bytes(n, b, chunk_bytes) for n, b in zip(rows, row_bytes, strict=True))
 
 
+class RowSource(Protocol):
+    """Rows produced on demand (a streaming encoder): ``rows(first, count, out)`` writes rows
+    ``first .. first + count`` into ``out``."""
+
+    shape: tuple[int, int]
+
+    def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 def frame(
-    rows: torch.Tensor, epoch: int, part: int, kind: int, chunk_bytes: int
+    rows: torch.Tensor | RowSource, epoch: int, part: int, kind: int, chunk_bytes: int
 ) -> Iterator[torch.Tensor]:
     """``(n, w)`` uint8 rows as messages (header + payload), one uint8 tensor each.
 
-    Lazy: a transport can send the first message while the next ones are framed.
+    Lazy: a transport can send the first message while the next ones are framed. From a
+    :class:`RowSource`, every message's rows are produced straight into its payload when it
+    is framed (the master encodes while earlier messages are on the link).
     """
     n, w = rows.shape
     for first, count in message_ranges(n, w, chunk_bytes):
-        payload = rows[first : first + count].contiguous().view(-1)
-        header = Header(epoch, part, kind, first, count, w, payload_digest(payload))
         buf = torch.empty(HEADER_BYTES + count * w, dtype=torch.uint8)
+        payload = buf[HEADER_BYTES:]
+        if isinstance(rows, torch.Tensor):
+            payload.copy_(rows[first : first + count].reshape(-1))
+        else:
+            rows.rows(first, count, out=payload.view(count, w))
+        header = Header(epoch, part, kind, first, count, w, payload_digest(payload))
         buf[:HEADER_BYTES] = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
-        buf[HEADER_BYTES:] = payload
         yield buf
 
 
@@ -143,10 +158,12 @@ class Inbox:
         keep: np.ndarray,
         out: torch.Tensor,
         dest: np.ndarray,
+        on_ready: Callable[[int], None] | None = None,
     ) -> None:
         self.header, self.row_bytes = header, row_bytes
         self.ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
         self.keep, self.out, self.dest = keep, out, torch.from_numpy(dest)
+        self.on_ready = on_ready  # told how many leading rows of ``out`` are complete
         self.received = 0
 
     def receive(self, index: int, message: torch.Tensor) -> None:
@@ -162,6 +179,8 @@ class Inbox:
             rows = payload.index_select(0, torch.from_numpy(self.keep[lo:hi] - first))
             self.out.index_copy_(0, self.dest[lo:hi], rows)
         self.received += 1
+        if self.on_ready is not None:
+            self.on_ready(int(hi))
 
     def complete(self) -> None:
         if self.received != len(self.ranges):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .base import HostBytes, Stream, Transport
-from .framing import Inbox, frame, message_ranges, message_sizes
+from .framing import Inbox, RowSource, frame, message_ranges, message_sizes
 
 
 @dataclass(frozen=True)
@@ -82,20 +82,27 @@ class Link:
         num_rows: int,
         row_bytes: int,
         routes: Routes,
-        rows: torch.Tensor | None = None,
+        rows: torch.Tensor | RowSource | None = None,
         row_ids: np.ndarray | None = None,
+        out: torch.Tensor | None = None,
+        on_rows: Callable[[int], None] | None = None,
     ) -> torch.Tensor | None:
         """Moves one stream of rows; a worker gets its ``needs`` rows back, in order.
 
         ``rows`` are the rows this rank sends: all ``num_rows`` rows at the master (``row_ids``
-        None), or the rows ``row_ids`` (sorted) at a worker that sends under ``peers`` routing.
+        None; a :class:`RowSource` produces them message by message as they are sent), or the
+        rows ``row_ids`` (sorted) at a worker that sends under ``peers`` routing. A worker's
+        rows land in ``out`` (fresh rows if None); ``on_rows(n)`` is told, as messages arrive,
+        that the first ``n`` of them are complete (when they come from the master alone).
         """
         t0 = time.perf_counter()
         header = (epoch, part, kind)
         if self.transport.routing == "broadcast":
-            out = self._broadcast(header, num_rows, row_bytes, routes, rows)
+            out = self._broadcast(header, num_rows, row_bytes, routes, rows, out, on_rows)
         else:
-            out = self._routed(header, row_bytes, routes, rows, row_ids)
+            if rows is not None and not isinstance(rows, torch.Tensor):
+                rows = rows.rows(0, rows.shape[0])  # rows picked per worker: produced at once
+            out = self._routed(header, row_bytes, routes, rows, row_ids, out, on_rows)
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -105,20 +112,22 @@ class Link:
         num_rows: int,
         row_bytes: int,
         routes: Routes,
-        rows: torch.Tensor | None,
+        rows: torch.Tensor | RowSource | None,
+        out: torch.Tensor | None,
+        on_rows: Callable[[int], None] | None,
     ) -> torch.Tensor | None:
         workers = self.transport.peer.workers
         stream = Stream(0, workers, tuple(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
         if self.rank == 0:
-            assert rows is not None and rows.shape == (num_rows, row_bytes)
+            assert rows is not None and tuple(rows.shape) == (num_rows, row_bytes)
             outgoing = {0: frame(rows, *header, self.chunk_bytes)}
             self.transport.exchange([stream], outgoing, _refuse)
             return None
         keep = routes.needs[self.rank - 1]
         assert keep is not None
-        out = torch.empty((keep.size, row_bytes), dtype=torch.uint8)
+        out = _buffer(out, keep.size, row_bytes)
         inbox = Inbox(
-            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size)
+            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size), on_rows
         )
         self.transport.exchange([stream], {}, lambda _, i, msg: inbox.receive(i, msg))
         inbox.complete()
@@ -131,10 +140,14 @@ class Link:
         routes: Routes,
         rows: torch.Tensor | None,
         row_ids: np.ndarray | None,
+        out: torch.Tensor | None,
+        on_rows: Callable[[int], None] | None,
     ) -> torch.Tensor | None:
         me = self.rank
         mine = routes.needs[me - 1] if me > 0 else None
-        out = None if mine is None else torch.empty((mine.size, row_bytes), dtype=torch.uint8)
+        out = None if mine is None else _buffer(out, mine.size, row_bytes)
+        if routes.senders is not None:
+            on_rows = None  # rows from several senders: none is complete before the end
         streams: list[Stream] = []
         outgoing: dict[int, Iterator[torch.Tensor]] = {}
         inboxes: dict[int, Inbox] = {}
@@ -160,7 +173,7 @@ class Link:
                     assert out is not None
                     every = np.arange(pos.size, dtype=np.int64)
                     inboxes[index] = Inbox(
-                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos
+                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos, on_rows
                     )
         meter = _Meter(sum(s.total for s in streams), self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
@@ -190,6 +203,17 @@ class _Meter:
         for m in messages:
             yield m
             self.add(m.numel())
+
+
+def _buffer(out: torch.Tensor | None, rows: int, row_bytes: int) -> torch.Tensor:
+    """``out`` checked for shape, or fresh ``(rows, row_bytes)`` uint8 rows."""
+    if out is None:
+        return torch.empty((rows, row_bytes), dtype=torch.uint8)
+    if tuple(out.shape) != (rows, row_bytes) or not out.is_contiguous():
+        raise ValueError(
+            f"receive buffer of shape {tuple(out.shape)}, expected {(rows, row_bytes)}"
+        )
+    return out
 
 
 def _refuse(stream: int, index: int, message: torch.Tensor) -> None:
