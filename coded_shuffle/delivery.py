@@ -48,6 +48,8 @@ class Delivery:
             tuple(decode_worker(p, worker) if k == worker else None for k in range(p.num_workers))
             for p in plans
         )
+        for part in programs:
+            _ = part[worker].ops  # compiled now (ahead of the delivery), not at the first byte
         return cls(plans, parts, programs)  # type: ignore[arg-type]
 
     @property
