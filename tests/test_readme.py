@@ -221,6 +221,18 @@ def test_rate_memory_and_benchmark_scripts_run(workdir):
     assert "cycles" in out.stdout
 
 
+@pytest.mark.distributed
+def test_overlap_benchmark_runs_as_written(workdir):
+    """The overlap benchmark under torchrun (smaller): both modes run, one table row."""
+    bench = next(c for c in commands(README) if "scripts/bench_overlap.py" in c)
+    assert bench.startswith("torchrun --standalone") and " --points 1000000" in bench
+    small = bench.replace(" --points 1000000", " --points 3000 --epochs 2 --repeats 1")
+    out = run(small, workdir)
+    assert "stream/max" in out.stdout, out.stdout
+    row = out.stdout.strip().splitlines()[-1].split()
+    assert len(row) == 6 and all(float(v) >= 0 for v in row), out.stdout
+
+
 def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
     """The README's cluster commands, checked without building hosts (``--dry-run``)."""
     from coded_shuffle import cli
