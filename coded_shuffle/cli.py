@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument(
-        "--point-bytes", "-B", type=int, default=64, help="bytes per point (default 64)"
+        "--point-bytes",
+        "-B",
+        type=int,
+        default=None,
+        help="bytes per point (default: the smallest size >= 64 at which T is exact)",
     )
     ev.add_argument("--shuffle", default="random", help="random (default) or worst")
     ev.add_argument(
@@ -142,8 +146,14 @@ def _human_line(r: EpochReport) -> str:
     parts = ", ".join(f"{k} {v:g}" for k, v in r.breakdown.items())
     if r.pairs_only_points is not None:
         parts += f"; pairs-only load {r.pairs_only_points:g}"
+    shift = (
+        f" [{r.point_bytes}-byte points store T = {r.storage_used:.6g}, not {r.storage:g}: "
+        "bytes moved to another corner]"
+        if r.storage_shifted
+        else ""
+    )
     return (
-        f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points "
+        f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points{shift} "
         f"(uncoded {r.uncoded_points:g}, saved {saved:.1f}%, lower bound {bound}); "
         f"{r.broadcast_bytes} bytes on the link; [{parts}]; "
         f"plan {r.plan_seconds:.3f}s encode {r.encode_seconds:.3f}s "

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import kernel
 from .assignment import batch_size, random_assignment, shuffle_matrix, worst_shuffle
 from .bounds_api import is_batch_placement, lower_bound
 from .delivery import Delivery, WorkerStore
 from .errors import UsageError
 from .schemes import Scheme, get_scheme
+from .schemes.memory_sharing import exact_point_bytes, storage_used
 from .transports.framing import DEFAULT_CHUNK_BYTES
 
 
@@ -45,6 +47,9 @@ class EpochReport:
     plan_seconds: float = 0.0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
+    point_bytes: int = 0
+    storage_used: float = 0.0  # what the byte-exact parts store, in batches (T if exact)
+    storage_shifted: bool = False  # the point size moved bytes to another corner
 
 
 @dataclass
@@ -57,12 +62,16 @@ class Evaluation:
     storage: float = 1.0
     epochs: int = 1
     seed: int = 0
-    point_bytes: int = 64
+    point_bytes: int | None = None  # None: the smallest size >= 64 at which T is exact
     shuffle: str = "random"
     old: np.ndarray | None = None
     new: np.ndarray | None = None
 
     def validate(self) -> Scheme:
+        if self.point_bytes is None:
+            batch_size(self.points, self.workers)
+            plain = get_scheme(self.scheme)
+            self.point_bytes = exact_point_bytes(plain, self.workers, self.storage)
         if self.point_bytes < 1:
             raise UsageError(f"point bytes must be >= 1, got {self.point_bytes}")
         if self.epochs < 1:
@@ -96,6 +105,9 @@ class Evaluation:
 def run(ev: Evaluation) -> Iterator[EpochReport]:
     """Yields one verified :class:`EpochReport` per epoch transition."""
     scheme = ev.validate()
+    assert ev.point_bytes is not None
+    used = storage_used(scheme, ev.workers, ev.storage)
+    kernel.warm()  # loaded before the first encode is timed
     rng = np.random.default_rng(ev.seed)
     gen = torch.Generator().manual_seed(ev.seed)
     data = torch.randint(0, 256, (ev.points, ev.point_bytes), dtype=torch.uint8, generator=gen)
@@ -137,6 +149,9 @@ def run(ev: Evaluation) -> Iterator[EpochReport]:
             plan_seconds=t1 - t0,
             encode_seconds=t2 - t1,
             decode_seconds=decode_seconds,
+            point_bytes=ev.point_bytes,
+            storage_used=used,
+            storage_shifted=abs(used - ev.storage) > 1e-9,
         )
         state = next_state
 

@@ -43,6 +43,7 @@ from .epochs import (
 from .errors import UsageError, VerificationError
 from .records import LocalBatch, RecordLayout
 from .schemes import Scheme, get_scheme
+from .schemes.memory_sharing import storage_used
 from .transports import HostBytes, Link, Peer, Routes, build_transport, transport_class
 from .transports.framing import (
     DEFAULT_CHUNK_BYTES,
@@ -225,6 +226,7 @@ class CodedShuffle:
             raise UsageError(f"storage={storage} out of range 1..{self.workers} (workers)")
         self.scheme.check(self.setup.num_points, self.workers, storage)
         self.scheme.check_point_bytes(self.workers, storage)
+        self.storage_used = storage_used(self.scheme, self.workers, storage)
         check_transport(transport, self.scheme, self.workers, options)
         kernel.warm()  # the codec's kernel loaded before the first deadline
         wait = timeout or timedelta(minutes=30)
@@ -562,6 +564,7 @@ class CodedShuffle:
             "scheme": self.scheme.name,
             "workers": self.workers,
             "storage": self.setup.storage,
+            "storage_used": self.storage_used,
             "points": self.setup.num_points,
             "point_bytes": b,
             "dropped_points": self.setup.dropped,

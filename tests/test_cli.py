@@ -150,3 +150,34 @@ def test_paper_example_through_the_command(tmp_path, capsys, scheme, load):
     assert row["verified"] is True
     # 64-byte points: load * 64 bytes of payload plus one 52-byte frame header
     assert row["broadcast_bytes"] == load * 64 + 52
+
+
+@pytest.mark.parametrize(
+    ("scheme", "storage", "load"),
+    [
+        ("elmahdy-mohajer", 2.0, 1.0),
+        ("elmahdy-mohajer", 3.0, 1 / 3),
+        ("attia-tandon-excess", 2.5, 2 / 3),
+    ],
+)
+def test_the_default_point_size_reaches_the_papers_corners(capsys, scheme, storage, load):
+    """Seeds 003/004 with K = N = 4 on the worst shuffle: the default point size is one that
+    every split count divides, so ``T`` is what was asked and the load is the paper's."""
+    argv = ["evaluate", "--scheme", scheme, "-K", "4", "-N", "4", "-T", str(storage)]
+    (row,) = json_lines(capsys, [*argv, "--shuffle", "worst", "--json"])
+    assert row["load_points"] == pytest.approx(load)
+    assert row["storage_used"] == pytest.approx(storage) and row["storage_shifted"] is False
+    assert row["stored_points_max"] == pytest.approx(storage)
+    assert row["point_bytes"] >= 64
+
+
+def test_a_point_size_that_shifts_the_corner_says_so(capsys):
+    """64-byte points cannot be cut into 3 equal sub-points: bytes move to another corner, and
+    both the JSON line and the human line say which ``T`` is really stored."""
+    argv = ["evaluate", "--scheme", "elmahdy-mohajer", "-K", "4", "-N", "4", "-T", "2", "-B", "64"]
+    (row,) = json_lines(capsys, [*argv, "--shuffle", "worst", "--json"])
+    assert row["storage_shifted"] is True and row["storage_used"] == pytest.approx(1.984375)
+    assert row["load_points"] == pytest.approx(1.03125)
+    assert main([*argv, "--shuffle", "worst"]) == 0
+    line = capsys.readouterr().out
+    assert "64-byte points store T = 1.98438, not 2: bytes moved to another corner" in line

@@ -414,3 +414,30 @@ def test_curves_match_the_corner_points():
     # K=4: the A-T corners lie on E-M's optimal curve (seed 004 Theorem 4 closes the gap)
     for s, r in at_corners(4, 4):
         assert float(em_worst_case(4, 4, s)) == pytest.approx(r)
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(2, 6), q=st.integers(1, 8), seed=st.integers(0, 10**6))
+def test_no_excess_side_is_never_worse_than_cycles(k, q, seed):
+    """``t = 1`` (E-M) and ``p = 0`` (A-T), alone and as the no-excess part of memory sharing
+    (``T = 1.5``): the delivery of that part is never above ``cycles`` on the same shuffle,
+    and decodes byte-exactly at every worker from its own store."""
+    n = k * q
+    rng = np.random.default_rng(seed)
+    old, new = random_assignment(n, k, rng), random_assignment(n, k, rng)
+    cycles = get_scheme("cycles")
+    plain = cycles.plan(cycles.initial_state(old, k, 1.0), new).load_points
+    data = torch.from_numpy(rng.integers(0, 256, (n, 48), dtype=np.uint8))
+    for name in ("elmahdy-mohajer", "attia-tandon-excess"):
+        for storage in (1.0, 1.5):
+            scheme = get_scheme(name, 48)
+            state = scheme.initial_state(old, k, storage)
+            plan = scheme.plan(state, new)
+            no_excess = plan.plans[0]  # parts in increasing storage: the no-excess one first
+            assert no_excess.load_points <= plain + 1e-9, (name, storage)
+            delivery = Delivery.prepare(plan, 48)
+            symbols = delivery.encode(data)
+            for w in range(k):
+                store = WorkerStore.from_master(data, delivery, w)
+                batch, _ = delivery.decode(w, symbols, store)
+                assert torch.equal(batch, data[torch.from_numpy(plan.plans[0].new_batches[w])])

@@ -17,6 +17,7 @@ EPOCH_KEYS = (
     "scheme",
     "workers",
     "storage",
+    "storage_used",
     "points",
     "point_bytes",
     "train_loss",

@@ -223,6 +223,11 @@ class Master(_Rank):
             f"{self.cs.link.transport.name}, {self.workers} workers, storage {self.storage:g}, "
             f"N = {self.n} records of {self.b} bytes, {self.epochs} epochs"
         )
+        if abs(self.cs.storage_used - self.storage) > 1e-9:
+            log.info(
+                f"storage: {self.b}-byte records store T = {self.cs.storage_used:.6g}, not "
+                f"{self.storage:g}: the point size moves bytes to another corner"
+            )
         restart: dict[str, Any] = {}
         self.momentum_flat = torch.zeros(0)
         if saved:

@@ -143,8 +143,7 @@ class AttiaTandonExcess(CornerScheme):
 
     def corner_plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan:
         if isinstance(state.labels, EMLabels):
-            plan = em_plan(state, new_assignment, self.name)
-            return DeliveryPlan(**{**plan.__dict__, "breakdown": {"p=0": plan.num_symbols}})
+            return em_plan(state, new_assignment, self.name, key="p=0")
         return at_plan(state, new_assignment, self.name)
 
     def corner_next(self, state: CacheState, new_assignment: np.ndarray) -> CacheState:

@@ -43,6 +43,7 @@ from ..rate_memory import em_load
 from ..state import CacheState
 from .base import batch_plan_fields
 from .cycle_plan import greedy_cycles
+from .cycles import Cycles
 from .memory_sharing import CornerScheme, grouped_blocks
 
 SHORT_CYCLE_MAX = 3  # the greedy split packs cycles up to this length before completing
@@ -409,16 +410,29 @@ def _cancel_pairs(terms: np.ndarray) -> np.ndarray:
     return np.where(kill, -1, terms)
 
 
-def em_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
-    """The cycle-aware E-M delivery (Theorems 2 and 4 of seed 003) for one transition."""
+def em_plan(
+    state: CacheState, new_assignment: np.ndarray, scheme: str, key: str | None = None
+) -> DeliveryPlan:
+    """The cycle-aware E-M delivery (Theorems 2 and 4 of seed 003) for one transition.
+
+    At ``t = 1`` (no excess storage) the lower of it and the project's ``cycles`` delivery
+    of the same placement (``key (cycles)`` in the breakdown when that one is used): never
+    worse than ``cycles``.
+    """
+    key = key or f"t={state.labels.t}"
     blocks = grouped_blocks(em_symbol_rows(state, new_assignment))
     count = int(sum(b.shape[0] for b in blocks))
-    return DeliveryPlan(
-        scheme=scheme,
-        symbols=blocks,
-        breakdown={f"t={state.labels.t}": count},
-        **batch_plan_fields(state, new_assignment),
-    )
+    fields = batch_plan_fields(state, new_assignment)
+    if state.labels.t == 1:
+        plain = Cycles().plan(state, new_assignment)
+        if plain.num_symbols < count:
+            return DeliveryPlan(
+                scheme=scheme,
+                symbols=plain.symbols,
+                breakdown={f"{key} (cycles)": plain.num_symbols},
+                **fields,
+            )
+    return DeliveryPlan(scheme=scheme, symbols=blocks, breakdown={key: count}, **fields)
 
 
 class ElmahdyMohajer(CornerScheme):

@@ -185,6 +185,42 @@ class CornerScheme(Scheme):
         return float(self.stored_points(state).max())
 
 
+def parts_storage(scheme: CornerScheme, num_workers: int, parts: list[tuple[int, float]]) -> float:
+    """Storage in batches of memory-sharing ``parts`` (byte-fraction-weighted corners)."""
+    stores = {c[0]: c[1] for c in scheme.corners(num_workers)}
+    return float(sum(f * stores[p] for p, f in parts))
+
+
+def storage_used(scheme: Scheme, num_workers: int, storage: float) -> float:
+    """The storage (batches) the scheme's byte-exact parts reach at its point size: ``storage``
+    itself unless the point size moves bytes to another corner."""
+    if not isinstance(scheme, CornerScheme):
+        return float(storage)
+    return parts_storage(scheme, num_workers, scheme.parts(num_workers, storage))
+
+
+def exact_point_bytes(
+    scheme: Scheme, num_workers: int, storage: float, at_least: int = 64, limit: int = 1 << 16
+) -> int:
+    """The smallest point size from ``at_least`` on at which ``storage`` is reached exactly:
+    the byte-exact parts are the ideal memory-sharing fractions, so no byte moves to another
+    corner (``at_least`` itself for schemes without corners; ``at_least`` when no size up to
+    ``limit`` is exact)."""
+    if not isinstance(scheme, CornerScheme):
+        return at_least
+    corners = scheme.corners(num_workers)
+    ideal = dict(sharing_parts(corners, storage))
+    splits = {c[0]: c[2] for c in corners}
+    for b in range(at_least, limit + 1):
+        sizes = {p: f * b for p, f in ideal.items()}
+        if any(abs(x - round(x)) > 1e-6 or round(x) % splits[p] for p, x in sizes.items()):
+            continue  # some part is not a whole number of its sub-points
+        exact = dict(sharing_parts(corners, storage, b))
+        if exact.keys() == ideal.keys() and all(abs(exact[p] - ideal[p]) < EPS for p in ideal):
+            return b
+    return at_least
+
+
 def check_subpacketization(
     scheme: Scheme, num_workers: int, storage: float, point_bytes: int
 ) -> list[tuple[int, int, int]]:
