@@ -40,16 +40,33 @@ def em_corners(num_workers: int, num_points: int) -> list[tuple[float, float]]:
     return [(float(t), q * (num_workers - t) / t) for t in range(1, num_workers + 1)]
 
 
-def at_corners(num_workers: int, num_points: int) -> list[tuple[float, float]]:
-    """``(1 + p(K-1)/K, q(K-p)/(p+1))`` for ``p = 1..K`` and ``(1, q(K-1))`` at ``p = 0``.
-
-    Seed 004, Theorem 1 (``p = 0`` uses the no-excess optimum of design 3.1/3.2).
+def at_corners(
+    num_workers: int, num_points: int, paper: bool = False
+) -> list[tuple[float, float]]:
+    """``(1 + p(K-1)/K, q(K-p)/(p+1))`` for ``p = 1..K`` (seed 004, Theorem 1), and at
+    ``p = 0``: ``(1, N)`` with ``paper`` (Theorem 1: every point sent once, its Example 1's
+    ``(1, 4)`` at ``K = N = 4``), else ``(1, q(K-1))``, the project's no-excess delivery
+    (the no-excess optimum of design 3.1/3.2, reached by ``cycles`` on the worst shuffle).
     """
     q = batch_size(num_points, num_workers)
     k = num_workers
-    points = [(1.0, worst_case_optimum(num_points, k))]
+    first = float(num_points) if paper else worst_case_optimum(num_points, k)
+    points = [(1.0, first)]
     points += [(1 + p * (k - 1) / k, q * (k - p) / (p + 1)) for p in range(1, k + 1)]
     return points
+
+
+def gap_to_optimum(
+    num_workers: int, num_points: int, paper: bool, grid: int = 2001
+) -> tuple[float, float]:
+    """``(largest ratio, T at it)`` of the A-T worst-case curve over the worst-case optimum
+    (seed 003 Theorem 5) on ``1 <= T < K``: seed 004 Theorem 3 bounds it by ``K/(K-1)``."""
+    ts = np.linspace(1.0, float(num_workers), grid)[:-1]  # both loads vanish at T = K
+    ratio = at_worst_case(num_workers, num_points, ts, paper) / em_worst_case(
+        num_workers, num_points, ts
+    )
+    i = int(np.argmax(ratio))
+    return float(ratio[i]), float(ts[i])
 
 
 def uncoded_excess(num_workers: int, num_points: int, storage: float) -> float:
@@ -83,9 +100,12 @@ def em_worst_case(num_workers: int, num_points: int, storage: float | np.ndarray
     return envelope(em_corners(num_workers, num_points), storage)
 
 
-def at_worst_case(num_workers: int, num_points: int, storage: float | np.ndarray) -> np.ndarray:
-    """Attia-Tandon structural-invariant worst-case load (seed 004, Theorem 1 + Claim 1)."""
-    return envelope(at_corners(num_workers, num_points), storage)
+def at_worst_case(
+    num_workers: int, num_points: int, storage: float | np.ndarray, paper: bool = False
+) -> np.ndarray:
+    """Attia-Tandon structural-invariant worst-case load (seed 004, Theorem 1 + Claim 1);
+    ``paper``: with the paper's ``p = 0`` corner ``(1, N)`` (see :func:`at_corners`)."""
+    return envelope(at_corners(num_workers, num_points, paper), storage)
 
 
 # ---------------------------------------------------------------- the per-shuffle bound

@@ -3,7 +3,9 @@
     python scripts/rate_memory.py --workers 6 --points 60 --epochs 3 --out rate_memory.png
 
 Prints a table and writes a PNG: uncoded (E-M placement), the no-excess optimum, Attia-Tandon
-structural invariant (seed 004), Elmahdy-Mohajer (seed 003; also the worst-case optimum under
+structural invariant (seed 004) as published (its Theorem 1 corner ``(1, N)`` at ``p = 0``,
+whose gap to the optimum is Theorem 3's ``K/(K-1)``) and with the project's ``p = 0``
+delivery (``cycles``), Elmahdy-Mohajer (seed 003; also the worst-case optimum under
 uncoded placement, Theorem 5), and the loads of both schemes really planned, encoded, decoded
 at every worker from its own store and compared with the master's bytes, on worst-case and
 random shuffles at several T. The random-shuffle ordering cut-set bound of the E-M placement is
@@ -28,6 +30,7 @@ from coded_shuffle.rate_memory import (
     at_corners,
     at_worst_case,
     em_worst_case,
+    gap_to_optimum,
     uncoded_excess,
 )
 
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_table(k: int, n: int, epochs: int, seed: int, b: int, steps: int = 7) -> list[dict]:
     head = (
-        f"{'T':>6} {'uncoded':>8} {'AT':>7} {'AT worst':>8} {'AT rand':>8} {'EM=opt':>7} "
+        f"{'T':>6} {'uncoded':>8} {'AT paper':>8} {'AT':>7} {'AT worst':>8} {'AT rand':>8} "
+        f"{'EM=opt':>7} "
         f"{'EM worst':>8} {'EM rand':>8} {'bound rand':>10} {'stored B max/budget':>20}"
     )
     print(f"K={k} N={n} point bytes={b} (loads in points; measured = planned, encoded, decoded)")
@@ -110,6 +114,7 @@ def run_table(k: int, n: int, epochs: int, seed: int, b: int, steps: int = 7) ->
         row = {
             "T": s,
             "uncoded": uncoded_excess(k, n, s),
+            "at_paper": float(at_worst_case(k, n, s, paper=True)),
             "at": float(at_worst_case(k, n, s)),
             "at_worst": at_w.load,
             "at_random": at_r.load,
@@ -123,11 +128,19 @@ def run_table(k: int, n: int, epochs: int, seed: int, b: int, steps: int = 7) ->
         budget = s * (n // k) * b
         rows.append(row)
         print(
-            f"{s:6.3f} {row['uncoded']:8.2f} {row['at']:7.3f} {at_w.load:8.3f} {at_r.load:8.3f} "
+            f"{s:6.3f} {row['uncoded']:8.2f} {row['at_paper']:8.3f} {row['at']:7.3f} "
+            f"{at_w.load:8.3f} {at_r.load:8.3f} "
             f"{row['em']:7.3f} {em_w.load:8.3f} {em_r.load:8.3f} {em_r.bound:10.3f} "
             f"{most:>9}/{budget:<10.0f}{'' if row['verified'] else ' MISMATCH'}"
         )
     print(f"no-excess optimum (K-1)N/K = {worst_case_optimum(n, k):g} at T=1")
+    paper, at_t = gap_to_optimum(k, n, paper=True)
+    ours, ours_t = gap_to_optimum(k, n, paper=False)
+    print(
+        f"seed 004 Theorem 3: A-T (paper) / worst-case optimum peaks at {paper:.4f} at T = "
+        f"{at_t:g} (K/(K-1) = {k / (k - 1):.4f}); with the project's p = 0 delivery "
+        f"(cycles, q(K-1)) it peaks at {ours:.4f} at T = {ours_t:.3g}"
+    )
     return rows
 
 
@@ -140,7 +153,21 @@ def plot(rows: list[dict], k: int, n: int, b: int, out: Path) -> None:
     ts = np.linspace(1, k, 200)
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     ax.plot(ts, uncoded_excess(k, n, ts), color="0.55", lw=1.5, label="uncoded (E-M placement)")
-    ax.plot(ts, at_worst_case(k, n, ts), color="tab:orange", lw=2, label="Attia-Tandon, worst case")
+    ax.plot(
+        ts,
+        at_worst_case(k, n, ts, paper=True),
+        color="tab:orange",
+        lw=1.5,
+        ls="--",
+        label="Attia-Tandon as published (p = 0 corner (1, N)), worst case",
+    )
+    ax.plot(
+        ts,
+        at_worst_case(k, n, ts),
+        color="tab:orange",
+        lw=2,
+        label="Attia-Tandon with the project's p = 0 delivery (cycles), worst case",
+    )
     ax.plot(
         ts,
         em_worst_case(k, n, ts),

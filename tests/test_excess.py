@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coded_shuffle import rate_memory
 from coded_shuffle.assignment import batch_size, random_assignment, shuffle_matrix, worst_shuffle
 from coded_shuffle.decoder import decode_plan
 from coded_shuffle.delivery import Delivery, WorkerStore
@@ -441,3 +442,17 @@ def test_no_excess_side_is_never_worse_than_cycles(k, q, seed):
                 store = WorkerStore.from_master(data, delivery, w)
                 batch, _ = delivery.decode(w, symbols, store)
                 assert torch.equal(batch, data[torch.from_numpy(plan.plans[0].new_batches[w])])
+
+
+@pytest.mark.parametrize("k", [3, 4, 6, 8])
+def test_seed_004_theorem_3_gap_is_reproduced_for_the_published_scheme(k):
+    """The published A-T curve (``p = 0`` corner ``(1, N)``, Example 1's ``(1, 4)`` at
+    ``K = N = 4``) over the worst-case optimum peaks at ``T = 1`` at exactly ``K/(K-1)``;
+    the project's ``p = 0`` delivery lowers the peak below it."""
+    n = 10 * k
+    assert rate_memory.at_corners(4, 4, paper=True)[0] == (1.0, 4.0)
+    assert rate_memory.at_corners(4, 4)[0] == (1.0, 3.0)
+    ratio, at = rate_memory.gap_to_optimum(k, n, paper=True)
+    assert ratio == pytest.approx(k / (k - 1)) and at == 1.0
+    ours, _ = rate_memory.gap_to_optimum(k, n, paper=False)
+    assert ours < k / (k - 1) - 1e-6
