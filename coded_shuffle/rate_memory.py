@@ -40,9 +40,7 @@ def em_corners(num_workers: int, num_points: int) -> list[tuple[float, float]]:
     return [(float(t), q * (num_workers - t) / t) for t in range(1, num_workers + 1)]
 
 
-def at_corners(
-    num_workers: int, num_points: int, paper: bool = False
-) -> list[tuple[float, float]]:
+def at_corners(num_workers: int, num_points: int, paper: bool = False) -> list[tuple[float, float]]:
     """``(1 + p(K-1)/K, q(K-p)/(p+1))`` for ``p = 1..K`` (seed 004, Theorem 1), and at
     ``p = 0``: ``(1, N)`` with ``paper`` (Theorem 1: every point sent once, its Example 1's
     ``(1, 4)`` at ``K = N = 4``), else ``(1, q(K-1))``, the project's no-excess delivery

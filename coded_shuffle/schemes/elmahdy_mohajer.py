@@ -28,6 +28,7 @@ exactly the sub-points it must cache, and the structure is the same in every epo
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from itertools import combinations
 from math import comb
@@ -48,6 +49,12 @@ from .memory_sharing import CornerScheme, grouped_blocks
 
 SHORT_CYCLE_MAX = 3  # the greedy split packs cycles up to this length before completing
 PACK_ATTEMPTS = 6  # seeded tie orders tried when packing cycles into permutations
+EXACT_SPLIT_WORKERS = 5  # the best split is enumerated up to this K ...
+EXACT_SPLIT_ROWS = 3  # ... and this q
+SEARCH_SPLIT_ROWS = 256  # the local search runs up to this q (rows of K-permutations)
+SPLIT_SEARCH_ROUNDS = 6000  # trades tried by the local search at most ...
+SPLIT_SEARCH_PATIENCE = 1500  # ... stopping after this many without a better split
+SPLIT_SEARCH_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -279,21 +286,122 @@ def pack_cycles(shuffle: np.ndarray, attempts: int = PACK_ATTEMPTS) -> np.ndarra
 
 
 def split_rows(shuffle: np.ndarray, t: int = 1) -> np.ndarray:
-    """The shuffle as ``q`` permutations (rows): the cycle packing or the greedy Birkhoff split,
-    whichever gives the lower E-M load at ``t``."""
+    """The shuffle as ``q`` permutations (rows) with the lowest E-M load at ``t`` found.
+
+    Exact (every split enumerated) for ``K <= EXACT_SPLIT_WORKERS`` and
+    ``q <= EXACT_SPLIT_ROWS``; otherwise the lower of the cycle packing and the greedy
+    Birkhoff split, improved by :func:`improve_split` (``q <= SEARCH_SPLIT_ROWS``).
+    Deterministic: master and workers derive the same rows.
+    """
+    k = shuffle.shape[0]
+    q = int(shuffle[0].sum())
+    if k <= EXACT_SPLIT_WORKERS and q <= EXACT_SPLIT_ROWS:
+        return best_split(shuffle, t)
     greedy = np.concatenate(
         [np.tile(sigma, (mult, 1)) for sigma, mult in permutation_split(shuffle)]
     )
     packed = pack_cycles(shuffle)
-    if packed is None:
-        return greedy
-    return min((packed, greedy), key=lambda rows: _rows_load(rows, t))
+    rows = greedy if packed is None else min((packed, greedy), key=lambda r: _rows_load(r, t))
+    if q <= SEARCH_SPLIT_ROWS:
+        rows = improve_split(rows, t)
+    return rows
 
 
 def _rows_load(sigmas: np.ndarray, t: int) -> float:
     uniq, counts = np.unique(sigmas, axis=0, return_counts=True)
     k = sigmas.shape[1]
     return sum(c * em_load(k, t, len(cycles_of(u))) for u, c in zip(uniq, counts, strict=True))
+
+
+def _saving(sigma: np.ndarray, t: int) -> int:
+    """``C(g-1, t)``: what a permutation with ``g`` cycles saves (seed 003, Theorem 4)."""
+    return comb(len(cycles_of(sigma)) - 1, t)
+
+
+def best_split(shuffle: np.ndarray, t: int) -> np.ndarray:
+    """The split into permutations with the largest total saving, by enumeration."""
+    k = shuffle.shape[0]
+    q = int(shuffle[0].sum())
+    support = [np.flatnonzero(shuffle[v]) for v in range(k)]
+    perms = [np.array(p, dtype=np.int64) for p in itertools.product(*support) if len(set(p)) == k]
+    savings = [_saving(p, t) for p in perms]
+    best: tuple[int, list[int]] = (-1, [])
+    rows = np.arange(k)
+
+    def search(start: int, left: np.ndarray, chosen: list[int], total: int) -> None:
+        nonlocal best
+        if not left.any():
+            if total > best[0]:
+                best = (total, list(chosen))
+            return
+        for i in range(start, len(perms)):
+            p = perms[i]
+            if np.all(left[rows, p] > 0):
+                left[rows, p] -= 1
+                chosen.append(i)
+                search(i, left, chosen, total + savings[i])
+                chosen.pop()
+                left[rows, p] += 1
+
+    search(0, np.array(shuffle, dtype=np.int64), [], 0)
+    assert len(best[1]) == q
+    return np.stack([perms[i] for i in best[1]])
+
+
+def _swap_orbits(s1: np.ndarray, s2: np.ndarray) -> list[np.ndarray]:
+    """Sets ``A`` of workers on which rows ``s1`` and ``s2`` can trade images and both stay
+    permutations (the orbits of ``k -> s1^-1(s2(k))`` where the rows differ)."""
+    inv = np.empty_like(s1)
+    inv[s1] = np.arange(s1.size)
+    step = inv[s2]
+    seen = s1 == s2
+    orbits = []
+    for v in range(s1.size):
+        if seen[v]:
+            continue
+        orbit, w = [], v
+        while not seen[w]:
+            seen[w] = True
+            orbit.append(w)
+            w = int(step[w])
+        orbits.append(np.array(orbit, dtype=np.int64))
+    return orbits
+
+
+def improve_split(rows: np.ndarray, t: int, rounds: int = SPLIT_SEARCH_ROUNDS) -> np.ndarray:
+    """Local search over splits: two rows trade their images on one orbit (or two), which
+    keeps the sum and both rows permutations; a trade is kept when the total saving does not
+    drop (sideways moves let it cross plateaus); it stops after ``SPLIT_SEARCH_PATIENCE``
+    trades without a better split. Seeded: the same rows give the same result."""
+    rows = rows.copy()
+    q = rows.shape[0]
+    if q < 2:
+        return rows
+    rng = np.random.default_rng(SPLIT_SEARCH_SEED)
+    saving = [_saving(r, t) for r in rows]
+    best_total, best_rows = sum(saving), rows.copy()
+    since = 0
+    for _ in range(rounds):
+        since += 1
+        if since > SPLIT_SEARCH_PATIENCE:
+            break
+        a, b = rng.choice(q, 2, replace=False)
+        orbits = _swap_orbits(rows[a], rows[b])
+        if not orbits:
+            continue
+        pick = [orbits[int(rng.integers(len(orbits)))]]
+        if len(orbits) > 1 and rng.random() < 0.5:
+            pick.append(orbits[int(rng.integers(len(orbits)))])
+        moved = np.unique(np.concatenate(pick))
+        ra, rb = rows[a].copy(), rows[b].copy()
+        ra[moved], rb[moved] = rows[b][moved], rows[a][moved]
+        new_a, new_b = _saving(ra, t), _saving(rb, t)
+        if new_a + new_b >= saving[a] + saving[b]:
+            rows[a], rows[b] = ra, rb
+            saving[a], saving[b] = new_a, new_b
+            if sum(saving) > best_total:
+                best_total, best_rows, since = sum(saving), rows.copy(), 0
+    return best_rows
 
 
 @dataclass(frozen=True)
