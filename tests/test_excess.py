@@ -418,7 +418,7 @@ def test_curves_match_the_corner_points():
         assert float(em_worst_case(4, 4, s)) == pytest.approx(r)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(k=st.integers(2, 6), q=st.integers(1, 8), seed=st.integers(0, 10**6))
 def test_no_excess_side_is_never_worse_than_cycles(k, q, seed):
     """``t = 1`` (E-M) and ``p = 0`` (A-T), alone and as the no-excess part of memory sharing

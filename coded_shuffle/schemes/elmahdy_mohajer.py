@@ -371,8 +371,9 @@ def _swap_orbits(s1: np.ndarray, s2: np.ndarray) -> list[np.ndarray]:
 def improve_split(rows: np.ndarray, t: int, rounds: int = SPLIT_SEARCH_ROUNDS) -> np.ndarray:
     """Local search over splits: two rows trade their images on one orbit (or two), which
     keeps the sum and both rows permutations; a trade is kept when the total saving does not
-    drop (sideways moves let it cross plateaus); it stops after ``SPLIT_SEARCH_PATIENCE``
-    trades without a better split. Seeded: the same rows give the same result."""
+    drop (sideways moves let it cross plateaus); it stops after ``20 q K`` trades (at most
+    ``SPLIT_SEARCH_PATIENCE``) without a better split. Seeded: the same rows give the same
+    result."""
     rows = rows.copy()
     q = rows.shape[0]
     if q < 2:
@@ -380,10 +381,11 @@ def improve_split(rows: np.ndarray, t: int, rounds: int = SPLIT_SEARCH_ROUNDS) -
     rng = np.random.default_rng(SPLIT_SEARCH_SEED)
     saving = [_saving(r, t) for r in rows]
     best_total, best_rows = sum(saving), rows.copy()
+    patience = min(SPLIT_SEARCH_PATIENCE, 20 * q * rows.shape[1])  # small splits settle fast
     since = 0
     for _ in range(rounds):
         since += 1
-        if since > SPLIT_SEARCH_PATIENCE:
+        if since > patience:
             break
         a, b = rng.choice(q, 2, replace=False)
         orbits = _swap_orbits(rows[a], rows[b])
