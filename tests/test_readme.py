@@ -214,7 +214,8 @@ def test_own_loop_example_runs_as_written(workdir):
 def test_rate_memory_and_benchmark_scripts_run(workdir):
     rate_memory = next(c for c in commands(README) if c.startswith("python scripts/rate_memory.py"))
     assert " -K 6 -N 60 " in rate_memory
-    run(rate_memory.replace(" -K 6 -N 60 ", " -K 4 -N 24 "), workdir)  # a size override
+    small = " -K 4 -N 24 --epochs 1 --steps 3 "  # a size override
+    run(rate_memory.replace(" -K 6 -N 60 ", small), workdir)
     assert (workdir / "rate_memory.png").stat().st_size > 10_000
     bench = next(c for c in commands(README) if c.startswith("python scripts/bench_core.py"))
     out = run(bench + " --workers 4 --points 4000 --schemes cycles", workdir)
