@@ -2,9 +2,10 @@
 
 The master's data is an ``(N, B)`` tensor, one row per point. With ``splits = s`` every point
 is cut into ``s`` sub-points of ``ceil(B / s)`` bytes (zero padding at the end of the point;
-the padding travels on the link and is counted). Encoding and decoding are gathers and XORs
-over index arrays, in chunks of bounded size, on the widest integer view the row length
-allows.
+the padding travels on the link and is counted). Encoding and decoding are programs of
+gather-XORs over index arrays, every one executed by the fused kernel of :mod:`.kernel`;
+both can run piece by piece as messages leave (:class:`Encoder`) and arrive
+(:class:`StreamDecoder`).
 
 Decoding reads the received symbols and the worker's cache where they are and writes every
 decoded sub-point once, straight into its row of the new batch (the largest group of a
@@ -325,7 +326,7 @@ def decode_workspace(
     sub = cache.shape[1] if cache.numel() else symbols.shape[1]
     batch = empty_rows(program.batch_rows.size, sub)
     scratch = torch.empty((program.num_scratch, sub), dtype=torch.uint8)
-    if sub:  # a zero-byte part (memory sharing): nothing to compute
+    if sub:  # (a zero-byte part of memory sharing has nothing to compute)
         views = [_rows_view(t, sub) for t in (symbols, cache, batch, scratch)]
         run_ops(program.ops, views, full=symbols.shape[0] != m)
     return Workspace(program, cache, batch, scratch)
@@ -356,9 +357,8 @@ def _copy_rows(
     """``out[targets] = src[rows]`` (``targets`` None: the rows of ``out`` in order)."""
     if rows.size == 0 or src.shape[1] == 0:
         return
-    none = np.zeros(0, dtype=np.int64)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
-    t = none if targets is None else np.ascontiguousarray(targets, dtype=np.int64)
+    t = _NONE if targets is None else np.ascontiguousarray(targets, dtype=np.int64)
     dst, s = _rows_view(out, out.shape[1]).numpy(), _rows_view(src, src.shape[1]).numpy()
     t0 = 0 if targets is None else -1
-    kernel.gather_xor(dst, t, t0, s, rows, -1, s, none, -1, kernel.COPY, rows.size)
+    kernel.gather_xor(dst, t, t0, s, rows, -1, s, _NONE, -1, kernel.COPY, rows.size)
