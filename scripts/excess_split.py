@@ -24,30 +24,9 @@ import numpy as np
 
 from coded_shuffle.assignment import random_assignment, shuffle_matrix
 from coded_shuffle.evaluate import Evaluation, run
-from coded_shuffle.rate_memory import em_load
-from coded_shuffle.schemes.elmahdy_mohajer import (
-    cycles_of,
-    pack_cycles,
-    permutation_split,
-    split_rows,
-)
+from coded_shuffle.schemes.elmahdy_mohajer import heuristic_split, split_load, split_rows
 
 TARGET_CASES = ((4, 2), (6, 2), (8, 2), (6, 3), (8, 3))
-
-
-def rows_load(rows: np.ndarray, k: int, t: int) -> float:
-    """E-M load of a split (seed 003, Theorems 1-3 per permutation)."""
-    return sum(em_load(k, t, len(cycles_of(r))) for r in rows)
-
-
-def heuristic_rows(s: np.ndarray, t: int) -> np.ndarray:
-    """The split before the search: cycle packing or greedy Birkhoff, the lower."""
-    k = s.shape[0]
-    greedy = np.concatenate([np.tile(p, (m, 1)) for p, m in permutation_split(s)])
-    packed = pack_cycles(s)
-    if packed is None:
-        return greedy
-    return min((packed, greedy), key=lambda r: rows_load(r, k, t))
 
 
 def best_split_load(s: np.ndarray, t: int) -> float:
@@ -59,7 +38,7 @@ def best_split_load(s: np.ndarray, t: int) -> float:
         for p in combo:
             total[np.arange(k), list(p)] += 1
         if np.array_equal(total, s):
-            best = min(best, rows_load(np.array(combo), k, t))
+            best = min(best, split_load(np.array(combo), t))
     return best
 
 
@@ -75,8 +54,8 @@ def exhaustive_table(trials: int, seed: int) -> None:
                 a, b = random_assignment(k * q, k, rng), random_assignment(k * q, k, rng)
                 s = shuffle_matrix(a, b, k)
                 best = best_split_load(s, t)
-                now += abs(rows_load(split_rows(s, t), k, t) - best) < 1e-9
-                old += abs(rows_load(heuristic_rows(s, t), k, t) - best) < 1e-9
+                now += abs(split_load(split_rows(s, t), t) - best) < 1e-9
+                old += abs(split_load(heuristic_split(s, t), t) - best) < 1e-9
             print(f"{k:>2} {q:>2} {now:>5}/{trials:<4} {old:>11}/{trials:<4}")
 
 
@@ -90,7 +69,7 @@ def target_table(epochs: int, seed: int) -> None:
         plans = Evaluation("elmahdy-mohajer", k, 10 * k, float(t), epochs, seed, 840)
         seq = list(plans.assignments(rng))
         before = [
-            rows_load(heuristic_rows(shuffle_matrix(a, b, k), t), k, t) / r.lower_bound_points
+            split_load(heuristic_split(shuffle_matrix(a, b, k), t), t) / r.lower_bound_points
             for a, b, r in zip(seq[:-1], seq[1:], reports, strict=True)
         ]
         now = [r.load_points / r.lower_bound_points for r in reports]

@@ -297,17 +297,24 @@ def split_rows(shuffle: np.ndarray, t: int = 1) -> np.ndarray:
     q = int(shuffle[0].sum())
     if k <= EXACT_SPLIT_WORKERS and q <= EXACT_SPLIT_ROWS:
         return best_split(shuffle, t)
-    greedy = np.concatenate(
-        [np.tile(sigma, (mult, 1)) for sigma, mult in permutation_split(shuffle)]
-    )
-    packed = pack_cycles(shuffle)
-    rows = greedy if packed is None else min((packed, greedy), key=lambda r: _rows_load(r, t))
+    rows = heuristic_split(shuffle, t)
     if q <= SEARCH_SPLIT_ROWS:
         rows = improve_split(rows, t)
     return rows
 
 
-def _rows_load(sigmas: np.ndarray, t: int) -> float:
+def heuristic_split(shuffle: np.ndarray, t: int) -> np.ndarray:
+    """The cycle packing or the greedy Birkhoff split, whichever has the lower E-M load at
+    ``t`` (the local search's start)."""
+    greedy = np.concatenate(
+        [np.tile(sigma, (mult, 1)) for sigma, mult in permutation_split(shuffle)]
+    )
+    packed = pack_cycles(shuffle)
+    return greedy if packed is None else min((packed, greedy), key=lambda r: split_load(r, t))
+
+
+def split_load(sigmas: np.ndarray, t: int) -> float:
+    """E-M load of a split into permutations (rows), in points (seed 003, Theorems 1-3)."""
     uniq, counts = np.unique(sigmas, axis=0, return_counts=True)
     k = sigmas.shape[1]
     return sum(c * em_load(k, t, len(cycles_of(u))) for u, c in zip(uniq, counts, strict=True))
