@@ -8,6 +8,9 @@ Two checks (issue 10's targets), printed as tables:
    ordering cut-set bound, with the split of cycle packing / greedy Birkhoff alone
    (``heuristic``) and with the project's split (``now``: exhaustive where small, else that
    start improved by local search). Every epoch of ``now`` is decoded byte-exactly.
+3. ``attia-tandon-excess`` at its corners ``p >= 1``, ``q = 10``, 5 epochs, ``-B 840``: the
+   mean load of eq. (57) of seed 004 alone and of the project's delivery (with the old
+   owners' groups of ``p + 2``), the placement's cut-set bound, and E-M at the same ``T``.
 
     python scripts/excess_split.py
 """
@@ -24,9 +27,11 @@ import numpy as np
 
 from coded_shuffle.assignment import random_assignment, shuffle_matrix
 from coded_shuffle.evaluate import Evaluation, run
+from coded_shuffle.schemes.attia_tandon_excess import at_load_for, at_storage, needed_points
 from coded_shuffle.schemes.elmahdy_mohajer import heuristic_split, split_load, split_rows
 
 TARGET_CASES = ((4, 2), (6, 2), (8, 2), (6, 3), (8, 3))
+AT_CASES = ((4, 1), (5, 1), (5, 2), (6, 1), (6, 2), (8, 1), (8, 2))
 
 
 def best_split_load(s: np.ndarray, t: int) -> float:
@@ -80,6 +85,32 @@ def target_table(epochs: int, seed: int) -> None:
         )
 
 
+def attia_tandon_table(epochs: int, seed: int) -> None:
+    print(f"\n3. attia-tandon-excess, q = 10, {epochs} epochs, 840-byte points: mean loads")
+    print(
+        f"{'K':>2} {'p':>2} {'T':>6} {'eq. (57)':>9} {'now':>7} {'bound':>7} {'now/bound':>10} "
+        f"{'E-M':>7} {'verified':>9}"
+    )
+    for k, p in AT_CASES:
+        storage = at_storage(k, p)
+        ev = Evaluation("attia-tandon-excess", k, 10 * k, storage, epochs, seed, 840)
+        reports = list(run(ev))
+        seq = list(ev.assignments(np.random.default_rng(seed)))
+        paper = [
+            at_load_for([n.size for n in needed_points(a, b, k)], k, p)
+            for a, b in itertools.pairwise(seq)
+        ]
+        em = list(run(Evaluation("elmahdy-mohajer", k, 10 * k, storage, epochs, seed, 840)))
+        now = statistics.mean(r.load_points for r in reports)
+        bound = statistics.mean(r.lower_bound_points for r in reports)
+        print(
+            f"{k:>2} {p:>2} {storage:>6.3f} {statistics.mean(paper):>9.2f} {now:>7.2f} "
+            f"{bound:>7.2f} {now / bound:>10.4f} "
+            f"{statistics.mean(r.load_points for r in em):>7.2f} "
+            f"{all(r.verified for r in reports + em)!s:>9}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=100, help="shuffles per (K, q) in table 1")
@@ -95,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exhaustive_table(args.trials, args.seed)
     target_table(args.epochs, args.seed)
+    attia_tandon_table(args.epochs, args.seed)
     return 0
 
 

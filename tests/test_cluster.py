@@ -20,7 +20,7 @@ from coded_shuffle.cluster import netns
 from tests.ranks import is_root
 
 ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
-SMALL = ["epochs=3", "model.hidden=16", "seed=3", "dist.timeout_seconds=30"]
+SMALL = ["epochs=3", "model.hidden=16", "seed=3", "dist.timeout_seconds=60"]
 # six epochs of about 2 s (a slow model) after about 20 s of start-up: a host killed or a
 # link cut at 27 s goes down in the middle
 LONG = [

@@ -26,7 +26,7 @@ from coded_shuffle.elastic import make_problem, make_settings, simulate
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["job=elastic_gd", "workers=4", "job.elastic.recovery_threshold=2"]
-BASE += ["dist.timeout_seconds=30"]
+BASE += ["dist.timeout_seconds=60"]
 N, D = 360, 20  # conf/job/elastic_gd.yaml defaults
 
 

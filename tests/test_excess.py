@@ -186,11 +186,12 @@ def group_load(needs: list[int], k: int, p: int) -> float:
 )
 @settings(max_examples=25, deadline=None)
 def test_attia_tandon_excess_equals_its_formula(k, q, p_frac, seed):
-    """Any shuffle: ``sum_G max n_k / C(K,p)``; worst case ``q(K-p)/(p+1)`` (Theorem 1)."""
+    """Any shuffle: at most eq. (57)'s ``sum_G max n_k / C(K,p)`` (the old owners' groups
+    only lower it); worst case exactly ``q(K-p)/(p+1)`` (Theorem 1)."""
     p = 1 + round(p_frac * (k - 1))
     storage = 1 + p * (k - 1) / k
     for e in run_epochs("attia-tandon-excess", k, k * q, storage, 2, seed=seed):
-        assert e.load == pytest.approx(group_load(list(e.needs), k, p))
+        assert e.load <= group_load(list(e.needs), k, p) + 1e-9
         assert e.stored_points_max <= storage * q + 1e-9
     for e in run_epochs("attia-tandon-excess", k, k * q, storage, 2, seed=seed, worst=True):
         assert e.load == pytest.approx(q * (k - p) / (p + 1))
@@ -498,6 +499,19 @@ def test_the_issues_split_example_reaches_the_bound():
     plan = scheme.plan(state, new)
     bound, _ = placement_lower_bound(state, new)
     assert plan_load(plan) == pytest.approx(4.0) and bound == pytest.approx(4.0)
+    assert list(plan.breakdown) == ["t=2 (split enumerated)"]
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "key"),
+    [(4, 4, "t=2"), (5, 15, "t=2 (split enumerated)"), (6, 60, "t=2 (split searched)")],
+)
+def test_the_breakdown_says_how_the_shuffle_was_split(k, n, key):
+    """One permutation needs no split; an enumerated split and a searched one say so."""
+    rng = np.random.default_rng(1)
+    old, new = random_assignment(n, k, rng), random_assignment(n, k, rng)
+    plan = em_plan(em_initial_state(old, k, 2), new, "elmahdy-mohajer")
+    assert list(plan.breakdown) == [key]
 
 
 def test_the_split_search_never_loses_to_its_start():
@@ -516,3 +530,16 @@ def test_the_split_search_never_loses_to_its_start():
         before = sum(em_load(k, t, len(cycles_of(r))) for r in start)
         after = sum(em_load(k, t, len(cycles_of(r))) for r in better)
         assert after <= before + 1e-9
+
+
+def test_the_old_owners_groups_lower_the_issues_attia_tandon_example():
+    """Issue 10: ``-K 5 -N 20 -T 1.8 -E 4 -B 80`` gave 6.8, 5.4, 6.6, 5.8 (eq. (57) alone)
+    against placement bounds 5.2, 4, 4.8, 4.8; groups of ``p + 2`` with the points' old
+    processors give 6, 5, 5.6, 5.4, verified byte for byte."""
+    from coded_shuffle.evaluate import Evaluation, run
+
+    ev = Evaluation("attia-tandon-excess", 5, 20, 1.8, epochs=4, seed=0, point_bytes=80)
+    reports = list(run(ev))
+    assert [r.load_points for r in reports] == pytest.approx([6, 5, 5.6, 5.4])
+    assert [r.lower_bound_points for r in reports] == pytest.approx([5.2, 4, 4.8, 4.8])
+    assert all(r.verified and "p=1 (owner groups)" in r.breakdown for r in reports)

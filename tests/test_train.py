@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
 # excess storage: memory sharing over two byte parts, and an integer corner
 EXCESS = (("attia-tandon-excess", 1.5), ("elmahdy-mohajer", 2))
-JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.timeout_seconds=30"]
+JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.timeout_seconds=60"]
 
 
 def compose(*overrides: str):

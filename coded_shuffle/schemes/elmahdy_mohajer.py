@@ -303,6 +303,16 @@ def split_rows(shuffle: np.ndarray, t: int = 1) -> np.ndarray:
     return rows
 
 
+def split_method(num_workers: int, q: int) -> str | None:
+    """How :func:`split_rows` splits a shuffle of ``q`` points per worker (``None``: one
+    permutation, nothing to split); the plan's breakdown says it."""
+    if q <= 1:
+        return None
+    if num_workers <= EXACT_SPLIT_WORKERS and q <= EXACT_SPLIT_ROWS:
+        return "split enumerated"
+    return "split searched" if q <= SEARCH_SPLIT_ROWS else "split heuristic"
+
+
 def heuristic_split(shuffle: np.ndarray, t: int) -> np.ndarray:
     """The cycle packing or the greedy Birkhoff split, whichever has the lower E-M load at
     ``t`` (the local search's start)."""
@@ -534,9 +544,11 @@ def em_plan(
 
     At ``t = 1`` (no excess storage) the lower of it and the project's ``cycles`` delivery
     of the same placement (``key (cycles)`` in the breakdown when that one is used): never
-    worse than ``cycles``.
+    worse than ``cycles``. The breakdown's key says how the shuffle was split into
+    permutations (:func:`split_method`).
     """
     key = key or f"t={state.labels.t}"
+    method = split_method(state.num_workers, new_assignment.size // state.num_workers)
     blocks = grouped_blocks(em_symbol_rows(state, new_assignment))
     count = int(sum(b.shape[0] for b in blocks))
     fields = batch_plan_fields(state, new_assignment)
@@ -549,7 +561,8 @@ def em_plan(
                 breakdown={f"{key} (cycles)": plain.num_symbols},
                 **fields,
             )
-    return DeliveryPlan(scheme=scheme, symbols=blocks, breakdown={key: count}, **fields)
+    named = f"{key} ({method})" if method else key
+    return DeliveryPlan(scheme=scheme, symbols=blocks, breakdown={named: count}, **fields)
 
 
 class ElmahdyMohajer(CornerScheme):
