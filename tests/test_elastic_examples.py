@@ -15,6 +15,15 @@ from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode, worker_forward
 from coded_shuffle.elastic.encoding import encode, split_blocks
 from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.membership import Membership
+from coded_shuffle.elastic.products import (
+    COLUMN_CODED,
+    ROW_CODED,
+    coded_blocks,
+    mds_recover,
+    recover,
+    right_factors,
+    worker_product,
+)
 
 
 def _group_machines(usage: CyclicUsage, members: Membership, group: int) -> list[int]:
@@ -83,3 +92,39 @@ def test_a_x_is_recovered_exactly_under_every_departure_pattern(lost):
         ]
         got = code.decode(results).reshape(-1)[: a.shape[0]]
         assert np.allclose(got, a @ x, rtol=0, atol=1e-9), gone
+
+
+@pytest.mark.parametrize("lost", range(4))
+def test_a_b_is_recovered_exactly_under_every_departure_pattern(lost):
+    """Sec. 3.1 (Lemma 3.1): ``A`` in column blocks, ``B``'s row blocks encoded per group with
+    ``H_j = (G_j^T)^{-1}`` (eq. (7)); the sum of the available machines' products is ``A B``
+    for every set of up to ``P - L`` pre-empted machines (``P = 6, L = 3``)."""
+    rng = np.random.default_rng(10 + lost)
+    a, b = rng.standard_normal((11, 41)), rng.standard_normal((41, 5))
+    gen = systematic_generator(6, 3)
+    stored = coded_blocks(a, gen.rows, COLUMN_CODED)
+    assert stored.shape == (6, 14, 11)  # ceil(41 / 3) columns per block, stored transposed
+    for gone in itertools.combinations(range(1, 7), lost):
+        members = Membership.initial(6, 3)
+        if gone:
+            members.leave(list(gone), step=1)
+        usage = CyclicUsage(members.size, 3, stored.shape[1])
+        code = GroupCode.build(usage, gen.rows[members.position_rows()])
+        factors = right_factors(code, b, COLUMN_CODED)
+        results = [
+            worker_product(stored[members.row_of[m]][usage.rows(p)], factors[p], COLUMN_CODED)
+            for p, m in enumerate(members.available)
+        ]
+        got = recover(code, results, a.shape[0], COLUMN_CODED)
+        assert np.allclose(got, a @ b, rtol=0, atol=1e-9), gone
+
+
+def test_non_adaptive_mds_decodes_from_every_l_machines():
+    """The baseline: any ``L`` whole-block products ``A~_s x`` give ``A x``."""
+    rng = np.random.default_rng(3)
+    a, x = rng.standard_normal((40, 9)), rng.standard_normal(9)
+    gen = systematic_generator(6, 3)
+    stored = coded_blocks(a, gen.rows, ROW_CODED)
+    for chosen in itertools.combinations(range(6), 3):
+        got = mds_recover(gen.rows[list(chosen)], [stored[s] @ x for s in chosen], 40)
+        assert np.allclose(got, a @ x, rtol=0, atol=1e-9), chosen

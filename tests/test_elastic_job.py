@@ -156,3 +156,38 @@ def test_bad_config_is_one_line_without_traceback(tmp_path: Path) -> None:
     assert len(lines) == 1 and "Traceback" not in log
     assert "fewer than the recovery threshold L=2" in lines[0]
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+MATMUL = ["job=elastic_matmul", "job.problem.rows=240", "job.problem.cols=40", "job.steps=6"]
+
+
+def test_matmul_job_is_exact_for_every_method_with_the_time_breakdown(tmp_path: Path) -> None:
+    """``job=elastic_matmul`` (``A x``, Algorithm 1) over 5 processes: a departure then a join;
+    every product of every method exact, coded moves nothing on the departure, and every
+    record splits its step into compute, decode and communication."""
+    events = "job.elastic.events=[{step: 2, leave: [3]}, {step: 4, join: 1}]"
+    code, log = Job([*MATMUL, events], tmp_path).wait(120)
+    assert code == 0, log[-3000:]
+    runs = records(tmp_path)
+    assert set(runs) == {"coded", "uncoded", "nonadaptive"}
+    for method, rows in runs.items():
+        assert [r["workers_available"] for r in rows] == [4, 4, 3, 3, 4, 4], method
+        assert max(r["result_rel_error"] for r in rows) < 1e-12, method
+        for r in rows:
+            parts = r["compute_seconds"] + r["decode_seconds"] + r["comm_seconds"]
+            assert parts == pytest.approx(r["step_seconds"], rel=1e-6, abs=1e-9) or (
+                r["comm_seconds"] == 0 and parts >= r["step_seconds"]
+            )
+    coded = runs["coded"]
+    assert [r["rows_used_max"] for r in coded] == [60, 60, 80, 80, 60, 60]  # L b / n
+    assert coded[2]["bytes_moved"] == 0 and runs["uncoded"][2]["bytes_moved"] > 0
+    assert all(r["rows_used_max"] == 120 for r in runs["nonadaptive"])  # b, whatever n is
+    assert "median step" in log and "worst relative error" in log
+
+
+def test_matmul_bad_sizes_are_one_line(tmp_path: Path) -> None:
+    code, log = Job([*MATMUL, "job.problem.rows=7", "job.elastic.events=null"], tmp_path).wait(60)
+    assert code == 2
+    lines = log.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in log
+    assert "job.problem.rows=7 does not split" in lines[0] and "need rows >= 8" in lines[0]

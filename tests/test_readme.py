@@ -222,6 +222,16 @@ def test_rate_memory_and_benchmark_scripts_run(workdir):
     assert "cycles" in out.stdout
 
 
+def test_elastic_benchmark_runs_as_written(workdir):
+    """Fig. 2(a) (smaller): every method and every number of pre-empted machines, exact."""
+    bench = next(c for c in commands(README) if c.startswith("python scripts/bench_elastic.py"))
+    out = run(bench + " --rows 360 --cols 60 --trials 3", workdir)
+    rows = [ln.split() for ln in out.stdout.splitlines() if ln.split()[:1] == ["coded"]]
+    assert [r[1] for r in rows] == ["0", "1", "2", "3"], out.stdout
+    assert all(float(r[-1]) < 1e-12 for r in rows), out.stdout
+    assert (workdir / "elastic_matmul.png").stat().st_size > 10_000
+
+
 @pytest.mark.distributed
 def test_overlap_benchmark_runs_as_written(workdir):
     """The overlap benchmark under torchrun (smaller): both modes run, one table row."""

@@ -130,6 +130,20 @@ class ElasticJobConf:
     """Recovery threshold, generator, methods, events, restarts (docs/elastic.md)."""
 
 
+@dataclass
+class ElasticMatmulConf:
+    name: str = "elastic_matmul"
+    """Coded elastic A x and A B, seed 002 Algorithm 1 and sec. 3.1 (train/elastic_matmul.py)."""
+    steps: int = 20
+    """Products per method (a fresh x or B each step), >= 1."""
+    report_every: int = 5
+    """Console line every this many steps per method (0: events and summary only)."""
+    problem: dict[str, Any] = field(default_factory=dict)
+    """rows, cols (A) and rhs_cols (1: A x by Algorithm 1; more: A B by sec. 3.1)."""
+    elastic: dict[str, Any] = field(default_factory=dict)
+    """Recovery threshold, generator, methods, events (docs/elastic.md)."""
+
+
 # --- the top level ---------------------------------------------------------------------------
 
 
@@ -222,7 +236,11 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "data": {"digits": DigitsConf, "synthetic": SyntheticConf, "file": FileConf},
     "model": {"logreg": LogRegConf, "mlp": MLPConf, "cnn": CNNConf},
     "optim": {"sgd": SGDConf},
-    "job": {"shuffle_sgd": ShuffleJobConf, "elastic_gd": ElasticJobConf},
+    "job": {
+        "shuffle_sgd": ShuffleJobConf,
+        "elastic_gd": ElasticJobConf,
+        "elastic_matmul": ElasticMatmulConf,
+    },
     "scheme": {"base": SchemeConf},
 }
 

@@ -96,26 +96,39 @@ class GroupCode:
     def conditions(self) -> np.ndarray:
         return np.linalg.cond(self.matrices)
 
-    def _segment(self, vectors: list[np.ndarray], group: int, member: int) -> np.ndarray:
+    @cached_property
+    def _gather(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where member ``l``'s result for block row ``r`` sits in the concatenated results
+        (``(L, b)``), and the inverse of each block row's group (``(L, L, b)``)."""
         u = self.usage
-        pos = u.members[group, member]
-        start = u.offsets[pos, member]
-        return vectors[pos][start : start + u.sizes[group]]
+        rows_used = u.rows_used()
+        base = np.concatenate([[0], np.cumsum(rows_used)[:-1]])
+        group = np.repeat(np.arange(u.available), u.sizes)
+        within = np.arange(u.block_rows) - u.bounds[group]
+        pos = u.members[group].T  # (L, b): the position of member l of row r's group
+        index = base[pos] + u.offsets[pos, np.arange(u.recovery_threshold)[:, None]] + within
+        return index, np.ascontiguousarray(self.inverses[group].transpose(1, 2, 0))
 
     def decode(self, results: list[np.ndarray]) -> np.ndarray:
-        """``X w`` as ``(L, b)`` from the positions' round-1 results ``X~_{s,used} w`` (Alg. 1)."""
-        u = self.usage
-        out = np.empty((u.recovery_threshold, u.block_rows))
-        for j in range(u.available):
-            stacked = np.stack([self._segment(results, j, m) for m in range(u.recovery_threshold)])
-            out[:, u.bounds[j] : u.bounds[j + 1]] = self.inverses[j] @ stacked
+        """``X w`` as ``(L, b, ...)`` from the positions' round-1 results ``X~_{s,used} w``
+        (Algorithm 1: ``G_j^{-1}`` on every group's stacked results, one gather for all
+        groups; a matrix ``w`` gives ``X w`` the same way)."""
+        index, inverses = self._gather
+        stacked = np.concatenate(results)[index]  # (L, b, ...)
+        coef = inverses.reshape(*inverses.shape, *([1] * (stacked.ndim - 2)))
+        out = np.zeros_like(stacked)
+        for m in range(stacked.shape[0]):  # L^2 vectorised multiply-adds over the block rows
+            for k in range(stacked.shape[0]):
+                out[m] += coef[m, k] * stacked[k]
         return out
 
     def reencode(self, residual: np.ndarray) -> list[np.ndarray]:
-        """Round-2 vectors per position: row ``l`` of ``(G_j^{-1})^T z^j`` for member ``l``."""
+        """Round-2 vectors per position: row ``l`` of ``(G_j^{-1})^T z^j`` for member ``l``
+        (eq. (13)); with ``(L, b, d_B)`` blocks of ``B`` it is eq. (7)'s coded right factor,
+        ``H_j = (G_j^T)^{-1}`` (sec. 3.1)."""
         u = self.usage
         parts = [
-            self.inverses[j].T @ residual[:, u.bounds[j] : u.bounds[j + 1]]
+            np.tensordot(self.inverses[j].T, residual[:, u.bounds[j] : u.bounds[j + 1]], 1)
             for j in range(u.available)
         ]
         return [

@@ -9,6 +9,7 @@ and the single-process simulation (:class:`LocalTransport`) both drive it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..blockstore import BlockStore, digest
 from .cyclic import worker_backward, worker_forward
+from .products import COLUMN_CODED, ROW_CODED, worker_product
 
 HEADER_INTS = 3
 SLOTS = ("coded", "uncoded")  # uncoded rows are stored as [row id, x..., y]
@@ -34,6 +36,8 @@ class Op(IntEnum):
     GRAD = 6  # floats w -> floats [X_p^T (X_p w - y_p), rows]
     NOOP = 7  # keep-alive for an idle worker, no reply
     HELLO = 8  # -> ints [previous incarnation ended cleanly: 1, killed: 0, first: -1]
+    PRODUCT = 9  # ints [layout, slot, n, starts..., stops..., r, c] floats right (r x c)
+    #             -> ints [wall ns, cpu ns] floats (used or used^T) @ right
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class WorkerNode:
     def __init__(self, store: BlockStore) -> None:
         self.store = store
         self._used: tuple[bytes, np.ndarray] | None = None
+        self._operand: tuple[bytes, np.ndarray] | None = None
 
     def handle(self, msg: Message) -> Message:
         op, ints, floats = Op(msg.op), msg.ints, msg.floats
@@ -86,12 +91,15 @@ class WorkerNode:
             slot, rows, cols, row_id, new_machine = (int(v) for v in ints)
             if new_machine:
                 self.store.wipe()
-            self._used = None
+            self._used = self._operand = None
             data = floats.reshape(rows, cols)
             self.store.save(SLOTS[slot], data, {"row": row_id})
             return Message.make(op, digest_ints(data))
         if op is Op.UPDATE:
+            self._operand = None
             return Message.make(op, digest_ints(self._update(ints, floats)))
+        if op is Op.PRODUCT:
+            return self._product(ints, floats)
         if op is Op.FORWARD:
             size = int(ints[0])
             key = ints.tobytes()
@@ -112,6 +120,24 @@ class WorkerNode:
             x, y = rows[:, 1:-1], rows[:, -1]
             return Message.make(op, floats=[*(x.T @ (x @ floats - y)), rows.shape[0]])
         raise ValueError(f"unexpected opcode {op}")
+
+    def _product(self, ints: np.ndarray, floats: np.ndarray) -> Message:
+        """Elastic products (:mod:`.products`): the used rows of a slot (all of them when no
+        spans are given; an uncoded slot without its id column) times the right factor."""
+        wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
+        layout, slot, size = (int(v) for v in ints[:3])
+        key = ints[: 3 + 2 * size].tobytes()
+        if self._operand is None or self._operand[0] != key:
+            stored = self._slot(SLOTS[slot])
+            stored = stored[:, 1:] if SLOTS[slot] == "uncoded" else stored
+            if size:
+                starts, stops = ints[3 : 3 + size], ints[3 + size : 3 + 2 * size]
+                stored = np.concatenate([stored[a:b] for a, b in zip(starts, stops, strict=True)])
+            self._operand = (key, stored)
+        right = floats.reshape(int(ints[-2]), int(ints[-1]))
+        out = worker_product(self._operand[1], right, (ROW_CODED, COLUMN_CODED)[layout])
+        took = [time.perf_counter_ns() - wall, time.thread_time_ns() - cpu]
+        return Message.make(Op.PRODUCT, took, out)
 
     def _slot(self, slot: str) -> np.ndarray:
         array = self.store.load(slot)

@@ -74,8 +74,10 @@ def make_settings(
     lr: float | None = None,
     max_workers: int | None = None,
     step_delay: float = 0.0,
+    valid_methods: Sequence[str] = METHODS,
 ) -> Settings:
-    """Checks every value and replays the events (:class:`UsageError` on the first bad one)."""
+    """Checks every value and replays the events (:class:`UsageError` on the first bad one);
+    ``methods`` must come from ``valid_methods`` (the job's)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 2:
         raise UsageError(f"workers P={workers!r} must be an integer >= 2")
     size = recovery_threshold
@@ -86,10 +88,11 @@ def make_settings(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UsageError(f"job.steps={steps!r} must be an integer >= 1")
     methods = tuple(methods)
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in valid_methods]
     if not methods or bad or len(set(methods)) != len(methods):
         raise UsageError(
-            f"job.elastic.methods={list(methods)} must list distinct names from {list(METHODS)}"
+            f"job.elastic.methods={list(methods)} must list distinct names from "
+            f"{list(valid_methods)}"
         )
     if generator not in KINDS:
         raise UsageError(f"job.elastic.generator={generator!r}; valid: {', '.join(KINDS)}")
