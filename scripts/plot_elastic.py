@@ -25,6 +25,7 @@ STYLE = {  # method: (label, colour, line style, width, z-order)
     "coded": ("coded elastic", "tab:blue", "--", 1.8, 4),
     "ignore": ("ignore lost part", "tab:red", "-", 1.8, 3),
     "repartition": ("uncoded re-partition", "tab:green", ":", 2.2, 2),
+    "distr_bgd": ("Elastic Distr-BGD", "tab:purple", "-.", 1.6, 2),
 }
 
 

@@ -82,7 +82,7 @@ def test_job_events_all_methods_and_plot(tmp_path: Path) -> None:
     code, log = Job([events, "job.steps=12"], tmp_path).wait(120)
     assert code == 0, log[-3000:]
     runs = records(tmp_path)
-    assert set(runs) == {"coded", "nofailure", "ignore", "repartition"}
+    assert set(runs) == {"coded", "nofailure", "ignore", "repartition", "distr_bgd"}
     coded = runs["coded"]
     assert [r["workers_available"] for r in coded] == [4] * 4 + [3] * 4 + [4] * 4
     assert max(r["grad_rel_error"] for r in coded) < 1e-9

@@ -225,7 +225,7 @@ def test_rebalance_moves_only_what_it_must(points: int, p: int, data: st.DataObj
 
 @pytest.fixture(scope="module")
 def p6_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], object]:
-    problem = make_problem(360, 20, 6, seed=0)
+    problem = make_problem(360, 20, 6, seed=0, test_points=300)
     s = make_settings(6, 3, 40, EVENTS_P6)
     return simulate(problem, s, tmp_path_factory.mktemp("p6")), problem
 
@@ -279,10 +279,41 @@ def test_p6_l3_ignore_diverges_from_no_failure(p6_run) -> None:
 
 def test_records_carry_the_promised_keys(p6_run) -> None:
     keys = {"step", "workers_available", "train_loss", "grad_rel_error", "rows_used_max"}
-    keys |= {"bytes_moved", "step_seconds", "method", "events", "comm_bytes"}
+    keys |= {"bytes_moved", "step_seconds", "method", "events", "comm_bytes", "test_loss"}
+    keys |= {"compute_seconds", "decode_seconds", "comm_seconds"}
     for r in p6_run[0]:
-        assert keys <= set(r)
+        assert set(r) >= keys
+        parts = r["compute_seconds"] + r["decode_seconds"] + r["comm_seconds"]
+        assert parts == pytest.approx(r["step_seconds"]) or r["comm_seconds"] == 0
+        assert r["compute_seconds"] > 0 and r["decode_seconds"] > 0
         json.dumps(r)
+
+
+def test_p6_l3_test_loss_of_coded_is_the_no_failure_one(p6_run) -> None:
+    """The held-out loss (``test_points`` of the same sources): coded equals no failure at
+    every step; ignoring the lost part generalises worse by the end."""
+    runs, problem = by_method(p6_run[0]), p6_run[1]
+    coded = np.array([r["test_loss"] for r in runs["coded"]])
+    clean = np.array([r["test_loss"] for r in runs["nofailure"]])
+    assert np.allclose(coded, clean, rtol=1e-12, atol=0)
+    assert clean[0] == pytest.approx(problem.test_loss(np.zeros(20)))
+    assert runs["ignore"][-1]["test_loss"] > clean[-1]
+
+
+def test_p6_l3_distr_bgd_reuses_the_departed_workers_last_gradients(p6_run) -> None:
+    """Elastic Distr-BGD: exact before the departure; afterwards the departed parts enter
+    with their last (stale) partial gradients, so every row is counted but the gradient is
+    off, unlike ``ignore`` (rows missing); a joiner takes one part back."""
+    runs = by_method(p6_run[0])
+    bgd, clean = runs["distr_bgd"], runs["nofailure"]
+    assert np.allclose(
+        [r["train_loss"] for r in bgd[:11]], [r["train_loss"] for r in clean[:11]], rtol=1e-12
+    )
+    assert max(r["grad_rel_error"] for r in bgd[:10]) < 1e-9
+    assert all(r["rows_total"] == 360 for r in bgd)  # stale parts still count their rows
+    assert min(r["grad_rel_error"] for r in bgd[11:25]) > 1e-6  # stale, not exact
+    assert all(r["rows_total"] < 360 for r in runs["ignore"][10:25])
+    assert [r["workers_available"] for r in bgd] == [6] * 10 + [4] * 15 + [5] * 15
 
 
 class KillAt(ListSink):
@@ -413,3 +444,21 @@ def test_problem_bad_input() -> None:
         make_problem(5, 2, 7)
     with pytest.raises(UsageError, match=r"job\.lr=-1"):
         make_problem(20, 2, 2).step_size(-1.0)
+
+
+def test_line_search_descends_and_keeps_coded_equal_to_no_failure(tmp_path: Path) -> None:
+    """``line_search``: every step satisfies Armijo's condition (the full loss drops); coded
+    takes the same steps as no failure (its gradient is exact); not slower than the fixed
+    ``1/smoothness`` step."""
+    problem = make_problem(240, 8, 4, seed=5, test_points=100)
+    events = [{"step": 3, "leave": [2]}, {"step": 7, "join": 1}]
+    fixed = make_settings(4, 2, 12, events, ["nofailure"])
+    searched = make_settings(4, 2, 12, events, ["coded", "nofailure"], line_search=True)
+    runs = by_method(simulate(problem, searched, tmp_path / "a"))
+    base = simulate(problem, fixed, tmp_path / "b")
+    coded, clean = runs["coded"], runs["nofailure"]
+    assert [r["lr"] for r in coded] == pytest.approx([r["lr"] for r in clean], rel=1e-12)
+    losses = [r["train_loss"] for r in clean]
+    assert all(b < a for a, b in itertools.pairwise(losses))
+    assert any(r["lr"] > 1.0 / problem.smoothness for r in clean)  # it does take longer steps
+    assert losses[-1] <= base[-1]["train_loss"]

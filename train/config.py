@@ -120,6 +120,8 @@ class ElasticJobConf:
     """Full-batch gradient-descent steps per method, >= 1."""
     lr: float | None = None
     """Step size; null = 1 / largest eigenvalue of X^T X / N + ridge."""
+    line_search: bool = False
+    """Backtracking (Armijo) line search from 4 lr at every step, for every method."""
     ridge: float = 0.0
     """f(w) = |Xw - y|^2 / (2N) + ridge |w|^2 / 2, >= 0."""
     report_every: int = 10

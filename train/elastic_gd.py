@@ -66,6 +66,7 @@ def settings_from(cfg: Any) -> Settings:
         lr=None if job.get("lr") is None else float(job.lr),
         max_workers=int(cfg.workers),
         step_delay=float(el.get("step_delay", 0.0)),
+        line_search=bool(job.get("line_search", False)),
     )
 
 
@@ -79,6 +80,7 @@ def problem_from(cfg: Any) -> Problem:
         float(p.heterogeneity),
         float(cfg.job.get("ridge", 0.0)),
         int(cfg.get("seed", 0)),
+        int(p.get("test_points", 0)),
     )
 
 

@@ -23,6 +23,8 @@ class Problem:
     X: np.ndarray
     y: np.ndarray
     ridge: float = 0.0
+    X_test: np.ndarray | None = None  # held-out points of the same sources (test_loss)
+    y_test: np.ndarray | None = None
 
     @property
     def num_points(self) -> int:
@@ -35,6 +37,14 @@ class Problem:
     def loss(self, w: np.ndarray) -> float:
         r = self.X @ w - self.y
         return float(r @ r / (2 * self.num_points) + self.ridge * (w @ w) / 2)
+
+    def test_loss(self, w: np.ndarray) -> float | None:
+        """``|X_test w - y_test|^2 / (2 N_test)``: the generalisation error (None: no test
+        split)."""
+        if self.X_test is None or self.y_test is None or not self.y_test.size:
+            return None
+        r = self.X_test @ w - self.y_test
+        return float(r @ r / (2 * self.y_test.size))
 
     def gradient(self, w: np.ndarray) -> np.ndarray:
         """The exact full gradient ``X^T (X w - y) / N + ridge w`` (the master's check)."""
@@ -63,10 +73,15 @@ def make_problem(
     heterogeneity: float = 1.0,
     ridge: float = 0.0,
     seed: int = 0,
+    test_points: int = 0,
 ) -> Problem:
-    """Synthetic heterogeneous linear regression, ``sources`` contiguous row segments."""
+    """Synthetic heterogeneous linear regression, ``sources`` contiguous row segments, and
+    ``test_points`` held-out points drawn the same way (after the training data, which they
+    do not change)."""
     if points < 1 or features < 1:
         raise UsageError(f"data needs points >= 1 and features >= 1, got {points} and {features}")
+    if test_points < 0:
+        raise UsageError(f"job.problem.test_points={test_points} must be >= 0")
     if not 1 <= sources <= points:
         raise UsageError(f"sources={sources} out of range 1..{points} (points)")
     if ridge < 0 or noise < 0 or heterogeneity < 0:
@@ -81,4 +96,8 @@ def make_problem(
     w_true = rng.standard_normal(features)
     shift = heterogeneity * rng.standard_normal((sources, features))
     y = np.einsum("nd,nd->n", X, w_true + shift[source]) + noise * rng.standard_normal(points)
-    return Problem(X, y, float(ridge))
+    test_source = rng.integers(0, sources, test_points)
+    X_test = rng.standard_normal((test_points, features)) * scales[test_source]
+    y_test = np.einsum("nd,nd->n", X_test, w_true + shift[test_source])
+    y_test += noise * rng.standard_normal(test_points)
+    return Problem(X, y, float(ridge), X_test, y_test)

@@ -31,9 +31,10 @@ class Op(IntEnum):
     VERIFY = 1  # ints [slot] -> ints [present, rows, cols, digest(4)]
     STORE = 2  # ints [slot, rows, cols, row_id, new_machine] floats data -> ints digest(4)
     UPDATE = 3  # ints [n_drop, drop ids..., rows, cols] floats rows -> ints digest(4)
-    FORWARD = 4  # ints [L, starts..., stops...] floats w -> floats X~_used w
-    BACKWARD = 5  # floats r -> floats X~_used^T r
-    GRAD = 6  # floats w -> floats [X_p^T (X_p w - y_p), rows]
+    FORWARD = 4  # ints [L, starts..., stops...] floats w -> ints [ns] floats X~_used w
+    BACKWARD = 5  # floats r -> ints [ns] floats X~_used^T r
+    GRAD = 6  # floats w -> ints [ns] floats [X_p^T (X_p w - y_p), rows]
+    # ns: the worker's compute time for the reply (wall nanoseconds)
     NOOP = 7  # keep-alive for an idle worker, no reply
     HELLO = 8  # -> ints [previous incarnation ended cleanly: 1, killed: 0, first: -1]
     PRODUCT = 9  # ints [layout, slot, n, starts..., stops..., r, c] floats right (r x c)
@@ -81,6 +82,10 @@ class WorkerNode:
         self._operand: tuple[bytes, np.ndarray] | None = None
 
     def handle(self, msg: Message) -> Message:
+        if msg.op in (Op.FORWARD, Op.BACKWARD, Op.GRAD):
+            start = time.perf_counter_ns()
+            reply = self._compute(msg)
+            return Message(reply.op, np.array([time.perf_counter_ns() - start]), reply.floats)
         op, ints, floats = Op(msg.op), msg.ints, msg.floats
         if op is Op.VERIFY:
             array = self.store.load(SLOTS[ints[0]])
@@ -100,6 +105,11 @@ class WorkerNode:
             return Message.make(op, digest_ints(self._update(ints, floats)))
         if op is Op.PRODUCT:
             return self._product(ints, floats)
+        raise ValueError(f"unexpected opcode {op}")
+
+    def _compute(self, msg: Message) -> Message:
+        """The gradient rounds (their compute is timed by :meth:`handle`)."""
+        op, ints, floats = Op(msg.op), msg.ints, msg.floats
         if op is Op.FORWARD:
             size = int(ints[0])
             key = ints.tobytes()

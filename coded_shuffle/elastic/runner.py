@@ -41,8 +41,9 @@ from .membership import (
 from .problem import Problem
 from .protocol import Message, Op, Transport, WorkerLost, digest_ints
 
-METHODS = ("coded", "nofailure", "ignore", "repartition")
+METHODS = ("coded", "nofailure", "ignore", "repartition", "distr_bgd")
 CODED, UNCODED = 0, 1  # store slots
+TIMED = (Op.FORWARD, Op.BACKWARD, Op.GRAD)  # replies carry the worker's compute time
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Settings:
     lr: float | None = None
     max_workers: int | None = None
     step_delay: float = 0.0
+    line_search: bool = False
 
 
 def make_settings(
@@ -75,6 +77,7 @@ def make_settings(
     max_workers: int | None = None,
     step_delay: float = 0.0,
     valid_methods: Sequence[str] = METHODS,
+    line_search: bool = False,
 ) -> Settings:
     """Checks every value and replays the events (:class:`UsageError` on the first bad one);
     ``methods`` must come from ``valid_methods`` (the job's)."""
@@ -112,6 +115,7 @@ def make_settings(
         lr,
         max_workers,
         float(step_delay),
+        bool(line_search),
     )
 
 
@@ -310,6 +314,7 @@ class _Run:
         self.pending: list[int] = []
         self.resumed = resume is not None
         self.comm = self._moved = 0
+        self.compute = self.coding = 0.0  # this step's seconds: workers' rounds, master's coding
         if resume is None:
             lost = [i for i in master.lost if i in self.membership.row_of]
             if lost:
@@ -352,6 +357,8 @@ class _Run:
         back = sum(msg.nbytes for msg in replies.values())
         self.comm += back + (0 if moved else sent)
         self._moved += sent if moved else 0
+        if replies and all(m.op in TIMED for m in requests.values()):
+            self.compute += max(int(r.ints[0]) for r in replies.values()) * 1e-9  # the slowest
         return replies
 
     def store(self, worker: int, slot: int, data: np.ndarray, row: int, new: bool) -> None:
@@ -393,6 +400,7 @@ class _Run:
         while self.step < s.steps:
             t0 = time.perf_counter()
             self._moved, texts = 0, []
+            self.compute = self.coding = 0.0
             events = [e for e in s.events if e.step == self.step]
             if self.pending:
                 events.insert(0, lost_event)
@@ -416,14 +424,20 @@ class _Run:
                 ),
                 "bytes_moved": self._moved + moved_first,
                 "placement_bytes": placement,
+                "test_loss": problem.test_loss(self.w),
                 "comm_bytes": self.comm,
                 "step_seconds": elapsed,
+                "compute_seconds": self.compute,
+                "decode_seconds": self.coding,
+                "comm_seconds": max(elapsed - self.compute - self.coding, 0.0),
                 "events": texts,
                 "restarts": self.m.restarts,
                 **extra,
             }
+            lr = self.m.lr if not s.line_search else armijo_step(problem, self.w, grad, self.m.lr)
+            record["lr"] = lr
             placement = moved_first = self.comm = 0
-            self.w = self.w - self.m.lr * grad
+            self.w = self.w - lr * grad
             self.step += 1
             self.m.sink.write(record)
             self.m.save(self.checkpoint_state())
@@ -439,9 +453,38 @@ class _Run:
         replies = self.exchange(
             {i: Message.make(Op.GRAD, floats=w) for i in self.membership.available}
         )
-        total = sum(r.floats for r in replies.values())
+        t0 = time.perf_counter()
+        total = self.combine({i: r.floats for i, r in replies.items()})
         rows = round(float(total[-1]))
-        return total[:-1] / max(rows, 1) + self.problem.ridge * w, rows
+        grad = total[:-1] / max(rows, 1) + self.problem.ridge * w
+        self.coding += time.perf_counter() - t0
+        return grad, rows
+
+    def combine(self, partials: Mapping[int, np.ndarray]) -> np.ndarray:
+        """The sum of the workers' partial gradients (and row counts)."""
+        return sum(partials.values())
+
+
+LINE_SEARCH_GROWTH = 4.0  # the first trial step is this times 1 / smoothness
+LINE_SEARCH_HALVINGS = 30
+ARMIJO = 1e-4
+
+
+def armijo_step(problem: Problem, w: np.ndarray, grad: np.ndarray, base: float) -> float:
+    """Backtracking line search (the paper's experiments, sec. 4): from ``4 * base``, halve
+    until ``f(w - a g) <= f(w) - 1e-4 a |g|^2``, at most 30 times (then the last trial).
+
+    The trial losses are evaluated at the master on the full training data (its copy; a
+    distributed evaluation would cost one more round-1 exchange per trial), the same rule
+    for every method, so a method's steps differ only through its gradient.
+    """
+    now, slope = problem.loss(w), float(grad @ grad)
+    step = LINE_SEARCH_GROWTH * base
+    for _ in range(LINE_SEARCH_HALVINGS):
+        if problem.loss(w - step * grad) <= now - ARMIJO * step * slope:
+            return step
+        step /= 2
+    return step
 
 
 class CodedRun(_Run):
@@ -515,13 +558,17 @@ class CodedRun(_Run):
             starts, stops = usage.spans(pos)
             first[i] = Message.make(Op.FORWARD, [usage.recovery_threshold, *starts, *stops], w)
         replies = self.exchange(first)
+        t0 = time.perf_counter()
         xw = code.decode([replies[i].floats for i in ids])
         back = code.reencode(xw - self.targets)
+        self.coding += time.perf_counter() - t0
         partial = self.exchange(
             {i: Message.make(Op.BACKWARD, floats=back[pos]) for pos, i in enumerate(ids)}
         )
+        t0 = time.perf_counter()
         total = sum(r.floats for r in partial.values())
         grad = total / self.problem.num_points + self.problem.ridge * w
+        self.coding += time.perf_counter() - t0
         return grad, {
             "rows_used_max": int(usage.rows_used().max()),
             "rows_used_min": int(usage.rows_used().min()),
@@ -605,8 +652,39 @@ class IgnoreRun(UncodedRun):
             key = j.worker if j.worker in self.lost_parts else min(self.lost_parts, default=None)
             rows = self.lost_parts.pop(key) if key is not None else np.zeros(0, np.int64)
             self.holdings[j.worker] = rows
+            self.taken(key)
             self.store(j.worker, UNCODED, self.rows_array(rows), -1, new=True)
         return 0
+
+    def taken(self, part: int | None) -> None:
+        """A joiner took over the lost part of worker ``part``."""
+
+
+class DistrBGDRun(IgnoreRun):
+    """Elastic Distr-BGD (seed 002's baseline, its ref. [49]): a departed worker's last
+    partial gradient stands in for its part, stale, until a joiner takes the part over."""
+
+    name = "distr_bgd"
+
+    def fresh(self) -> None:
+        super().fresh()
+        self.last: dict[int, np.ndarray] = {}
+
+    def restore(self, resume: Mapping[str, Any]) -> None:
+        super().restore(resume)
+        self.last = {int(k): np.asarray(v) for k, v in resume["last_partials"].items()}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {**super().extra_state(), "last_partials": dict(self.last)}
+
+    def combine(self, partials: Mapping[int, np.ndarray]) -> np.ndarray:
+        self.last.update(partials)
+        stale = [self.last[i] for i in self.lost_parts if i in self.last]
+        return sum(partials.values()) + sum(stale)
+
+    def taken(self, part: int | None) -> None:
+        if part is not None:
+            self.last.pop(part, None)
 
 
 RUNS: dict[str, type[_Run]] = {
@@ -614,6 +692,7 @@ RUNS: dict[str, type[_Run]] = {
     "nofailure": UncodedRun,
     "ignore": IgnoreRun,
     "repartition": RepartitionRun,
+    "distr_bgd": DistrBGDRun,
 }
 
 
