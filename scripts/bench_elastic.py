@@ -9,9 +9,11 @@ pre-empted before the first step; every method computes ``A x`` for ``--trials``
    master's decoding, and their sum, medians over the trials. Coded compute against the ideal
    ``P / (P - m)`` scaling of its ``m = 0`` value.
 2. **Whole job** (``--job``): ``coded-shuffle-train job=elastic_matmul`` with ``P + 1`` real
-   processes on this machine (loopback), median wall time per step split into compute,
-   decode and the rest (communication and waiting). On a machine with fewer cores than
-   processes the workers share cores, so the compute column is not per machine.
+   processes on this machine (loopback), or with ``--cluster RATE`` one emulated host per
+   rank (``coded-shuffle cluster``, NICs at ``RATE``, needs root); median wall time per step
+   split into compute, decode and the rest (communication and waiting). On a machine with
+   fewer cores than processes the workers share cores, so the compute column is not per
+   machine.
 
     python scripts/bench_elastic.py                    # 12000 x 4000, 20 trials
     python scripts/bench_elastic.py --rows 30000 --cols 10000 --out docs/img/elastic_matmul.png
@@ -98,9 +100,18 @@ def per_machine_table(found: list[dict], workers: int) -> None:
         )
 
 
-def whole_job(rows: int, cols: int, workers: int, size: int, trials: int) -> list[dict]:
-    exe = shutil.which("coded-shuffle-train")
-    command = [exe] if exe else [sys.executable, "-m", "train.launch"]
+def whole_job(
+    rows: int, cols: int, workers: int, size: int, trials: int, cluster: str | None
+) -> list[dict]:
+    """The job for every ``m``: local processes, or one emulated host per rank (``cluster``:
+    every NIC's rate, ``coded-shuffle cluster``)."""
+    if cluster:
+        exe = shutil.which("coded-shuffle")
+        base = [exe] if exe else [sys.executable, "-m", "coded_shuffle"]
+        command = [*base, "cluster", "--hosts", str(workers + 1), "--rate", cluster, "--"]
+    else:
+        exe = shutil.which("coded-shuffle-train")
+        command = [exe] if exe else [sys.executable, "-m", "train.launch"]
     out = []
     for m in range(workers - size + 1):
         with tempfile.TemporaryDirectory() as run_dir:
@@ -113,12 +124,15 @@ def whole_job(rows: int, cols: int, workers: int, size: int, trials: int) -> lis
                 "job=elastic_matmul", f"workers={workers}", f"job.steps={trials + 1}",
                 f"job.problem.rows={rows}", f"job.problem.cols={cols}",
                 f"job.elastic.recovery_threshold={size}", f"job.elastic.events={leave}",
-                "job.report_every=0", f"hydra.run.dir={run_dir}",
+                "job.report_every=0",
             ]  # fmt: skip
-            done = subprocess.run(command + args, capture_output=True, text=True)
+            if not cluster:
+                args.append(f"hydra.run.dir={run_dir}")
+            done = subprocess.run(command + args, capture_output=True, text=True, cwd=run_dir)
             if done.returncode != 0:
                 raise SystemExit(f"bench_elastic: the job failed: {done.stderr.strip()[-500:]}")
-            records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").open()]
+            found = sorted(Path(run_dir).rglob("metrics.jsonl"))
+            records = [json.loads(line) for line in found[0].open()]
         for method in PRODUCT_METHODS:
             rows_m = [r for r in records if r["method"] == method][1:]
             out.append(summarise(method, m, rows_m))
@@ -172,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", action="store_true", help="also run the real job (table 2)")
     ap.add_argument("--job-rows", type=int, default=6000, help="rows of A in the real job")
     ap.add_argument("--job-cols", type=int, default=2000, help="columns of A in the real job")
+    ap.add_argument(
+        "--cluster", default=None, metavar="RATE",
+        help="run the job on the emulated cluster (one host per rank, NICs at RATE; root)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="plot of table 1 (PNG)")
     args = ap.parse_args(argv)
     try:
@@ -191,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     per_machine_table(found, args.workers)
     if args.job:
         job = whole_job(
-            args.job_rows, args.job_cols, args.workers, args.recovery_threshold, args.trials
-        )
-        print(f"(whole job: A {args.job_rows} x {args.job_cols})")
+            args.job_rows, args.job_cols, args.workers, args.recovery_threshold, args.trials,
+            args.cluster,
+        )  # fmt: skip
+        where = f"emulated cluster, NICs {args.cluster}" if args.cluster else "local processes"
+        print(f"(whole job: A {args.job_rows} x {args.job_cols}, {where})")
         whole_job_table(job)
     if args.out:
         title = f"A {args.rows} x {args.cols}, P = {args.workers}, L = {args.recovery_threshold}"

@@ -191,3 +191,19 @@ def test_matmul_bad_sizes_are_one_line(tmp_path: Path) -> None:
     lines = log.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in log
     assert "job.problem.rows=7 does not split" in lines[0] and "need rows >= 8" in lines[0]
+
+
+def test_fully_distributed_job_is_exact_without_a_master(tmp_path: Path) -> None:
+    """``job.elastic.fully_distributed``: the workers all-gather, decode and all-reduce among
+    themselves; rank 0 only records. Exact gradient before and after a departure, and the
+    same losses as the master mode (the reference run)."""
+    args = ["job.elastic.fully_distributed=true", "job.elastic.methods=[coded]", "job.steps=8"]
+    code, log = Job([*args, "job.elastic.events=[{step: 3, leave: [2]}]"], tmp_path).wait(120)
+    assert code == 0, log[-3000:]
+    coded = records(tmp_path)["coded"]
+    assert [r["workers_available"] for r in coded] == [4] * 3 + [3] * 5
+    assert all(r["mode"] == "fully_distributed" for r in coded)
+    assert max(r["grad_rel_error"] for r in coded) < 1e-9
+    assert coded[3]["events"] == ["leave 2"] and coded[3]["bytes_moved"] == 0
+    assert np.allclose([r["train_loss"] for r in coded], reference_losses(8), rtol=1e-12)
+    assert all(r["comm_bytes"] > 0 and r["test_loss"] is not None for r in coded)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from coded_shuffle.elastic import (
 )
 from coded_shuffle.elastic.cyclic import worker_backward, worker_forward
 from coded_shuffle.elastic.membership import Event, initial_holdings
+from coded_shuffle.elastic.peers import ring_bytes, simulate_peers
 from coded_shuffle.elastic.protocol import LocalTransport
 from coded_shuffle.elastic.runner import ElasticMaster, ListSink, MemoryCheckpoint
 from coded_shuffle.errors import UsageError
@@ -462,3 +464,30 @@ def test_line_search_descends_and_keeps_coded_equal_to_no_failure(tmp_path: Path
     assert all(b < a for a, b in itertools.pairwise(losses))
     assert any(r["lr"] > 1.0 / problem.smoothness for r in clean)  # it does take longer steps
     assert losses[-1] <= base[-1]["train_loss"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(p=st.integers(3, 6), data=st.data())
+def test_master_free_gradient_is_exact_and_equals_the_master_mode(p: int, data) -> None:
+    """Sec. 3.3: all-gather, decoding at every worker, all-reduce: the exact gradient at every
+    step under random departures, the same steps as the master mode's coded run."""
+    size = data.draw(st.integers(1, p - 1))
+    gone = data.draw(st.lists(st.integers(1, p), unique=True, max_size=p - size))
+    events = [{"step": 2, "leave": gone}] if gone else None
+    problem = make_problem(12 * p, 5, p, seed=p)
+    s = make_settings(p, size, 5, events, ["coded"])
+    gen = systematic_generator(p, size, s.generator, s.seed, s.max_condition)
+    lr = problem.step_size(None)
+    peers = simulate_peers(problem, gen, size, 5, s.events, lr)
+    assert max(r["grad_rel_error"] for r in peers) < 1e-9
+    assert [r["workers_available"] for r in peers] == [p, p] + [p - len(gone)] * 3
+    with tempfile.TemporaryDirectory() as root:
+        master = simulate(problem, s, root)
+    assert [r["workers_available"] for r in master] == [r["workers_available"] for r in peers]
+
+
+def test_ring_bytes_counts_both_collectives() -> None:
+    """Ring all-gather: each of ``n`` workers receives ``n - 1`` vectors; ring all-reduce:
+    ``2 (n - 1)`` chunks of ``d / n`` per worker."""
+    assert ring_bytes(4, 10, 8) == 8 * (4 * 3 * 10 + 2 * 3 * 8)
+    assert ring_bytes(1, 10, 8) == 0

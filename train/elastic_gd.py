@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from coded_shuffle.elastic.runner import (
 )
 from coded_shuffle.errors import UsageError
 
+from . import elastic_peers
 from .dist import setup
 from .metrics import human_bytes
 
@@ -70,6 +72,10 @@ def settings_from(cfg: Any) -> Settings:
     )
 
 
+def fully_distributed(cfg: Any) -> bool:
+    return bool(cfg.job.elastic.get("fully_distributed", False))
+
+
 def problem_from(cfg: Any) -> Problem:
     p = cfg.job.problem
     return make_problem(
@@ -94,6 +100,13 @@ def validate(cfg: Any) -> None:
         raise UsageError(f"job.report_every={cfg.job.report_every} must be >= 0 (0: quiet)")
     if int(cfg.job.elastic.get("max_restarts", 0)) < 0:
         raise UsageError(f"job.elastic.max_restarts={cfg.job.elastic.max_restarts} must be >= 0")
+    if fully_distributed(cfg):
+        elastic_peers.check(s)
+        if s.line_search:
+            raise UsageError(
+                "job.line_search needs the master (trial losses); not with "
+                "job.elastic.fully_distributed"
+            )
 
 
 def max_restarts(cfg: Any) -> int:
@@ -170,6 +183,18 @@ class DistTransport:
                 raise WorkerLost([rank]) from None
         self._keep_alive(set(requests))
         return replies
+
+    def send_all(self, msg: Message) -> None:
+        """One message to every worker rank, no reply expected."""
+        pending = [w for rank in self.ranks for w in _isend(msg, rank)]
+        for work, _ in pending:
+            work.wait()
+        now = time.monotonic()
+        self.last = {r: now for r in self.ranks}
+
+    def keep_alive(self) -> None:
+        """Keep-alive headers to every rank not heard from for a quarter of the timeout."""
+        self._keep_alive(set())
 
     def _keep_alive(self, contacted: set[int]) -> None:
         now = time.monotonic()
@@ -291,8 +316,11 @@ def _on_sigterm(marker: Path, attempt: int) -> Any:
     return handler
 
 
-def worker_loop(rank: int, root: Path) -> None:
-    """A worker: answer the master's messages from its own store until STOP.
+def worker_loop(
+    rank: int, root: Path, on_peers: Callable[[WorkerNode, Message], None] | None = None
+) -> None:
+    """A worker: answer the master's messages from its own store until STOP (``PEERS``:
+    ``on_peers`` runs the master-free loop, :mod:`train.elastic_peers`).
 
     Every exit path except SIGKILL (a pre-empted machine) leaves ``pids/rank_<r>.exit``; after
     a restart the master asks every rank (HELLO) whether its previous incarnation left one.
@@ -323,6 +351,9 @@ def worker_loop(rank: int, root: Path) -> None:
                 return
             if msg.op == Op.NOOP:
                 continue
+            if msg.op == Op.PEERS and on_peers is not None:
+                on_peers(node, msg)
+                continue
             reply = Message.make(Op.HELLO, [clean]) if msg.op == Op.HELLO else node.handle(msg)
             for work, _ in _isend(reply, 0):
                 work.wait()
@@ -333,8 +364,10 @@ def worker_loop(rank: int, root: Path) -> None:
 
 
 def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None:
-    """The master: the methods in turn, metrics, checkpoints; a lost worker ends the process."""
+    """The master: the methods in turn, metrics, checkpoints; a lost worker ends the process.
+    In the fully distributed mode it only places the blocks and records what the workers do."""
     settings, problem = settings_from(cfg), problem_from(cfg)
+    peers = fully_distributed(cfg)
     root = elastic_dir(cfg, run_dir)
     root.mkdir(parents=True, exist_ok=True)
     transport = DistTransport(world, timeout)
@@ -349,10 +382,16 @@ def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None
     master = ElasticMaster(
         problem, settings, transport, sink, FileCheckpoint(root / "checkpoint.pkl")
     )
-    (run_dir / "elastic_summary.json").write_text(json.dumps(master.summary(), indent=1))
+    summary = {**master.summary(), "mode": "fully_distributed" if peers else "master"}
+    (run_dir / "elastic_summary.json").write_text(json.dumps(summary, indent=1))
     status: dict[str, Any] = {"status": "finished"}
     try:
-        master.run(killed=transport.killed_ranks())
+        killed = transport.killed_ranks()
+        if peers:
+            sink.truncate(lambda r: False)
+            elastic_peers.master(settings, problem, transport, sink)
+        else:
+            master.run(killed=killed)
     except UsageError as exc:  # e.g. a real loss below the recovery threshold
         status = {"status": "stopped", "reason": str(exc)}
         print(f"elastic_gd: stopped: {exc}", file=sys.stderr, flush=True)
@@ -374,4 +413,9 @@ def run(cfg: Any) -> None:
     if ctx.is_master:
         master_main(cfg, ctx.run_dir, ctx.world_size, ctx.timeout)
     else:
-        worker_loop(ctx.rank, elastic_dir(cfg, ctx.run_dir))
+        settings = settings_from(cfg)
+
+        def on_peers(node: WorkerNode, msg: Message) -> None:
+            elastic_peers.worker(ctx.rank, node, msg, settings)
+
+        worker_loop(ctx.rank, elastic_dir(cfg, ctx.run_dir), on_peers)

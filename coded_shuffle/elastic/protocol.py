@@ -39,6 +39,8 @@ class Op(IntEnum):
     HELLO = 8  # -> ints [previous incarnation ended cleanly: 1, killed: 0, first: -1]
     PRODUCT = 9  # ints [layout, slot, n, starts..., stops..., r, c] floats right (r x c)
     #             -> ints [wall ns, cpu ns] floats (used or used^T) @ right
+    PEERS = 10  # ints [steps, L, b, N] floats [lr, ridge, G (P x L), y blocks (L x b)]
+    #             -> no reply: the workers run the master-free loop (.peers, sec. 3.3)
 
 
 @dataclass(frozen=True)
