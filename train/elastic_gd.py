@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.problem import Problem, make_problem
 from coded_shuffle.elastic.protocol import HEADER_INTS, Message, Op, WorkerLost, WorkerNode
 from coded_shuffle.elastic.runner import (
+    METHODS,
     ElasticMaster,
     FileCheckpoint,
     JsonlSink,
@@ -52,8 +53,9 @@ log = logging.getLogger("train")
 # --- configuration ---------------------------------------------------------------------
 
 
-def settings_from(cfg: Any) -> Settings:
-    """Validated :class:`Settings` from the Hydra config (``workers`` = ``P``)."""
+def settings_from(cfg: Any, valid_methods: Sequence[str] = METHODS) -> Settings:
+    """Validated :class:`Settings` from the Hydra config (``workers`` = ``P``; the methods
+    of the job, ``valid_methods``: ``elastic_matmul`` passes its own)."""
     job, el = cfg.job, cfg.job.elastic
     events = OmegaConf.to_container(el.events, resolve=True) if el.get("events") else None
     return make_settings(
@@ -69,6 +71,7 @@ def settings_from(cfg: Any) -> Settings:
         max_workers=int(cfg.workers),
         step_delay=float(el.get("step_delay", 0.0)),
         line_search=bool(job.get("line_search", False)),
+        valid_methods=valid_methods,
     )
 
 

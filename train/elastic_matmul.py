@@ -14,8 +14,6 @@ import logging
 import statistics
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.product_runner import (
     PRODUCT_METHODS,
@@ -24,11 +22,12 @@ from coded_shuffle.elastic.product_runner import (
     make_product_problem,
     run_products,
 )
-from coded_shuffle.elastic.runner import JsonlSink, Settings, make_settings
+from coded_shuffle.elastic.runner import JsonlSink, Settings
 from coded_shuffle.errors import UsageError
 
 from .dist import setup
 from .elastic_gd import DistTransport, elastic_dir, worker_loop
+from .elastic_gd import settings_from as gd_settings
 from .metrics import human_bytes
 
 log = logging.getLogger("train")
@@ -36,21 +35,7 @@ log = logging.getLogger("train")
 
 def settings_from(cfg: Any) -> Settings:
     """Validated :class:`Settings` (``workers`` = ``P``; methods of this job)."""
-    el = cfg.job.elastic
-    events = OmegaConf.to_container(el.events, resolve=True) if el.get("events") else None
-    return make_settings(
-        workers=cfg.workers,
-        recovery_threshold=el.recovery_threshold,
-        steps=cfg.job.steps,
-        events=events,
-        methods=list(el.methods),
-        generator=str(el.generator),
-        seed=int(cfg.get("seed", 0)),
-        max_condition=float(el.max_condition),
-        max_workers=int(cfg.workers),
-        step_delay=float(el.get("step_delay", 0.0)),
-        valid_methods=PRODUCT_METHODS,
-    )
+    return gd_settings(cfg, PRODUCT_METHODS)
 
 
 def problem_from(cfg: Any) -> ProductProblem:

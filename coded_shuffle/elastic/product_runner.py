@@ -38,8 +38,8 @@ from .products import (
     recover,
     right_factors,
 )
-from .protocol import Message, Op, Transport, digest_ints
-from .runner import ListSink, Settings, Sink
+from .protocol import Message, Op, Transport
+from .runner import ListSink, Rounds, Settings, Sink
 
 PRODUCT_METHODS = ("coded", "uncoded", "nonadaptive")
 CODED, UNCODED = 0, 1  # store slots
@@ -95,7 +95,7 @@ def make_product_problem(
     return ProductProblem(a, rhs_cols, seed)
 
 
-class ProductRun:
+class ProductRun(Rounds):
     """One method: placement, events, one product per step, a record per step."""
 
     name = ""
@@ -108,6 +108,7 @@ class ProductRun:
             settings.workers, settings.recovery_threshold, settings.max_workers
         )
         self.comm = self.moved = 0
+        self.compute = 0.0
         self.fresh()
 
     # hooks -------------------------------------------------------------------------------
@@ -124,28 +125,11 @@ class ProductRun:
         raise NotImplementedError
 
     # shared machinery ----------------------------------------------------------------------
-    def exchange(self, requests: Mapping[int, Message], moved: bool = False) -> dict[int, Message]:
-        replies = self.transport.exchange(requests)
-        sent = sum(m.nbytes for m in requests.values())
-        self.comm += sum(m.nbytes for m in replies.values()) + (0 if moved else sent)
-        self.moved += sent if moved else 0
-        return replies
-
-    def store(self, worker: int, slot: int, data: np.ndarray, row: int, new: bool) -> None:
-        message = Message.make(Op.STORE, [slot, *data.shape, row, int(new)], data)
-        self.exchange({worker: message}, moved=True)
+    def send(self, requests: Mapping[int, Message]) -> dict[int, Message]:
+        return self.transport.exchange(requests)
 
     def place(self) -> int:
-        """Sends every available worker what it must hold unless its digest already matches."""
-        self.moved = 0
-        expected = self.expected()
-        replies = self.exchange(
-            {i: Message.make(Op.VERIFY, [slot]) for i, (slot, _, _) in expected.items()}
-        )
-        for i, (slot, data, row) in expected.items():
-            if not np.array_equal(replies[i].ints[3:], digest_ints(data)):
-                self.store(i, slot, data, row, new=False)
-        return self.moved
+        return self.place_expected(self.expected())
 
     def ask(self, requests: Mapping[int, Message]) -> tuple[dict[int, Message], dict[int, float]]:
         """One round of products; the workers' compute seconds (wall) from their replies."""

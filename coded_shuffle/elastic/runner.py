@@ -300,7 +300,46 @@ def fingerprint(problem: Problem, settings: Settings) -> str:
     return f"{settings!r}|ridge={problem.ridge!r}|{h.hex()}"
 
 
-class _Run:
+class Rounds:
+    """Message rounds with the workers and what they cost: ``comm`` (bytes of the step's
+    rounds), ``moved`` (data sent to workers), ``compute`` (the slowest worker per timed
+    round, seconds). Shared by the gradient runs and the product runs."""
+
+    comm: int
+    moved: int
+    compute: float
+
+    def send(self, requests: Mapping[int, Message]) -> dict[int, Message]:
+        raise NotImplementedError
+
+    def exchange(self, requests: Mapping[int, Message], moved: bool = False) -> dict[int, Message]:
+        """One round with the workers; bytes go to ``comm``, or to ``moved`` for data."""
+        replies = self.send(requests)
+        sent = sum(msg.nbytes for msg in requests.values())
+        self.comm += sum(msg.nbytes for msg in replies.values()) + (0 if moved else sent)
+        self.moved += sent if moved else 0
+        if replies and all(m.op in TIMED for m in requests.values()):
+            self.compute += max(int(r.ints[0]) for r in replies.values()) * 1e-9  # the slowest
+        return replies
+
+    def store(self, worker: int, slot: int, data: np.ndarray, row: int, new: bool) -> None:
+        message = Message.make(Op.STORE, [slot, *data.shape, row, int(new)], data)
+        self.exchange({worker: message}, moved=True)
+
+    def place_expected(self, expected: Mapping[int, tuple[int, np.ndarray, int]]) -> int:
+        """Verifies the workers' stores by digest; sends what is missing or stale; returns the
+        bytes sent."""
+        self.moved = 0
+        replies = self.exchange(
+            {i: Message.make(Op.VERIFY, [slot]) for i, (slot, _, _) in expected.items()}
+        )
+        for i, (slot, data, row) in expected.items():
+            if not np.array_equal(replies[i].ints[3:], digest_ints(data)):
+                self.store(i, slot, data, row, new=False)
+        return self.moved
+
+
+class _Run(Rounds):
     """One method's run: placement, events, gradient rounds, records, checkpoints."""
 
     name = ""
@@ -313,7 +352,7 @@ class _Run:
         self.step = 0
         self.pending: list[int] = []
         self.resumed = resume is not None
-        self.comm = self._moved = 0
+        self.comm = self.moved = 0
         self.compute = self.coding = 0.0  # this step's seconds: workers' rounds, master's coding
         if resume is None:
             lost = [i for i in master.lost if i in self.membership.row_of]
@@ -346,40 +385,20 @@ class _Run:
         raise NotImplementedError
 
     # shared machinery --------------------------------------------------------------------
-    def exchange(self, requests: Mapping[int, Message], moved: bool = False) -> dict[int, Message]:
-        """One round with the workers; bytes go to ``comm`` or are returned as moved."""
+    def send(self, requests: Mapping[int, Message]) -> dict[int, Message]:
+        """The transport's round; a lost worker checkpoints the step before the error."""
         try:
-            replies = self.m.transport.exchange(requests)
+            return self.m.transport.exchange(requests)
         except WorkerLost as lost:
             self.m.save(self.checkpoint_state(), pending=lost.workers)
             raise
-        sent = sum(msg.nbytes for msg in requests.values())
-        back = sum(msg.nbytes for msg in replies.values())
-        self.comm += back + (0 if moved else sent)
-        self._moved += sent if moved else 0
-        if replies and all(m.op in TIMED for m in requests.values()):
-            self.compute += max(int(r.ints[0]) for r in replies.values()) * 1e-9  # the slowest
-        return replies
-
-    def store(self, worker: int, slot: int, data: np.ndarray, row: int, new: bool) -> None:
-        self.exchange(
-            {worker: Message.make(Op.STORE, [slot, *data.shape, row, int(new)], data)}, moved=True
-        )
 
     def place(self) -> int:
-        """Verifies every available worker's store by digest; sends what is missing or stale.
-
-        Workers lost in a crash (``pending``) are skipped: they leave at the first step.
-        """
-        self._moved = 0
-        expected = {i: v for i, v in self.expected().items() if i not in self.pending}
-        replies = self.exchange(
-            {i: Message.make(Op.VERIFY, [slot]) for i, (slot, _, _) in expected.items()}
+        """Every available worker's store verified (workers lost in a crash, ``pending``, are
+        skipped: they leave at the first step)."""
+        return self.place_expected(
+            {i: v for i, v in self.expected().items() if i not in self.pending}
         )
-        for i, (slot, data, row) in expected.items():
-            if not np.array_equal(replies[i].ints[3:], digest_ints(data)):
-                self.store(i, slot, data, row, new=False)
-        return self._moved
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {
@@ -399,7 +418,7 @@ class _Run:
             lost_event = Event(self.step, tuple(self.pending), reason="process died, job restarted")
         while self.step < s.steps:
             t0 = time.perf_counter()
-            self._moved, texts = 0, []
+            self.moved, texts = 0, []
             self.compute = self.coding = 0.0
             events = [e for e in s.events if e.step == self.step]
             if self.pending:
@@ -422,7 +441,7 @@ class _Run:
                 "grad_rel_error": float(
                     np.linalg.norm(grad - exact) / max(np.linalg.norm(exact), 1e-300)
                 ),
-                "bytes_moved": self._moved + moved_first,
+                "bytes_moved": self.moved + moved_first,
                 "placement_bytes": placement,
                 "test_loss": problem.test_loss(self.w),
                 "comm_bytes": self.comm,
