@@ -206,10 +206,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     (uncoded, as unicast and p2p require), plus the excess-storage runs; same seed."""
     root = tmp_path_factory.mktemp("train")
     found = {}
-    for name, sweep in (
-        ("schemes", ["-m", f"scheme={','.join(SCHEMES)}"]),
-        ("transports", ["-m", "scheme=uncoded", f"dist.transport={','.join(TRANSPORTS)}"]),
-    ):
+    # the schemes as one Hydra sweep; the transports one launcher process each (the second
+    # job of a sweep has twice hung while connecting in CI: see docs/testing.md)
+    sweeps = [("schemes", ["-m", f"scheme={','.join(SCHEMES)}"])]
+    sweeps += [(t, ["-m", "scheme=uncoded", f"dist.transport={t}"]) for t in TRANSPORTS]
+    for name, sweep in sweeps:
         out = _run([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
         for metrics in (root / name).rglob("metrics.jsonl"):
