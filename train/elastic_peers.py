@@ -124,18 +124,18 @@ def worker(rank: int, node: WorkerNode, msg: Message, settings: Settings) -> Non
         raise RuntimeError(f"worker {rank}: no coded block in its store")
     members = Membership.initial(p, size)
     w = np.zeros(block.shape[1])
-    group, code = None, None
+    group, code, pos, used = None, None, 0, block[:0]
     for step in range(steps):
         events = [e for e in settings.events if e.step == step]
         created = _groups(members, events, step)
-        if created is not None:
-            group, code = created, peer_code(members, rows, b)
         if rank not in members.row_of:
             continue  # departed: idle, but it still takes part in creating groups
+        if created is not None:  # the rows this worker uses, gathered once per membership
+            group, code = created, peer_code(members, rows, b)
+            pos = members.available.index(rank)
+            used = block[code.usage.rows(pos)]
         assert code is not None
         start = time.perf_counter_ns()
-        pos = members.available.index(rank)
-        used = block[code.usage.rows(pos)]
         u = worker_forward(used, w)
         compute = time.perf_counter_ns() - start
         gathered = _all_gather(u, code.usage.rows_used(), group)
