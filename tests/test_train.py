@@ -150,6 +150,21 @@ def test_invalid_configs_raise_one_usage_error(overrides, message):
         shuffle_sgd.validate(compose(*overrides))
 
 
+@pytest.mark.parametrize(
+    ("argv", "method"),
+    [
+        ([], "forkserver"),  # the default: ranks never forked from the threaded launcher
+        (["scheme=cycles", "dist.start_method=fork"], "fork"),
+        (["-m", "dist.start_method=spawn,fork"], "spawn"),
+    ],
+)
+def test_the_launcher_reads_the_start_method_before_composing(argv, method):
+    from train.launch import start_method_of
+
+    assert start_method_of(argv) == method
+    assert compose().dist.start_method == "forkserver"
+
+
 def test_unknown_scheme_is_a_usage_error():
     cfg = compose()
     cfg.scheme.name = "no-such-scheme"
@@ -206,11 +221,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     (uncoded, as unicast and p2p require), plus the excess-storage runs; same seed."""
     root = tmp_path_factory.mktemp("train")
     found = {}
-    # the schemes as one Hydra sweep; the transports one launcher process each (the second
-    # job of a sweep has twice hung while connecting in CI: see docs/testing.md)
-    sweeps = [("schemes", ["-m", f"scheme={','.join(SCHEMES)}"])]
-    sweeps += [(t, ["-m", "scheme=uncoded", f"dist.transport={t}"]) for t in TRANSPORTS]
-    for name, sweep in sweeps:
+    for name, sweep in (
+        ("schemes", ["-m", f"scheme={','.join(SCHEMES)}"]),
+        ("transports", ["-m", "scheme=uncoded", f"dist.transport={','.join(TRANSPORTS)}"]),
+    ):
         out = _run([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
         for metrics in (root / name).rglob("metrics.jsonl"):

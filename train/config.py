@@ -187,7 +187,7 @@ class DistConf:
     """The master's console line during a long stage, > 0."""
     chunk_bytes: int = 262144
     """Payload bytes per message (one 52-byte header each), >= 1."""
-    start_method: str = "fork"
+    start_method: str = "forkserver"
     """fork | spawn | forkserver (local launcher only)."""
     monitor_interval: float = 0.1
     """Seconds between the launcher's liveness checks."""

@@ -29,6 +29,7 @@ from .config import SchemeConf, register_schemas
 from .dist import rank_label
 from .entry import (
     CONF_DIR,
+    available_jobs,
     max_restarts,
     num_processes,
     rank_main,
@@ -96,6 +97,34 @@ def failure_line(exc: Any) -> str:
     return f"{rank_label(rank)} failed: {detail}"
 
 
+def start_method_of(argv: list[str]) -> str:
+    """The ``dist.start_method`` the command line asks for (the first value of a sweep), else
+    the default of ``conf/config.yaml``."""
+    for arg in reversed(argv):
+        m = re.fullmatch(r"\+{0,2}dist\.start_method=([^,]*).*", arg)
+        if m:
+            return m.group(1)
+    return str(OmegaConf.load(CONF_DIR / "config.yaml").dist.start_method)
+
+
+def start_forkserver() -> None:
+    """Starts the fork server now, with torch and every job imported once (``forkserver``).
+
+    The ranks are then forked from that single-threaded server, never from the launcher, whose
+    store and rendezvous threads make ``fork`` unsafe (a child can inherit a lock held at fork
+    time and hang; see docs/testing.md). Started before Hydra composes the config, its imports
+    overlap the launcher's own work; later jobs of a sweep reuse it.
+    """
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    jobs = [f"train.{name}" for name in available_jobs()]
+    multiprocessing.set_forkserver_preload(
+        ["__main__", "torch._inductor.config", "coded_shuffle._jit", "train.entry", *jobs]
+    )
+    multiprocessing.forkserver.ensure_running()
+
+
 def launch(cfg: DictConfig, run_dir: str) -> None:
     """Validate, write ``config.yaml``, start the processes, report a failed rank."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -114,10 +143,13 @@ def launch(cfg: DictConfig, run_dir: str) -> None:
         fail(f"config: {str(exc).strip().splitlines()[0]}", 2)
     write_config(cfg, run_dir)
     os.environ["OMP_NUM_THREADS"] = str(int(cfg.threads))
-    import torch
+    if start_method == "fork":
+        import torch
 
-    # Imports torch's compiler config once here (about 1-3 s), not in every forked process.
-    torch.use_deterministic_algorithms(True)
+        # Imports torch's compiler config once here (about 1-3 s), not in every forked process.
+        torch.use_deterministic_algorithms(True)
+    elif start_method == "forkserver":
+        start_forkserver()  # running already, unless a sweep switched to it
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
@@ -171,6 +203,8 @@ def main() -> None:
     """Console script ``coded-shuffle-train``."""
     stacks_on_signal()
     argv = sys.argv[1:]
+    if start_method_of(argv) == "forkserver":
+        start_forkserver()
     check_group_overrides(argv)
     register_configs()
     if not any(a.startswith(("--", "hydra/")) for a in argv if a != "--multirun"):
