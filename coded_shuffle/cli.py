@@ -76,16 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--kill",
         action="append",
         default=[],
-        metavar="HOST@SECONDS",
-        help="SIGKILL every process of HOST that many seconds after the start; with "
-        "dist.max_restarts > 0 the host is started again (a replaced machine)",
+        metavar="HOST@WHEN",
+        help="SIGKILL every process of HOST WHEN: seconds after the start (2@30) or once the job "
+        "recorded epoch N (2@e2); with dist.max_restarts > 0 the host is started again",
     )
     cl.add_argument(
         "--cut",
         action="append",
         default=[],
-        metavar="HOST@SECONDS",
-        help="take HOST's link down that many seconds after the start (processes stay alive)",
+        metavar="HOST@WHEN",
+        help="take HOST's link down WHEN (seconds after the start, or eN: once epoch N is "
+        "recorded); its processes stay alive",
     )
     cl.add_argument("--script", type=Path, help="run this torchrun script instead of the job")
     cl.add_argument(

@@ -16,21 +16,19 @@ from pathlib import Path
 import pytest
 
 from coded_shuffle import cli
-from coded_shuffle.cluster import netns
+from coded_shuffle.cluster import netns, run
 from tests.ranks import is_root
 
 ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
 SMALL = ["epochs=3", "model.hidden=16", "seed=3", "dist.timeout_seconds=60"]
-# six epochs of about 5 s (a slow model: about 29 s of epochs) after 10-30 s of start-up (it
-# varies that much with the machine's load): a host killed or a link cut at 27 s goes down in
-# the middle, or during the start-up; never after the last epoch (with 2 s epochs a fast
-# start-up once finished the run before 27 s)
+# six epochs; faults fire once epoch 2 is recorded (``HOST@e2``), so always mid-run whatever
+# the start-up takes (a fixed 27 s once came after the last epoch of a fast run)
 LONG = [
     "epochs=6",
     "model.hidden=16",
     "seed=3",
     "dist.timeout_seconds=15",
-    "debug.step_delay=0.15",
+    "debug.step_delay=0.05",
 ]
 
 
@@ -63,6 +61,13 @@ def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.
             "workers=5 does not fit --hosts 3",
         ),
         (["--hosts", "3", "--rate", "1gbit", "--master-rate", "x"], "--master-rate 'x' cannot"),
+        (["--hosts", "3", "--rate", "1gbit", "--kill", "2"], "expected HOST@SECONDS or HOST@e"),
+        (["--hosts", "3", "--rate", "1gbit", "--kill", "3@e2"], "host 3 out of range 0..2"),
+        (["--hosts", "3", "--rate", "1gbit", "--cut", "1@e0"], "epoch 0 out of range: >= 1"),
+        (
+            ["--hosts", "3", "--rate", "1gbit", "--kill", "1@e2", "--script", __file__],
+            "HOST@eEPOCH needs the training job",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line(args, message, capsys):
@@ -80,6 +85,19 @@ def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["coded-shuffle: error: the emulated cluster needs root (network namespaces, "
                    "veth pairs, tc); run as root"]  # fmt: skip
+
+
+def test_an_epoch_fault_fires_once_the_job_recorded_that_epoch(tmp_path):
+    fault = run.Fault.parse("kill", "2@e2", 3)
+    fault.metrics = tmp_path / "metrics.jsonl"
+    assert (fault.at, fault.after_epoch, fault.when) == (None, 2, "after epoch 2")
+    assert not fault.due(1e9)  # no file yet
+    fault.metrics.write_text('{"epoch": 1}\n')
+    assert not fault.due(1e9)
+    fault.metrics.write_text('{"epoch": 1}\n{"epoch": 2}\n')
+    assert fault.due(0.0)
+    timed = run.Fault.parse("cut", "1@2.5", 3)
+    assert not timed.due(2.4) and timed.due(2.5) and timed.when == "at 2.5 s"
 
 
 @ROOT_ONLY
@@ -122,7 +140,7 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
          f"hydra.run.dir={local}"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    args = ["--hosts", "3", "--rate", "400mbit", "--grace", "10", "--kill", "2@27", "--",
+    args = ["--hosts", "3", "--rate", "400mbit", "--grace", "10", "--kill", "2@e2", "--",
             "scheme=cycles", "dist.transport=multicast", "dist.multicast.drop=0.1", *LONG,
             "dist.max_restarts=1", f"hydra.run.dir={run_dir}"]  # fmt: skip
     try:
@@ -133,7 +151,8 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     assert unbroken.returncode == 0, err[-2000:]
     assert "cycles over multicast" in out.stdout  # host 0's console lines came through
-    assert "coded-shuffle cluster: kill host 2 at 27" in out.stderr
+    killed = r"coded-shuffle cluster: kill host 2 at [\d.]+ s \(after epoch 2\)"
+    assert re.search(killed, out.stderr), out.stderr[-2000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(1, 7))
     assert rows[-1]["attempt"] == 1  # the launcher restarted every process once
@@ -168,7 +187,7 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
     """Host 2's link goes down mid-run (its processes alive): every host exits within
     dist.timeout_seconds and a margin, the error names rank 2 and its address."""
     before = our_namespaces()
-    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "5", "--cut", "2@27", "--", *LONG,
+    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "5", "--cut", "2@e2", "--", *LONG,
             "dist.timeout_seconds=10", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     t0 = time.monotonic()
     out = run_cluster(args, tmp_path)
@@ -177,13 +196,15 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert re.match(r"coded-shuffle cluster: error: host \d failed \(exit code \d+\)", last), last
     assert re.search(r"rank 2 \(worker 1\) on 10\.77\.0\.3", last), last
-    assert elapsed < 25 + 15 + 10 + 20, elapsed  # cut, timeout, grace, start-up and exit
     record = json.loads((tmp_path / "run" / "cluster.json").read_text())
+    cut_at = record["faults"][0]["done_at"]
+    assert record["faults"][0]["after_epoch"] == 2 and cut_at is not None
+    assert elapsed - cut_at < 15 + 10 + 20, elapsed  # timeout, grace, exit and a margin
     assert record["faults"][0]["kind"] == "cut"
     assert record["hosts"][2]["exit_code"] == 1  # the cut host ended itself
     assert all(h["exit_code"] for h in record["hosts"])  # nothing of the job left running
     # every process gone within dist.timeout_seconds, the cluster's grace and a margin
-    assert record["wall_seconds"] - 27 < 10 + 5 + 10
+    assert record["wall_seconds"] - cut_at < 10 + 5 + 10
     cut_off = (tmp_path / "run" / "hosts" / "h2.log").read_text()
     assert "rank 2 (worker 1): lost contact with the job: its store at 10.77.0.1" in cut_off
     assert our_namespaces() == before

@@ -53,6 +53,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         if not args.script.is_file():
             raise UsageError(f"--script {str(args.script)!r} is not a file")
         target = [str(args.script), *rest]
+        if any(f.after_epoch is not None for f in faults):
+            raise UsageError("--kill/--cut HOST@eEPOCH needs the training job, not --script")
         logs = args.logs or Path(time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S"))
         record = logs / "cluster.json"
     else:
@@ -61,6 +63,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         target = ["-m", "train", *overrides]
         logs = args.logs or run_dir / "hosts"
         record = run_dir / "cluster.json"
+        for fault in faults:
+            fault.metrics = run_dir / "metrics.jsonl"
     if args.dry_run:
         for i in range(cluster.hosts):
             argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))

@@ -39,27 +39,55 @@ class HostResult:
 
 @dataclass
 class Fault:
-    """``--kill HOST@SECONDS`` or ``--cut HOST@SECONDS``: what happens to a host, and when."""
+    """``--kill HOST@WHEN`` or ``--cut HOST@WHEN``: what happens to a host, and when. ``WHEN``
+    is seconds after the start (``2@30``) or ``eN``: once the job has recorded epoch ``N``
+    in its ``metrics.jsonl`` (``2@e2``: mid-run whatever the machine's speed)."""
 
     kind: str  # "kill" | "cut"
     host: int
-    at: float
+    at: float | None  # seconds after the start, or
+    after_epoch: int | None = None  # ... once this many epochs are recorded
+    metrics: Path | None = None  # the job's metrics.jsonl (for after_epoch)
     done_at: float | None = None
     restarted: bool = False
 
     @classmethod
     def parse(cls, kind: str, text: str, hosts: int) -> Fault:
-        m = re.fullmatch(r"(\d+)@(\d+(?:\.\d*)?)", text.strip())
+        m = re.fullmatch(r"(\d+)@(?:(\d+(?:\.\d*)?)|e(\d+))", text.strip())
         if not m:
-            raise UsageError(f"--{kind} {text!r}: expected HOST@SECONDS, e.g. 2@20")
-        host, at = int(m.group(1)), float(m.group(2))
+            raise UsageError(
+                f"--{kind} {text!r}: expected HOST@SECONDS or HOST@eEPOCH, e.g. 2@20 or 2@e2"
+            )
+        host = int(m.group(1))
         if not 0 <= host < hosts:
             raise UsageError(f"--{kind} {text}: host {host} out of range 0..{hosts - 1}")
-        return cls(kind, host, at)
+        if m.group(3) is not None:
+            if int(m.group(3)) < 1:
+                raise UsageError(f"--{kind} {text}: epoch {m.group(3)} out of range: >= 1")
+            return cls(kind, host, None, int(m.group(3)))
+        return cls(kind, host, float(m.group(2)))
+
+    @property
+    def when(self) -> str:
+        return f"after epoch {self.after_epoch}" if self.at is None else f"at {self.at:g} s"
+
+    def due(self, now: float) -> bool:
+        if self.at is not None:
+            return self.at <= now
+        return recorded_epochs(self.metrics) >= self.after_epoch
 
     def record(self) -> dict:
-        return {"kind": self.kind, "host": self.host, "at": self.at, "done_at": self.done_at,
+        return {"kind": self.kind, "host": self.host, "at": self.at,
+                "after_epoch": self.after_epoch, "done_at": self.done_at,
                 "restarted": self.restarted}  # fmt: skip
+
+
+def recorded_epochs(metrics: Path | None) -> int:
+    """Epochs the job has written to ``metrics.jsonl`` so far (0 before the file exists)."""
+    try:
+        return metrics.read_bytes().count(b"\n") if metrics is not None else 0
+    except FileNotFoundError:
+        return 0
 
 
 def _override(overrides: Sequence[str], key: str) -> str | None:
@@ -185,15 +213,15 @@ class Faults:
     def __init__(self, cluster: Cluster, faults: Sequence[Fault], restart) -> None:
         self.cluster, self.pending, self.restart = (
             cluster,
-            sorted(faults, key=lambda f: f.at),
+            list(faults),
             restart,
         )
         self.t0 = time.monotonic()
 
     def fire(self, procs: list[subprocess.Popen]) -> None:
         now = time.monotonic() - self.t0
-        while self.pending and self.pending[0].at <= now:
-            fault = self.pending.pop(0)
+        for fault in [f for f in self.pending if f.due(now)]:
+            self.pending.remove(fault)
             ns = self.cluster.host_ns(fault.host)
             if fault.kind == "cut":
                 _ip_quiet("-n", ns, "link", "set", IFACE, "down")
@@ -207,6 +235,7 @@ class Faults:
             fault.done_at = round(now, 3)
             print(
                 f"coded-shuffle cluster: {fault.kind} host {fault.host} at {now:.1f} s"
+                f"{'' if fault.at is not None else f' (after epoch {fault.after_epoch})'}"
                 f"{' (started again)' if fault.restarted else ''}",
                 file=sys.stderr,
                 flush=True,
