@@ -35,6 +35,7 @@ from ..assignment import batches, shuffle_matrix
 from ..plan import DeliveryPlan
 from ..state import CacheState
 from .base import batch_plan_fields
+from .clique_cover import lower_with_clique_cover
 from .elmahdy_mohajer import EMLabels, em_initial_state, em_next_state, em_plan
 from .memory_sharing import CornerScheme, grouped_blocks
 
@@ -222,7 +223,8 @@ def _route(
 
 def at_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
     """Eq. (57) of seed 004 for any shuffle, with the old owners' groups of ``p + 2``
-    where they lower the load (:func:`owner_routing`; breakdown ``p=.. (owner groups)``)."""
+    where they lower the load (:func:`owner_routing`; breakdown ``p=.. (owner groups)``),
+    or the clique cover (:mod:`.clique_cover`) when that is lower."""
     k, p, s = state.num_workers, state.labels.p, state.splits
     slot = {int(m): j for j, m in enumerate(state.labels.subsets)}
     old, new = state.assignment, np.asarray(new_assignment)
@@ -257,6 +259,7 @@ def at_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Deliv
     breakdown = {f"p={p}": int(sum(b.shape[0] for b in blocks)) - owner}
     if owner:
         breakdown[f"p={p} (owner groups)"] = owner
+    blocks, breakdown = lower_with_clique_cover(state, new, blocks, breakdown, f"p={p}")
     return DeliveryPlan(
         scheme=scheme, symbols=blocks, breakdown=breakdown, **batch_plan_fields(state, new)
     )

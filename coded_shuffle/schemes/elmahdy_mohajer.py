@@ -43,6 +43,7 @@ from ..plan import DeliveryPlan
 from ..rate_memory import em_load
 from ..state import CacheState
 from .base import batch_plan_fields
+from .clique_cover import lower_with_clique_cover
 from .cycle_plan import greedy_cycles
 from .cycles import Cycles
 from .memory_sharing import CornerScheme, grouped_blocks
@@ -544,8 +545,9 @@ def em_plan(
 
     At ``t = 1`` (no excess storage) the lower of it and the project's ``cycles`` delivery
     of the same placement (``key (cycles)`` in the breakdown when that one is used): never
-    worse than ``cycles``. The breakdown's key says how the shuffle was split into
-    permutations (:func:`split_method`).
+    worse than ``cycles``. At ``t >= 2`` the lower of it and the clique cover, which codes
+    across the permutations (:mod:`.clique_cover`). The breakdown's key says how the shuffle
+    was split into permutations (:func:`split_method`), or ``clique cover``.
     """
     key = key or f"t={state.labels.t}"
     method = split_method(state.num_workers, new_assignment.size // state.num_workers)
@@ -562,7 +564,10 @@ def em_plan(
                 **fields,
             )
     named = f"{key} ({method})" if method else key
-    return DeliveryPlan(scheme=scheme, symbols=blocks, breakdown={named: count}, **fields)
+    breakdown = {named: count}
+    if state.labels.t >= 2:
+        blocks, breakdown = lower_with_clique_cover(state, new_assignment, blocks, breakdown, key)
+    return DeliveryPlan(scheme=scheme, symbols=blocks, breakdown=breakdown, **fields)
 
 
 class ElmahdyMohajer(CornerScheme):
