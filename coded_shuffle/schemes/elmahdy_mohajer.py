@@ -49,7 +49,8 @@ from .cycles import Cycles
 from .memory_sharing import CornerScheme, grouped_blocks
 
 SHORT_CYCLE_MAX = 3  # the greedy split packs cycles up to this length before completing
-PACK_ATTEMPTS = 6  # seeded tie orders tried when packing cycles into permutations
+PACK_ATTEMPTS = 6  # seeded tie orders tried when packing cycles into permutations ...
+PACK_UNITS_MAX = 5_000  # ... when the cycles are at most this many (each try is O(cycles * q))
 EXACT_SPLIT_WORKERS = 5  # the best split is enumerated up to this K ...
 EXACT_SPLIT_ROWS = 3  # ... and this q
 SEARCH_SPLIT_ROWS = 256  # the local search runs up to this q (rows of K-permutations)
@@ -266,7 +267,8 @@ def _first_fit(k: int, q: int, cycles: list[tuple[list[int], int]]) -> np.ndarra
 def pack_cycles(shuffle: np.ndarray, attempts: int = PACK_ATTEMPTS) -> np.ndarray | None:
     """``q`` permutations (rows) made of the shortest-first cycles, or ``None``.
 
-    First fit, longest cycles first (ties in a few seeded orders). A worker left out of a row
+    First fit, longest cycles first (ties in a few seeded orders, for at most
+    :data:`PACK_UNITS_MAX` cycles: above, one order only). A worker left out of a row
     keeps one of its diagonal points there (a fixed point); first fit concentrates the cycles
     in the first rows, which the E-M load favours (``C(g-1, t)`` is convex in ``g``).
     """
@@ -274,7 +276,7 @@ def pack_cycles(shuffle: np.ndarray, attempts: int = PACK_ATTEMPTS) -> np.ndarra
     q = int(shuffle[0].sum())
     cycles = cycle_decomposition(shuffle)
     units = [(c, 1) for c, m in cycles for _ in range(m)]
-    for attempt in range(attempts):
+    for attempt in range(attempts if len(units) <= PACK_UNITS_MAX else 1):
         if attempt == 0:
             order = sorted(cycles, key=lambda c: -len(c[0]))
         else:
