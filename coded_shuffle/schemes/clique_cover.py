@@ -12,8 +12,10 @@ multicast of seed 003, Section III), which every member's demander decodes with 
 The amounts per maximal clique minimise the symbols that cover every type's count (an LP,
 HiGHS); they are rounded down and what is left is covered greedily (the clique with the most
 types left first), then one symbol per sub-point. Every step is deterministic: master and
-workers derive the same plan. (Directed 3-cycles as a second code were tried: on the random
-shuffles of ``scripts/excess_split.py`` they never lowered the LP, so they are not used.)
+workers derive the same plan. E-M adds its own permutation codes to the same LP
+(:func:`~.elmahdy_mohajer.permutations_and_cliques`). Directed 3-cycles as a second code were
+tried: on the random shuffles of ``scripts/excess_split.py`` they never lowered the LP, so
+they are not used.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import csr_matrix, hstack, identity
+from scipy.sparse import csc_matrix, csr_matrix, hstack, identity
 
 from ..assignment import batches
 from ..plan import subpoints_of
@@ -50,8 +52,11 @@ class DemandTypes:
         return np.bincount(self.kind, minlength=self.demander.size)
 
 
-def demand_types(state: CacheState, new_assignment: np.ndarray) -> DemandTypes:
-    """Every sub-point a worker needs and does not hold, grouped by ``(demander, holders)``."""
+def demand_types(
+    state: CacheState, new_assignment: np.ndarray, served: np.ndarray | None = None
+) -> DemandTypes:
+    """Every sub-point a worker needs and does not hold (and that is not in ``served``, sent
+    by another code), grouped by ``(demander, holders)``."""
     k = state.num_workers
     holders = np.zeros(state.num_points * state.splits, dtype=np.int64)
     for w in range(k):
@@ -63,6 +68,9 @@ def demand_types(state: CacheState, new_assignment: np.ndarray) -> DemandTypes:
         ids.append(wanted)
         who.append(np.full(wanted.size, w, dtype=np.int64))
     ids, who = np.concatenate(ids), np.concatenate(who)
+    if served is not None and served.size:
+        keep = ~np.isin(ids, served)
+        ids, who = ids[keep], who[keep]
     keys = who * (np.int64(1) << k) + holders[ids]
     uniq, kind = np.unique(keys, return_inverse=True)
     order = np.argsort(kind, kind="stable")
@@ -118,20 +126,22 @@ def fractional_cover_points(state: CacheState, new_assignment: np.ndarray) -> fl
 
 
 def _lp(counts: np.ndarray, member: csr_matrix) -> np.ndarray | None:
-    """The fractional clique cover's amounts (cliques, then single sub-points), or ``None``.
+    """The fractional clique cover's amounts (cliques, then single sub-points), or ``None``."""
+    n = counts.size
+    return cover_lp(counts, hstack([member.T, identity(n)]).tocsc(), np.ones(member.shape[0] + n))
 
-    HiGHS solves the dual (a price per type, at most 1 per clique and per sub-point; faster
-    here), whose constraint marginals are the cover's amounts at a vertex.
+
+def cover_lp(counts: np.ndarray, cover: csc_matrix, costs: np.ndarray) -> np.ndarray | None:
+    """Amounts of the codes (columns of ``cover``: sub-points of each type a use serves) of
+    least total cost that serve every type's count; ``None`` if HiGHS fails.
+
+    HiGHS solves the dual (a price per type, at most each code's cost; faster here), whose
+    constraint marginals are the amounts at a vertex.
     """
-    n, c = counts.size, member.shape[0]
-    cover = hstack([member.T, identity(n)]).tocsc()
     res = linprog(
-        -counts.astype(float),
-        A_ub=cover.T.tocsr(),
-        b_ub=np.ones(c + n),
-        bounds=(0, None),
+        -counts.astype(float), A_ub=cover.T.tocsr(), b_ub=costs, bounds=(0, None),
         method="highs-ds",
-    )
+    )  # fmt: skip
     return -res.ineqlin.marginals if res.status == 0 else None
 
 
@@ -178,18 +188,24 @@ def _clique_rows(pools: _Pools, group: tuple[int, ...], amount: int) -> np.ndarr
     return rows[(rows >= 0).sum(axis=1) > 0]
 
 
-def clique_cover_rows(state: CacheState, new_assignment: np.ndarray) -> list[np.ndarray] | None:
-    """The symbols (rows of sub-point ids, ``-1`` padded) of the clique cover, or ``None`` when
-    the workers, types or cliques are too many to try (:data:`MAX_WORKERS`, :data:`MAX_TYPES`,
-    :data:`MAX_CLIQUES`)."""
+def clique_cover_rows(
+    state: CacheState, new_assignment: np.ndarray, served: np.ndarray | None = None
+) -> list[np.ndarray] | None:
+    """The symbols (rows of sub-point ids, ``-1`` padded) of the clique cover of every demand
+    not in ``served``, or ``None`` when the workers, types or cliques are too many to try
+    (:data:`MAX_WORKERS`, :data:`MAX_TYPES`, :data:`MAX_CLIQUES`)."""
     if state.num_workers > MAX_WORKERS:
         return None
-    types = demand_types(state, new_assignment)
-    if types.demander.size == 0 or types.demander.size > MAX_TYPES:
+    types = demand_types(state, new_assignment, served)
+    if types.demander.size == 0:
+        return []
+    if types.demander.size > MAX_TYPES:
         return None
     groups = cliques(side_information(types))
-    if not groups or len(groups) > MAX_CLIQUES:
+    if len(groups) > MAX_CLIQUES:
         return None
+    if not groups:
+        return [types.ids[:, None]]
     member = membership(groups, types.demander.size)
     counts = types.counts
     amounts = np.zeros(member.shape[0], dtype=np.int64)

@@ -21,6 +21,11 @@ where ``F_j^L`` with ``j in L`` is the *virtual* sub-point ``XOR_{a not in L} F_
 representatives: ``C(K-1, t) - C(g-1, t)`` sub-messages (Theorem 2; ``(K-t)/t`` points for a
 single cycle, Theorem 1). Every plan is proved by the generic index decoder before use.
 
+The project's additions (not in the paper): on random shuffles the delivery is the lowest of
+the split above, the clique cover (:mod:`.clique_cover`: XOR multicasts across the
+permutations) and, up to ``K = 6``, an LP that mixes every permutation's code with the
+cliques (:func:`permutations_and_cliques`).
+
 Update (Section IV, cache update and relabelling): the new processor ``h'`` keeps the point
 whole; in the labels of a moved point ``h'`` is replaced by ``h``, so the old processor keeps
 exactly the sub-points it must cache, and the structure is the same in every epoch.
@@ -28,13 +33,14 @@ exactly the sub-points it must cache, and the structure is the same in every epo
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from itertools import combinations
 from math import comb
 
 import numpy as np
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, hstack, identity
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from ..assignment import points_by_pair, shuffle_matrix
@@ -43,7 +49,18 @@ from ..plan import DeliveryPlan
 from ..rate_memory import em_load
 from ..state import CacheState
 from .base import batch_plan_fields
-from .clique_cover import lower_with_clique_cover
+from .clique_cover import (
+    MAX_CLIQUES,
+    MAX_TYPES,
+    DemandTypes,
+    clique_cover_rows,
+    cliques,
+    cover_lp,
+    demand_types,
+    lower_with_clique_cover,
+    membership,
+    side_information,
+)
 from .cycle_plan import greedy_cycles
 from .cycles import Cycles
 from .memory_sharing import CornerScheme, grouped_blocks
@@ -57,6 +74,7 @@ SEARCH_SPLIT_ROWS = 256  # the local search runs up to this q (rows of K-permuta
 SPLIT_SEARCH_ROUNDS = 6000  # trades tried by the local search at most ...
 SPLIT_SEARCH_PATIENCE = 1500  # ... stopping after this many without a better split
 SPLIT_SEARCH_SEED = 0
+PERMUTATION_CODE_WORKERS = 6  # E-M's permutation code joins the LP up to this K (720 codes)
 
 
 @dataclass(frozen=True)
@@ -441,12 +459,28 @@ def sub_problems(old: np.ndarray, new: np.ndarray, num_workers: int, t: int = 1)
     """Splits the transition into permutations and takes concrete points for every row."""
     k = num_workers
     sigmas = split_rows(shuffle_matrix(old, new, k), t)
+    return rows_with_points(old, new, k, sigmas, fixed=True)
+
+
+def rows_with_points(
+    old: np.ndarray, new: np.ndarray, num_workers: int, sigmas: np.ndarray, fixed: bool
+) -> SubProblems:
+    """Sub-problems for the permutation rows ``sigmas`` (worker ``i``'s point goes to
+    ``sigmas[m, i]``): each takes the next point that moves so, or ``-1`` (a zero point, known
+    to everyone) when none is left; a fixed point is a real point that stays only if ``fixed``.
+    """
+    k = num_workers
     order, offsets = points_by_pair(old, new, k)
     keys = (np.arange(k)[None, :] * k + sigmas).reshape(-1)
     by_key = np.argsort(keys, kind="stable")
     rank = np.empty_like(by_key)
-    rank[by_key] = np.arange(keys.size) - offsets[keys[by_key]]
-    points = order[offsets[keys] + rank].reshape(sigmas.shape)
+    ordered = keys[by_key]
+    rank[by_key] = np.arange(keys.size) - np.searchsorted(ordered, ordered, side="left")
+    real = rank < offsets[keys + 1] - offsets[keys]
+    if not fixed:
+        real &= (sigmas != np.arange(k)[None, :]).reshape(-1)
+    points = np.where(real, order[np.minimum(offsets[keys] + rank, order.size - 1)], -1)
+    points = points.reshape(sigmas.shape)
     needs = np.empty_like(sigmas)
     np.put_along_axis(needs, sigmas, np.broadcast_to(np.arange(k), sigmas.shape), 1)
     uniq, inverse = np.unique(sigmas, axis=0, return_inverse=True)
@@ -479,7 +513,10 @@ def _subpoint_ids(
     masks: np.ndarray,
     valid: np.ndarray | bool = True,
 ) -> np.ndarray:
-    """Sub-point ids of label ``masks`` of ``points`` (processed by ``owner``); -1 if not valid."""
+    """Sub-point ids of label ``masks`` of ``points`` (processed by ``owner``); -1 if not valid
+    or the point is ``-1``."""
+    valid = valid & (points >= 0)  # -1: a zero point (a row's missing point), no term
+    points = np.where(points >= 0, points, 0)
     ranks = np.where(valid, label_rank(masks, owner, state.num_workers), 0)
     return np.where(valid, points * state.splits + inv[points, ranks], -1)
 
@@ -540,6 +577,73 @@ def _cancel_pairs(terms: np.ndarray) -> np.ndarray:
     return np.where(kill, -1, terms)
 
 
+@functools.cache
+def _all_needs(num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every permutation of the workers but the identity, as ``needs`` (worker ``k`` needs the
+    point of ``needs[k]``), and its number of cycles (fixed points included)."""
+    needs = np.array(list(itertools.permutations(range(num_workers)))[1:], dtype=np.int64)
+    return needs, np.array([len(cycles_of(p)) for p in needs], dtype=np.int64)
+
+
+def permutation_uses(types: DemandTypes, needs: np.ndarray) -> csr_matrix:
+    """``(types, permutations)``: the sub-points of each type that one use of a permutation's
+    code serves (one point per arc ``needs[k] -> k``: one sub-point of each of its types)."""
+    workers = np.arange(needs.shape[1])
+    holds = ((types.others[None, :] >> workers[:, None]) & 1).astype(bool)  # (K, types)
+    uses = np.zeros((needs.shape[0], types.demander.size), dtype=np.int8)
+    for k in workers:
+        mine = types.demander == k
+        moving = needs[:, k] != k
+        uses[moving] += (holds[needs[moving, k]] & mine[None, :]).astype(np.int8)
+    return csr_matrix(uses.T)
+
+
+def permutations_and_cliques(
+    state: CacheState, new_assignment: np.ndarray
+) -> list[np.ndarray] | None:
+    """E-M's permutation code and XOR multicasts to cliques, mixed by one LP (the project's).
+
+    The LP's columns are every permutation of the workers (one use: one point per arc, E-M's
+    sub-messages, ``C(K-1,t) - C(g-1,t)`` symbols for ``g`` cycles; a missing point is a zero
+    point), every maximal clique of the clique cover and every single sub-point. The
+    permutations' amounts are rounded down and get points; the clique cover
+    (:func:`~.clique_cover.clique_cover_rows`) serves every other demand. ``None`` above
+    :data:`PERMUTATION_CODE_WORKERS` workers or where the clique cover is not tried.
+    """
+    k, t = state.num_workers, state.labels.t
+    if k > PERMUTATION_CODE_WORKERS or not 2 <= t < k:
+        return None
+    types = demand_types(state, new_assignment)
+    if not 0 < types.demander.size <= MAX_TYPES:
+        return None
+    groups = cliques(side_information(types))
+    if not groups or len(groups) > MAX_CLIQUES:
+        return None
+    needs, cycles = _all_needs(k)
+    n, c = types.demander.size, len(groups)
+    cover = hstack([membership(groups, n).T, identity(n), permutation_uses(types, needs)])
+    costs = np.concatenate([np.ones(c + n), comb(k - 1, t) - _comb_table(k)[cycles - 1, t]])
+    amounts = cover_lp(types.counts, cover.tocsc(), costs.astype(float))
+    if amounts is None:
+        return None
+    uses = np.floor(amounts[c + n :] + 1e-9).astype(np.int64)
+    if not uses.any():
+        return None
+    rows = np.repeat(needs[uses > 0], uses[uses > 0], axis=0)
+    sigmas = np.argsort(rows, axis=1)  # worker i's point goes to sigmas[m, i]
+    sp = rows_with_points(state.assignment, np.asarray(new_assignment), k, sigmas, fixed=False)
+    real = sp.points[sp.points >= 0]
+    served = (real[:, None] * state.splits + np.arange(state.splits)).reshape(-1)
+    rest = clique_cover_rows(state, new_assignment, served)
+    if rest is None:
+        return None
+    return sub_message_rows(state, sp) + rest
+
+
+def _symbols(blocks: tuple) -> int:
+    return int(sum(b.shape[0] for b in blocks))
+
+
 def em_plan(
     state: CacheState, new_assignment: np.ndarray, scheme: str, key: str | None = None
 ) -> DeliveryPlan:
@@ -569,6 +673,10 @@ def em_plan(
     breakdown = {named: count}
     if state.labels.t >= 2:
         blocks, breakdown = lower_with_clique_cover(state, new_assignment, blocks, breakdown, key)
+        mixed = permutations_and_cliques(state, new_assignment)
+        mixed = grouped_blocks(mixed) if mixed is not None else None
+        if mixed is not None and _symbols(mixed) < _symbols(blocks):
+            blocks, breakdown = mixed, {f"{key} (permutations + cliques)": _symbols(mixed)}
     return DeliveryPlan(scheme=scheme, symbols=blocks, breakdown=breakdown, **fields)
 
 
