@@ -67,10 +67,6 @@ class Fault:
             return cls(kind, host, None, int(m.group(3)))
         return cls(kind, host, float(m.group(2)))
 
-    @property
-    def when(self) -> str:
-        return f"after epoch {self.after_epoch}" if self.at is None else f"at {self.at:g} s"
-
     def due(self, now: float) -> bool:
         if self.at is not None:
             return self.at <= now

@@ -651,9 +651,11 @@ def em_plan(
 
     At ``t = 1`` (no excess storage) the lower of it and the project's ``cycles`` delivery
     of the same placement (``key (cycles)`` in the breakdown when that one is used): never
-    worse than ``cycles``. At ``t >= 2`` the lower of it and the clique cover, which codes
-    across the permutations (:mod:`.clique_cover`). The breakdown's key says how the shuffle
-    was split into permutations (:func:`split_method`), or ``clique cover``.
+    worse than ``cycles``. At ``t >= 2`` the lowest of it, the clique cover, which codes
+    across the permutations (:mod:`.clique_cover`), and the mix of permutation codes and
+    cliques (:func:`permutations_and_cliques`). The breakdown's key says how the shuffle was
+    split into permutations (:func:`split_method`), or ``clique cover`` or
+    ``permutations + cliques``.
     """
     key = key or f"t={state.labels.t}"
     method = split_method(state.num_workers, new_assignment.size // state.num_workers)
