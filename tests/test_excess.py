@@ -35,7 +35,8 @@ from coded_shuffle.schemes.attia_tandon_excess import needed_points
 from coded_shuffle.schemes.base import batch_plan_fields
 from coded_shuffle.schemes.clique_cover import (
     clique_cover_blocks,
-    clique_cover_rows,
+    cover_problem,
+    cover_rows,
     fractional_cover_points,
 )
 from coded_shuffle.schemes.elmahdy_mohajer import (
@@ -557,7 +558,7 @@ def test_the_old_owners_groups_lower_the_issues_attia_tandon_example(monkeypatch
     assert [r.lower_bound_points for r in reports] == pytest.approx([5.2, 4, 4.8, 4.8])
     assert all(r.verified and "p=1 (clique cover)" in r.breakdown for r in reports)
     # the scheme's own delivery (without the clique cover): the old owners' groups
-    monkeypatch.setattr(attia_tandon_excess, "lower_with_clique_cover", lambda *a: a[2:4])
+    monkeypatch.setattr(attia_tandon_excess, "lower_with_clique_cover", lambda *a: a[1:3])
     reports = list(run(ev))
     assert [r.load_points for r in reports] == pytest.approx([6, 5, 5.6, 5.4])
     assert all(r.verified and "p=1 (owner groups)" in r.breakdown for r in reports)
@@ -601,7 +602,7 @@ def test_the_clique_cover_decodes_byte_exactly_between_the_bound_and_the_scheme(
     assert chosen.load_points <= plan.load_points + 1e-9
     assert fractional_cover_points(state, new) <= plan.load_points + 1e-9
     if name == "elmahdy-mohajer":  # E-M's permutation codes and the cliques, mixed
-        rows = permutations_and_cliques(state, new)
+        rows = permutations_and_cliques(state, new, cover_problem(state, new))
         if rows is not None:
             mixed = _decoded_everywhere(state, new, grouped_blocks(rows), seed)
             assert bound - 1e-9 <= mixed.load_points
@@ -638,7 +639,8 @@ def test_a_permutation_code_with_zero_points_still_decodes():
     assert (sp.points < 0).any()  # some arcs of these rows have no moving point
     real = sp.points[sp.points >= 0]
     served = (real[:, None] * state.splits + np.arange(state.splits)).reshape(-1)
-    rows = sub_message_rows(state, sp) + clique_cover_rows(state, new, served)
+    problem = cover_problem(state, new)
+    rows = sub_message_rows(state, sp) + cover_rows(problem.types.without(served), problem)
     _decoded_everywhere(state, new, grouped_blocks(rows), 3)
 
 

@@ -35,7 +35,7 @@ from ..assignment import batches, shuffle_matrix
 from ..plan import DeliveryPlan
 from ..state import CacheState
 from .base import batch_plan_fields
-from .clique_cover import lower_with_clique_cover
+from .clique_cover import cover_problem, lower_with_clique_cover
 from .elmahdy_mohajer import EMLabels, em_initial_state, em_next_state, em_plan
 from .memory_sharing import CornerScheme, grouped_blocks
 
@@ -259,7 +259,8 @@ def at_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Deliv
     breakdown = {f"p={p}": int(sum(b.shape[0] for b in blocks)) - owner}
     if owner:
         breakdown[f"p={p} (owner groups)"] = owner
-    blocks, breakdown = lower_with_clique_cover(state, new, blocks, breakdown, f"p={p}")
+    problem = cover_problem(state, new)
+    blocks, breakdown = lower_with_clique_cover(problem, blocks, breakdown, f"p={p}")
     return DeliveryPlan(
         scheme=scheme, symbols=blocks, breakdown=breakdown, **batch_plan_fields(state, new)
     )

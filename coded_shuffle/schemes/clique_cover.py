@@ -51,12 +51,38 @@ class DemandTypes:
     def counts(self) -> np.ndarray:
         return np.bincount(self.kind, minlength=self.demander.size)
 
+    def without(self, served: np.ndarray) -> DemandTypes:
+        """The same types without the sub-points in ``served`` (sent by another code)."""
+        keep = ~np.isin(self.ids, served)
+        return DemandTypes(self.ids[keep], self.kind[keep], self.demander, self.others)
 
-def demand_types(
-    state: CacheState, new_assignment: np.ndarray, served: np.ndarray | None = None
-) -> DemandTypes:
-    """Every sub-point a worker needs and does not hold (and that is not in ``served``, sent
-    by another code), grouped by ``(demander, holders)``."""
+
+@dataclass(frozen=True)
+class CoverProblem:
+    """The demand types of one transition, their maximal cliques and the membership matrix."""
+
+    types: DemandTypes
+    groups: list[tuple[int, ...]]
+    member: csr_matrix | None  # None when there is no clique
+
+
+def cover_problem(state: CacheState, new_assignment: np.ndarray) -> CoverProblem | None:
+    """The clique cover's problem, or ``None`` when the workers, types or cliques are too many
+    to try (:data:`MAX_WORKERS`, :data:`MAX_TYPES`, :data:`MAX_CLIQUES`)."""
+    if state.num_workers > MAX_WORKERS:
+        return None
+    types = demand_types(state, new_assignment)
+    if types.demander.size > MAX_TYPES:
+        return None
+    groups = cliques(side_information(types)) if types.demander.size else []
+    if len(groups) > MAX_CLIQUES:
+        return None
+    member = membership(groups, types.demander.size) if groups else None
+    return CoverProblem(types, groups, member)
+
+
+def demand_types(state: CacheState, new_assignment: np.ndarray) -> DemandTypes:
+    """Every sub-point a worker needs and does not hold, grouped by ``(demander, holders)``."""
     k = state.num_workers
     holders = np.zeros(state.num_points * state.splits, dtype=np.int64)
     for w in range(k):
@@ -68,9 +94,6 @@ def demand_types(
         ids.append(wanted)
         who.append(np.full(wanted.size, w, dtype=np.int64))
     ids, who = np.concatenate(ids), np.concatenate(who)
-    if served is not None and served.size:
-        keep = ~np.isin(ids, served)
-        ids, who = ids[keep], who[keep]
     keys = who * (np.int64(1) << k) + holders[ids]
     uniq, kind = np.unique(keys, return_inverse=True)
     order = np.argsort(kind, kind="stable")
@@ -112,16 +135,13 @@ def lp_amounts(counts: np.ndarray, member: csr_matrix) -> np.ndarray:
 def fractional_cover_points(state: CacheState, new_assignment: np.ndarray) -> float | None:
     """The LP's optimum in points: the fewest symbols any mix of clique XORs (and single
     sub-points) can reach with sub-points cut as finely as needed (``None``: not tried)."""
-    if state.num_workers > MAX_WORKERS:
+    problem = cover_problem(state, new_assignment)
+    if problem is None:
         return None
-    types = demand_types(state, new_assignment)
-    if types.demander.size == 0:
-        return 0.0
-    groups = cliques(side_information(types)) if types.demander.size <= MAX_TYPES else []
-    if not groups or len(groups) > MAX_CLIQUES:
-        return None
-    member = membership(groups, types.demander.size)
-    amounts = _lp(types.counts, member)
+    counts = problem.types.counts
+    if problem.member is None:
+        return float(counts.sum()) / state.splits
+    amounts = _lp(counts, problem.member)
     return None if amounts is None else float(amounts.sum()) / state.splits
 
 
@@ -188,26 +208,19 @@ def _clique_rows(pools: _Pools, group: tuple[int, ...], amount: int) -> np.ndarr
     return rows[(rows >= 0).sum(axis=1) > 0]
 
 
-def clique_cover_rows(
-    state: CacheState, new_assignment: np.ndarray, served: np.ndarray | None = None
-) -> list[np.ndarray] | None:
-    """The symbols (rows of sub-point ids, ``-1`` padded) of the clique cover of every demand
-    not in ``served``, or ``None`` when the workers, types or cliques are too many to try
-    (:data:`MAX_WORKERS`, :data:`MAX_TYPES`, :data:`MAX_CLIQUES`)."""
-    if state.num_workers > MAX_WORKERS:
-        return None
-    types = demand_types(state, new_assignment, served)
-    if types.demander.size == 0:
-        return []
-    if types.demander.size > MAX_TYPES:
-        return None
-    groups = cliques(side_information(types))
-    if len(groups) > MAX_CLIQUES:
-        return None
-    if not groups:
-        return [types.ids[:, None]]
-    member = membership(groups, types.demander.size)
+def clique_cover_rows(state: CacheState, new_assignment: np.ndarray) -> list[np.ndarray] | None:
+    """The symbols (rows of sub-point ids, ``-1`` padded) of the clique cover, or ``None`` when
+    it is not tried (:func:`cover_problem`)."""
+    problem = cover_problem(state, new_assignment)
+    return None if problem is None else cover_rows(problem.types, problem)
+
+
+def cover_rows(types: DemandTypes, problem: CoverProblem) -> list[np.ndarray]:
+    """The clique cover of ``types`` (the problem's types, or fewer of their sub-points)."""
     counts = types.counts
+    if problem.member is None:
+        return [types.ids[:, None]] if types.ids.size else []
+    member = problem.member
     amounts = np.zeros(member.shape[0], dtype=np.int64)
     for _ in range(LP_ROUNDS):  # the LP again on what rounding down left
         more = lp_amounts(counts - covered(amounts, member, counts), member)
@@ -216,7 +229,9 @@ def clique_cover_rows(
         amounts += more
     amounts += greedy_amounts(counts - covered(amounts, member, counts), member)
     pools = _Pools(types)
-    rows = [_clique_rows(pools, g, int(a)) for g, a in zip(groups, amounts, strict=True) if a]
+    rows = [
+        _clique_rows(pools, g, int(a)) for g, a in zip(problem.groups, amounts, strict=True) if a
+    ]
     rest = [pools.take(m, int(pools.left([m])[0])) for m in range(counts.size)]
     rows.append(np.concatenate(rest)[:, None])
     return [r for r in rows if r.size]
@@ -234,12 +249,15 @@ def clique_cover_blocks(state: CacheState, new_assignment: np.ndarray) -> tuple 
 
 
 def lower_with_clique_cover(
-    state: CacheState, new_assignment: np.ndarray, blocks: tuple, breakdown: dict, key: str
+    problem: CoverProblem | None, blocks: tuple, breakdown: dict, key: str
 ) -> tuple[tuple, dict]:
-    """``(blocks, breakdown)`` of the scheme's own delivery or of the clique cover (breakdown
-    ``key (clique cover)``), whichever has fewer symbols: never worse than the scheme."""
-    across = clique_cover_blocks(state, new_assignment)
-    count = sum(b.shape[0] for b in across) if across is not None else None
-    if count is None or count >= sum(b.shape[0] for b in blocks):
+    """``(blocks, breakdown)`` of the scheme's own delivery or of the clique cover of
+    ``problem`` (breakdown ``key (clique cover)``), whichever has fewer symbols: never worse
+    than the scheme."""
+    if problem is None:
+        return blocks, breakdown
+    across = grouped_blocks(cover_rows(problem.types, problem))
+    count = sum(b.shape[0] for b in across)
+    if count >= sum(b.shape[0] for b in blocks):
         return blocks, breakdown
     return across, {f"{key} (clique cover)": int(count)}

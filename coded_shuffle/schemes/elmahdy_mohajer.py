@@ -50,16 +50,12 @@ from ..rate_memory import em_load
 from ..state import CacheState
 from .base import batch_plan_fields
 from .clique_cover import (
-    MAX_CLIQUES,
-    MAX_TYPES,
+    CoverProblem,
     DemandTypes,
-    clique_cover_rows,
-    cliques,
     cover_lp,
-    demand_types,
+    cover_problem,
+    cover_rows,
     lower_with_clique_cover,
-    membership,
-    side_information,
 )
 from .cycle_plan import greedy_cycles
 from .cycles import Cycles
@@ -599,29 +595,26 @@ def permutation_uses(types: DemandTypes, needs: np.ndarray) -> csr_matrix:
 
 
 def permutations_and_cliques(
-    state: CacheState, new_assignment: np.ndarray
+    state: CacheState, new_assignment: np.ndarray, problem: CoverProblem | None
 ) -> list[np.ndarray] | None:
     """E-M's permutation code and XOR multicasts to cliques, mixed by one LP (the project's).
 
     The LP's columns are every permutation of the workers (one use: one point per arc, E-M's
     sub-messages, ``C(K-1,t) - C(g-1,t)`` symbols for ``g`` cycles; a missing point is a zero
-    point), every maximal clique of the clique cover and every single sub-point. The
-    permutations' amounts are rounded down and get points; the clique cover
-    (:func:`~.clique_cover.clique_cover_rows`) serves every other demand. ``None`` above
-    :data:`PERMUTATION_CODE_WORKERS` workers or where the clique cover is not tried.
+    point), every maximal clique of ``problem`` (:func:`~.clique_cover.cover_problem`) and
+    every single sub-point. The permutations' amounts are rounded down and get points; the
+    clique cover serves every other demand. ``None`` above :data:`PERMUTATION_CODE_WORKERS`
+    workers, where the clique cover is not tried, or when no permutation is used.
     """
     k, t = state.num_workers, state.labels.t
-    if k > PERMUTATION_CODE_WORKERS or not 2 <= t < k:
+    if k > PERMUTATION_CODE_WORKERS or not 2 <= t < k or problem is None:
         return None
-    types = demand_types(state, new_assignment)
-    if not 0 < types.demander.size <= MAX_TYPES:
-        return None
-    groups = cliques(side_information(types))
-    if not groups or len(groups) > MAX_CLIQUES:
+    types = problem.types
+    if problem.member is None or types.demander.size == 0:
         return None
     needs, cycles = _all_needs(k)
-    n, c = types.demander.size, len(groups)
-    cover = hstack([membership(groups, n).T, identity(n), permutation_uses(types, needs)])
+    n, c = types.demander.size, len(problem.groups)
+    cover = hstack([problem.member.T, identity(n), permutation_uses(types, needs)])
     costs = np.concatenate([np.ones(c + n), comb(k - 1, t) - _comb_table(k)[cycles - 1, t]])
     amounts = cover_lp(types.counts, cover.tocsc(), costs.astype(float))
     if amounts is None:
@@ -634,10 +627,7 @@ def permutations_and_cliques(
     sp = rows_with_points(state.assignment, np.asarray(new_assignment), k, sigmas, fixed=False)
     real = sp.points[sp.points >= 0]
     served = (real[:, None] * state.splits + np.arange(state.splits)).reshape(-1)
-    rest = clique_cover_rows(state, new_assignment, served)
-    if rest is None:
-        return None
-    return sub_message_rows(state, sp) + rest
+    return sub_message_rows(state, sp) + cover_rows(types.without(served), problem)
 
 
 def _symbols(blocks: tuple) -> int:
@@ -674,8 +664,9 @@ def em_plan(
     named = f"{key} ({method})" if method else key
     breakdown = {named: count}
     if state.labels.t >= 2:
-        blocks, breakdown = lower_with_clique_cover(state, new_assignment, blocks, breakdown, key)
-        mixed = permutations_and_cliques(state, new_assignment)
+        problem = cover_problem(state, new_assignment)
+        blocks, breakdown = lower_with_clique_cover(problem, blocks, breakdown, key)
+        mixed = permutations_and_cliques(state, new_assignment, problem)
         mixed = grouped_blocks(mixed) if mixed is not None else None
         if mixed is not None and _symbols(mixed) < _symbols(blocks):
             blocks, breakdown = mixed, {f"{key} (permutations + cliques)": _symbols(mixed)}
