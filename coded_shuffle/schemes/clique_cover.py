@@ -208,13 +208,6 @@ def _clique_rows(pools: _Pools, group: tuple[int, ...], amount: int) -> np.ndarr
     return rows[(rows >= 0).sum(axis=1) > 0]
 
 
-def clique_cover_rows(state: CacheState, new_assignment: np.ndarray) -> list[np.ndarray] | None:
-    """The symbols (rows of sub-point ids, ``-1`` padded) of the clique cover, or ``None`` when
-    it is not tried (:func:`cover_problem`)."""
-    problem = cover_problem(state, new_assignment)
-    return None if problem is None else cover_rows(problem.types, problem)
-
-
 def cover_rows(types: DemandTypes, problem: CoverProblem) -> list[np.ndarray]:
     """The clique cover of ``types`` (the problem's types, or fewer of their sub-points)."""
     counts = types.counts
@@ -242,10 +235,16 @@ def covered(amounts: np.ndarray, member: csr_matrix, counts: np.ndarray) -> np.n
     return np.minimum(member.T @ amounts, counts).astype(np.int64)
 
 
+def cover_blocks(problem: CoverProblem) -> tuple:
+    """The clique cover of the problem's demands, one dense block per degree."""
+    return grouped_blocks(cover_rows(problem.types, problem))
+
+
 def clique_cover_blocks(state: CacheState, new_assignment: np.ndarray) -> tuple | None:
-    """:func:`clique_cover_rows` as one dense block per degree (``None``: not tried)."""
-    rows = clique_cover_rows(state, new_assignment)
-    return None if rows is None else grouped_blocks(rows)
+    """:func:`cover_blocks` of this transition, or ``None`` when the cover is not tried
+    (:func:`cover_problem`)."""
+    problem = cover_problem(state, new_assignment)
+    return None if problem is None else cover_blocks(problem)
 
 
 def lower_with_clique_cover(
@@ -256,7 +255,7 @@ def lower_with_clique_cover(
     than the scheme."""
     if problem is None:
         return blocks, breakdown
-    across = grouped_blocks(cover_rows(problem.types, problem))
+    across = cover_blocks(problem)
     count = sum(b.shape[0] for b in across)
     if count >= sum(b.shape[0] for b in blocks):
         return blocks, breakdown
