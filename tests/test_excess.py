@@ -35,6 +35,7 @@ from coded_shuffle.schemes.attia_tandon_excess import needed_points
 from coded_shuffle.schemes.base import batch_plan_fields
 from coded_shuffle.schemes.clique_cover import (
     clique_cover_blocks,
+    cover_lp,
     cover_problem,
     cover_rows,
     fractional_cover_points,
@@ -48,8 +49,10 @@ from coded_shuffle.schemes.elmahdy_mohajer import (
     em_plan,
     improve_split,
     pack_cycles,
+    permutation_codes,
     permutation_split,
     permutations_and_cliques,
+    priced_permutations,
     rows_with_points,
     split_load,
     split_rows,
@@ -516,10 +519,11 @@ def test_the_issues_split_example_reaches_the_bound():
 
 @pytest.mark.parametrize(
     ("k", "n", "key"),
-    [(4, 4, "t=2"), (5, 15, "t=2 (split enumerated)"), (6, 60, "t=2 (split searched)")],
+    [(4, 4, "t=2"), (5, 15, "t=2 (split enumerated)"), (13, 26, "t=2 (split searched)")],
 )
 def test_the_breakdown_says_how_the_shuffle_was_split(k, n, key):
-    """One permutation needs no split; an enumerated split and a searched one say so."""
+    """One permutation needs no split; an enumerated split and a searched one say so (at
+    ``K = 13``, above the clique cover's workers, where no code across permutations wins)."""
     rng = np.random.default_rng(1)
     old, new = random_assignment(n, k, rng), random_assignment(n, k, rng)
     plan = em_plan(em_initial_state(old, k, 2), new, "elmahdy-mohajer")
@@ -646,18 +650,43 @@ def test_a_permutation_code_with_zero_points_still_decodes():
 
 @pytest.mark.parametrize(
     ("k", "t", "limit"),
-    [(4, 2, 1.049), (6, 2, 1.0424), (6, 3, 1.0 + 1e-9)],  # issue 10: halve the gaps
-)
+    [(4, 2, 1.049), (6, 2, 1.0424), (8, 2, 1.050), (6, 3, 1.0 + 1e-9), (8, 3, 1.0337)],
+)  # issue 10: halve the gaps
 def test_the_clique_cover_closes_the_q10_gap(k, t, limit):
     """``q = 10``, 5 epochs of random shuffles, 840-byte points (``scripts/excess_split.py``,
-    table 2): mean load / placement bound 1.008 at ``K = 4, t = 2`` (1.098 before), 1.022 at
-    ``K = 6, t = 2`` (1.085) and the bound itself at ``K = 6, t = 3`` (1.044)."""
+    table 2): mean load / placement bound 1.008 at ``K = 4, t = 2`` (1.098 before), 1.016 at
+    ``K = 6, t = 2`` (1.085), 1.045 at ``K = 8, t = 2`` (1.100), the bound itself at
+    ``K = 6, t = 3`` (1.044) and 1.007 at ``K = 8, t = 3`` (1.067)."""
     from coded_shuffle.evaluate import Evaluation, run
 
     reports = list(run(Evaluation("elmahdy-mohajer", k, 10 * k, float(t), 5, 0, 840)))
     assert all(r.verified for r in reports)
     assert sum(r.load_points / r.lower_bound_points for r in reports) / 5 <= limit
     assert any("cliques" in key or "clique cover" in key for r in reports for key in r.breakdown)
+
+
+@pytest.mark.parametrize(("k", "t", "seed"), [(5, 2, 5), (6, 2, 2), (6, 3, 4)])
+def test_column_generation_reaches_the_lp_over_every_permutation(k, t, seed):
+    """The permutations that column generation names reach the optimum of the LP with all
+    ``K! - 1`` permutation codes as columns (the LP the mix used to solve in one piece)."""
+    from scipy.sparse import hstack, identity
+
+    rng = np.random.default_rng(seed)
+    old, new = random_assignment(10 * k, k, rng), random_assignment(10 * k, k, rng)
+    state = em_initial_state(old, k, t)
+    problem = cover_problem(state, new)
+    codes = permutation_codes(problem.types, k, t)
+    n, c = problem.types.demander.size, len(problem.groups)
+
+    def optimum(columns):
+        cover = hstack([problem.member.T, identity(n), codes.uses[:, columns]]).tocsc()
+        costs = np.concatenate([np.ones(c + n), codes.costs[columns]])
+        return float(cover_lp(problem.types.counts, cover, costs) @ costs)
+
+    every = optimum(np.arange(codes.costs.size))
+    used = priced_permutations(problem, codes)
+    assert optimum(used) == pytest.approx(every, abs=1e-6)
+    assert every < optimum(np.zeros(0, dtype=np.int64))  # the codes do lower the clique LP
 
 
 def test_the_clique_cover_is_not_tried_where_it_would_not_plan_in_time():

@@ -153,7 +153,15 @@ def _lp(counts: np.ndarray, member: csr_matrix) -> np.ndarray | None:
 
 def cover_lp(counts: np.ndarray, cover: csc_matrix, costs: np.ndarray) -> np.ndarray | None:
     """Amounts of the codes (columns of ``cover``: sub-points of each type a use serves) of
-    least total cost that serve every type's count; ``None`` if HiGHS fails.
+    least total cost that serve every type's count; ``None`` if HiGHS fails."""
+    solved = cover_lp_with_prices(counts, cover, costs)
+    return None if solved is None else solved[0]
+
+
+def cover_lp_with_prices(
+    counts: np.ndarray, cover: csc_matrix, costs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`cover_lp`'s amounts and the optimal price of one sub-point of each type.
 
     HiGHS solves the dual (a price per type, at most each code's cost; faster here), whose
     constraint marginals are the amounts at a vertex.
@@ -162,7 +170,7 @@ def cover_lp(counts: np.ndarray, cover: csc_matrix, costs: np.ndarray) -> np.nda
         -counts.astype(float), A_ub=cover.T.tocsr(), b_ub=costs, bounds=(0, None),
         method="highs-ds",
     )  # fmt: skip
-    return -res.ineqlin.marginals if res.status == 0 else None
+    return (-res.ineqlin.marginals, res.x) if res.status == 0 else None
 
 
 def greedy_amounts(left: np.ndarray, member: csr_matrix) -> np.ndarray:

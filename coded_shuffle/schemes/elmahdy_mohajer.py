@@ -23,8 +23,8 @@ single cycle, Theorem 1). Every plan is proved by the generic index decoder befo
 
 The project's additions (not in the paper): on random shuffles the delivery is the lowest of
 the split above, the clique cover (:mod:`.clique_cover`: XOR multicasts across the
-permutations) and, up to ``K = 6``, an LP that mixes every permutation's code with the
-cliques (:func:`permutations_and_cliques`).
+permutations) and, up to ``K = 8``, a mix of every permutation's code with the cliques
+(:func:`permutations_and_cliques`: an LP by column generation, then whole uses by a MILP).
 
 Update (Section IV, cache update and relabelling): the new processor ``h'`` keeps the point
 whole; in the labels of a moved point ``h'`` is replaced by ``h``, so the old processor keeps
@@ -40,7 +40,8 @@ from itertools import combinations
 from math import comb
 
 import numpy as np
-from scipy.sparse import csr_matrix, hstack, identity
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csc_matrix, csr_matrix, hstack, identity
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from ..assignment import points_by_pair, shuffle_matrix
@@ -52,7 +53,7 @@ from .base import batch_plan_fields
 from .clique_cover import (
     CoverProblem,
     DemandTypes,
-    cover_lp,
+    cover_lp_with_prices,
     cover_problem,
     cover_rows,
     lower_with_clique_cover,
@@ -61,6 +62,7 @@ from .cycle_plan import greedy_cycles
 from .cycles import Cycles
 from .memory_sharing import CornerScheme, grouped_blocks
 
+RANK_TABLE_WORKERS = 16  # label ranks are looked up in a (K, 2^K) table up to this K
 SHORT_CYCLE_MAX = 3  # the greedy split packs cycles up to this length before completing
 PACK_ATTEMPTS = 6  # seeded tie orders tried when packing cycles into permutations ...
 PACK_UNITS_MAX = 5_000  # ... when the cycles are at most this many (each try is O(cycles * q))
@@ -70,7 +72,9 @@ SEARCH_SPLIT_ROWS = 256  # the local search runs up to this q (rows of K-permuta
 SPLIT_SEARCH_ROUNDS = 6000  # trades tried by the local search at most ...
 SPLIT_SEARCH_PATIENCE = 1500  # ... stopping after this many without a better split
 SPLIT_SEARCH_SEED = 0
-PERMUTATION_CODE_WORKERS = 6  # E-M's permutation code joins the LP up to this K (720 codes)
+PERMUTATION_CODE_WORKERS = 8  # E-M's permutation codes join the cover up to this K (8! priced)
+PRICED_PER_ROUND = 100  # column generation: codes added per LP at most
+PERMUTATION_MILP_NODES = 100  # branch-and-bound nodes of the whole uses' MILP at most
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,20 @@ def _comb_table(n: int) -> np.ndarray:
 
 
 def label_rank(masks: np.ndarray, owner: np.ndarray, num_workers: int) -> np.ndarray:
-    """Colex rank of every label among the ``(t-1)``-subsets of ``[K] - {owner}`` (vectorised)."""
+    """Colex rank of every label among the ``(t-1)``-subsets of ``[K] - {owner}`` (vectorised;
+    read from a table of every ``(owner, mask)`` up to :data:`RANK_TABLE_WORKERS` workers)."""
+    if num_workers <= RANK_TABLE_WORKERS:
+        return _rank_table(num_workers)[owner, masks]
+    return _label_rank(masks, owner, num_workers)
+
+
+@functools.cache
+def _rank_table(num_workers: int) -> np.ndarray:
+    masks = np.arange(1 << num_workers, dtype=np.int64)
+    return _label_rank(masks[None, :], np.arange(num_workers)[:, None], num_workers)
+
+
+def _label_rank(masks: np.ndarray, owner: np.ndarray, num_workers: int) -> np.ndarray:
     masks, owner = np.broadcast_arrays(
         np.asarray(masks, dtype=np.int64), np.asarray(owner, dtype=np.int64)
     )
@@ -594,17 +611,81 @@ def permutation_uses(types: DemandTypes, needs: np.ndarray) -> csr_matrix:
     return csr_matrix(uses.T)
 
 
+@dataclass(frozen=True)
+class PermutationCodes:
+    """E-M's code of every permutation of the workers as a column of the cover."""
+
+    needs: np.ndarray  # (codes, K): worker k needs the point of needs[c, k]
+    uses: csc_matrix  # (types, codes): sub-points of each type one use serves
+    costs: np.ndarray  # (codes,): symbols per use, C(K-1,t) - C(g-1,t) for g cycles
+
+
+def permutation_codes(types: DemandTypes, num_workers: int, t: int) -> PermutationCodes:
+    """The codes of all ``K! - 1`` permutations (Theorem 2 of seed 003 for their costs)."""
+    needs, cycles = _all_needs(num_workers)
+    costs = comb(num_workers - 1, t) - _comb_table(num_workers)[cycles - 1, t]
+    return PermutationCodes(needs, permutation_uses(types, needs).tocsc(), costs.astype(float))
+
+
+def priced_permutations(problem: CoverProblem, codes: PermutationCodes) -> np.ndarray:
+    """The permutations the LP over cliques, single sub-points and every permutation code
+    uses, found by column generation: start from the fractional clique cover and add the
+    :data:`PRICED_PER_ROUND` codes of least negative reduced cost (cost minus the LP's
+    prices of the sub-points a use serves) until none is negative, when the LP is optimal
+    over all codes. Ties go to the first permutation in lexicographic order."""
+    types = problem.types
+    n, c = types.demander.size, problem.member.shape[0]
+    base = hstack([problem.member.T, identity(n)]).tocsc()
+    chosen = np.zeros(0, dtype=np.int64)
+    while True:
+        cover = hstack([base, codes.uses[:, chosen]]).tocsc()
+        costs = np.concatenate([np.ones(c + n), codes.costs[chosen]])
+        solved = cover_lp_with_prices(types.counts, cover, costs)
+        if solved is None:
+            return np.zeros(0, dtype=np.int64)
+        amounts, prices = solved
+        reduced = codes.costs - codes.uses.T @ prices
+        reduced[chosen] = 0.0
+        more = np.flatnonzero(reduced < -1e-9)
+        if more.size == 0:
+            return np.sort(chosen[amounts[c + n :] > 1e-9])
+        more = more[np.argsort(reduced[more], kind="stable")[:PRICED_PER_ROUND]]
+        chosen = np.concatenate([chosen, more])
+
+
+def integer_uses(problem: CoverProblem, codes: PermutationCodes, used: np.ndarray) -> np.ndarray:
+    """Whole uses of the permutations ``used``: a MILP (HiGHS, at most
+    :data:`PERMUTATION_MILP_NODES` branch-and-bound nodes, deterministic) over those codes'
+    integer uses and the cliques' and single sub-points' amounts, relaxed (the clique cover
+    rounds them after); zeros if HiGHS finds no integer point."""
+    types = problem.types
+    n, c = types.demander.size, problem.member.shape[0]
+    cover = hstack([problem.member.T, identity(n), codes.uses[:, used]]).tocsr()
+    costs = np.concatenate([np.ones(c + n), codes.costs[used]])
+    integer = np.concatenate([np.zeros(c + n), np.ones(used.size)])
+    res = milp(
+        costs, integrality=integer, bounds=Bounds(0, np.inf),
+        constraints=LinearConstraint(cover, lb=types.counts.astype(float)),
+        options={"node_limit": PERMUTATION_MILP_NODES, "disp": False},
+    )  # fmt: skip
+    if res.x is None:
+        return np.zeros(used.size, dtype=np.int64)
+    return np.round(res.x[c + n :]).astype(np.int64)
+
+
 def permutations_and_cliques(
     state: CacheState, new_assignment: np.ndarray, problem: CoverProblem | None
 ) -> list[np.ndarray] | None:
-    """E-M's permutation code and XOR multicasts to cliques, mixed by one LP (the project's).
+    """E-M's permutation codes and XOR multicasts to cliques, mixed (the project's).
 
-    The LP's columns are every permutation of the workers (one use: one point per arc, E-M's
-    sub-messages, ``C(K-1,t) - C(g-1,t)`` symbols for ``g`` cycles; a missing point is a zero
-    point), every maximal clique of ``problem`` (:func:`~.clique_cover.cover_problem`) and
-    every single sub-point. The permutations' amounts are rounded down and get points; the
-    clique cover serves every other demand. ``None`` above :data:`PERMUTATION_CODE_WORKERS`
-    workers, where the clique cover is not tried, or when no permutation is used.
+    One use of a permutation's code sends one point per arc (E-M's sub-messages,
+    ``C(K-1,t) - C(g-1,t)`` symbols for ``g`` cycles; a missing point is a zero point). The
+    LP over every maximal clique of ``problem`` (:func:`~.clique_cover.cover_problem`), every
+    single sub-point and every permutation (:func:`priced_permutations`) names the codes
+    worth using; a MILP gives them whole uses (:func:`integer_uses`), they get points, and
+    the clique cover serves every other demand. ``None`` above
+    :data:`PERMUTATION_CODE_WORKERS` workers, where the clique cover is not tried, or when no
+    permutation is used.
     """
     k, t = state.num_workers, state.labels.t
     if k > PERMUTATION_CODE_WORKERS or not 2 <= t < k or problem is None:
@@ -612,17 +693,12 @@ def permutations_and_cliques(
     types = problem.types
     if problem.member is None or types.demander.size == 0:
         return None
-    needs, cycles = _all_needs(k)
-    n, c = types.demander.size, len(problem.groups)
-    cover = hstack([problem.member.T, identity(n), permutation_uses(types, needs)])
-    costs = np.concatenate([np.ones(c + n), comb(k - 1, t) - _comb_table(k)[cycles - 1, t]])
-    amounts = cover_lp(types.counts, cover.tocsc(), costs.astype(float))
-    if amounts is None:
-        return None
-    uses = np.floor(amounts[c + n :] + 1e-9).astype(np.int64)
+    codes = permutation_codes(types, k, t)
+    used = priced_permutations(problem, codes)
+    uses = integer_uses(problem, codes, used) if used.size else used
     if not uses.any():
         return None
-    rows = np.repeat(needs[uses > 0], uses[uses > 0], axis=0)
+    rows = np.repeat(codes.needs[used[uses > 0]], uses[uses > 0], axis=0)
     sigmas = np.argsort(rows, axis=1)  # worker i's point goes to sigmas[m, i]
     sp = rows_with_points(state.assignment, np.asarray(new_assignment), k, sigmas, fixed=False)
     real = sp.points[sp.points >= 0]
