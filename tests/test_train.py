@@ -31,7 +31,8 @@ from train.metrics import EPOCH_KEYS
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
 # excess storage: memory sharing over two byte parts, and an integer corner
-EXCESS = (("attia-tandon-excess", 1.5), ("elmahdy-mohajer", 2))
+# (T = 2 is two byte parts between A-T's corners 1.75 and 2.5 at K = 4; E-M's corner t = 2)
+EXCESS = (("attia-tandon-excess", 2), ("elmahdy-mohajer", 2))
 JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.timeout_seconds=60"]
 
 
@@ -217,26 +218,26 @@ TRANSPORTS = ("tree", "unicast", "p2p")  # besides the default chain; multicast:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """Sweeps over the SCHEMES (on the default chain) and over the other TCP transports
-    (uncoded, as unicast and p2p require), plus the excess-storage runs; same seed."""
+    """Sweeps over the SCHEMES (on the default chain), over the other TCP transports
+    (uncoded, as unicast and p2p require) and over the excess-storage schemes; same seed."""
     root = tmp_path_factory.mktemp("train")
     found = {}
+    (storage,) = {t for _, t in EXCESS}
     for name, sweep in (
         ("schemes", ["-m", f"scheme={','.join(SCHEMES)}"]),
         ("transports", ["-m", "scheme=uncoded", f"dist.transport={','.join(TRANSPORTS)}"]),
+        ("excess", ["-m", f"scheme={','.join(n for n, _ in EXCESS)}", f"storage={storage}"]),
     ):
         out = _run([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
         for metrics in (root / name).rglob("metrics.jsonl"):
             first = _metrics(metrics.parent)[0]
-            key = first["scheme"] if name == "schemes" else f"uncoded/{first['transport']}"
+            key = {
+                "schemes": first["scheme"],
+                "transports": f"uncoded/{first['transport']}",
+                "excess": f"{first['scheme']} T={storage}",
+            }[name]
             found[key] = metrics.parent
-    for name, storage in EXCESS:
-        run_dir = root / f"excess-{name}"
-        args = [f"scheme={name}", f"storage={storage}", *JOB, f"hydra.run.dir={run_dir}"]
-        out = _run(args, root)
-        assert out.returncode == 0, out.stderr[-3000:]
-        found[f"{name} T={storage}"] = run_dir
     return found
 
 

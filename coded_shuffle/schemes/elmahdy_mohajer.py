@@ -719,9 +719,10 @@ def em_plan(
     of the same placement (``key (cycles)`` in the breakdown when that one is used): never
     worse than ``cycles``. At ``t >= 2`` the lowest of it, the clique cover, which codes
     across the permutations (:mod:`.clique_cover`), and the mix of permutation codes and
-    cliques (:func:`permutations_and_cliques`). The breakdown's key says how the shuffle was
-    split into permutations (:func:`split_method`), or ``clique cover`` or
-    ``permutations + cliques``.
+    cliques (:func:`permutations_and_cliques`); not tried when the shuffle is one permutation
+    (``q = 1``), where E-M's code meets the lower bound of Theorem 3. The breakdown's key says
+    how the shuffle was split into permutations (:func:`split_method`), or ``clique cover``
+    or ``permutations + cliques``.
     """
     key = key or f"t={state.labels.t}"
     method = split_method(state.num_workers, new_assignment.size // state.num_workers)
@@ -739,7 +740,7 @@ def em_plan(
             )
     named = f"{key} ({method})" if method else key
     breakdown = {named: count}
-    if state.labels.t >= 2:
+    if state.labels.t >= 2 and new_assignment.size > state.num_workers:  # q = 1: Theorem 3
         problem = cover_problem(state, new_assignment)
         blocks, breakdown = lower_with_clique_cover(problem, blocks, breakdown, key)
         mixed = permutations_and_cliques(state, new_assignment, problem)
