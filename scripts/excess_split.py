@@ -1,6 +1,6 @@
 """Elmahdy-Mohajer on random shuffles: how close the permutation split gets to the bound.
 
-Two checks (issue 10's targets), printed as tables:
+Three checks (issue 10's targets), printed as tables:
 
 1. ``K <= 5, q <= 3``: on random shuffles, the E-M delivery's load against the best split an
    exhaustive search finds (every multiset of ``q`` permutations that sums to the shuffle).
@@ -9,8 +9,8 @@ Two checks (issue 10's targets), printed as tables:
    greedy Birkhoff alone (``heuristic``) and with the project's split (``split``: exhaustive
    where small, else that start improved by local search), the optimum of the fractional
    clique cover LP (``cover LP``: any mix of XOR multicasts across the permutations), and of
-   the delivery (``now``: the lower of the split and the rounded clique cover). Every epoch
-   of ``now`` is decoded byte-exactly.
+   the delivery (``now``: the lowest of the split, the rounded clique cover and the mix of
+   whole permutation-code uses with cliques). Every epoch of ``now`` is decoded byte-exactly.
 3. ``attia-tandon-excess`` at its corners ``p >= 1``, ``q = 10``, 5 epochs, ``-B 840``: the
    mean load of eq. (57) of seed 004 alone and of the project's delivery (the lower of
    eq. (57) with the old owners' groups of ``p + 2`` and the clique cover), the placement's

@@ -35,6 +35,7 @@ from coded_shuffle.schemes.attia_tandon_excess import needed_points
 from coded_shuffle.schemes.base import batch_plan_fields
 from coded_shuffle.schemes.clique_cover import (
     clique_cover_blocks,
+    cover_columns,
     cover_lp,
     cover_problem,
     cover_rows,
@@ -669,8 +670,6 @@ def test_the_clique_cover_closes_the_q10_gap(k, t, limit):
 def test_column_generation_reaches_the_lp_over_every_permutation(k, t, seed):
     """The permutations that column generation names reach the optimum of the LP with all
     ``K! - 1`` permutation codes as columns (the LP the mix used to solve in one piece)."""
-    from scipy.sparse import hstack, identity
-
     rng = np.random.default_rng(seed)
     old, new = random_assignment(10 * k, k, rng), random_assignment(10 * k, k, rng)
     state = em_initial_state(old, k, t)
@@ -679,7 +678,7 @@ def test_column_generation_reaches_the_lp_over_every_permutation(k, t, seed):
     n, c = problem.types.demander.size, len(problem.groups)
 
     def optimum(columns):
-        cover = hstack([problem.member.T, identity(n), codes.uses[:, columns]]).tocsc()
+        cover = cover_columns(problem.member, n, codes.uses[:, columns])
         costs = np.concatenate([np.ones(c + n), codes.costs[columns]])
         return float(cover_lp(problem.types.counts, cover, costs) @ costs)
 

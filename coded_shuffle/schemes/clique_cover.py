@@ -147,8 +147,15 @@ def fractional_cover_points(state: CacheState, new_assignment: np.ndarray) -> fl
 
 def _lp(counts: np.ndarray, member: csr_matrix) -> np.ndarray | None:
     """The fractional clique cover's amounts (cliques, then single sub-points), or ``None``."""
-    n = counts.size
-    return cover_lp(counts, hstack([member.T, identity(n)]).tocsc(), np.ones(member.shape[0] + n))
+    cover = cover_columns(member, counts.size)
+    return cover_lp(counts, cover, np.ones(cover.shape[1]))
+
+
+def cover_columns(member: csr_matrix, num_types: int, *more: csc_matrix) -> csc_matrix:
+    """``(types, codes)``: the cliques' columns, one column per type (a single sub-point), then
+    ``more`` codes' columns (each a code's sub-points of every type per use); one symbol per
+    use of a clique or a single sub-point."""
+    return hstack([member.T, identity(num_types), *more]).tocsc()
 
 
 def cover_lp(counts: np.ndarray, cover: csc_matrix, costs: np.ndarray) -> np.ndarray | None:

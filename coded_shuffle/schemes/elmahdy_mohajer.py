@@ -41,7 +41,7 @@ from math import comb
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csc_matrix, csr_matrix, hstack, identity
+from scipy.sparse import csc_matrix, csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from ..assignment import points_by_pair, shuffle_matrix
@@ -53,6 +53,7 @@ from .base import batch_plan_fields
 from .clique_cover import (
     CoverProblem,
     DemandTypes,
+    cover_columns,
     cover_lp_with_prices,
     cover_problem,
     cover_rows,
@@ -635,10 +636,9 @@ def priced_permutations(problem: CoverProblem, codes: PermutationCodes) -> np.nd
     over all codes. Ties go to the first permutation in lexicographic order."""
     types = problem.types
     n, c = types.demander.size, problem.member.shape[0]
-    base = hstack([problem.member.T, identity(n)]).tocsc()
     chosen = np.zeros(0, dtype=np.int64)
     while True:
-        cover = hstack([base, codes.uses[:, chosen]]).tocsc()
+        cover = cover_columns(problem.member, n, codes.uses[:, chosen])
         costs = np.concatenate([np.ones(c + n), codes.costs[chosen]])
         solved = cover_lp_with_prices(types.counts, cover, costs)
         if solved is None:
@@ -660,7 +660,7 @@ def integer_uses(problem: CoverProblem, codes: PermutationCodes, used: np.ndarra
     rounds them after); zeros if HiGHS finds no integer point."""
     types = problem.types
     n, c = types.demander.size, problem.member.shape[0]
-    cover = hstack([problem.member.T, identity(n), codes.uses[:, used]]).tocsr()
+    cover = cover_columns(problem.member, n, codes.uses[:, used])
     costs = np.concatenate([np.ones(c + n), codes.costs[used]])
     integer = np.concatenate([np.zeros(c + n), np.ones(used.size)])
     res = milp(
