@@ -17,8 +17,16 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.records import RecordLayout
 from tests.ranks import run_ranks
 
-DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
-          torch.float16, torch.int8]  # fmt: skip
+# every dtype a record can hold: two of the same size (float16, bfloat16) must not be confused
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+          torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.float16,
+          torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn,
+          torch.float8_e5m2]  # fmt: skip
+
+
+def raw_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes (numpy has no bfloat16 or float8: read them as uint8)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def random_tensor(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype):
@@ -65,7 +73,23 @@ def test_records_round_trip_byte_identical(n, fields, columns, seed):
     assert rows.dtype == torch.uint8 and rows.shape == (n, layout.record_bytes)
     for got, want in zip(layout.unpack(rows), cols, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        assert got.numpy().tobytes() == want.numpy().tobytes()
+        assert raw_bytes(got) == raw_bytes(want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("columns", [True, False])
+def test_every_dtype_round_trips_through_its_layout(dtype, columns):
+    """Each dtype alone and beside a float16 field of the same width (a layout that decoded
+    ``bfloat16`` as ``float16`` gives the same bytes but the wrong dtype: caught here)."""
+    gen = torch.Generator().manual_seed(7)
+    cols = [random_tensor(gen, (5, 3), dtype), random_tensor(gen, (5,), torch.float16)]
+    ds = TensorDataset(*cols) if columns else Items(cols)
+    layout = RecordLayout.from_json(RecordLayout.of(ds).to_json())
+    assert [f.dtype for f in layout.fields] == [str(dtype).removeprefix("torch."), "float16"]
+    got = layout.unpack(layout.pack(ds, 5))
+    for g, want in zip(got, cols, strict=True):
+        assert g.dtype == want.dtype and g.shape == want.shape
+        assert raw_bytes(g) == raw_bytes(want)
 
 
 def test_the_jobs_records_are_features_then_the_int32_label():

@@ -3,6 +3,7 @@ against its cost model (transports.md), computed here independently of the code 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import deque
 from datetime import timedelta
@@ -302,6 +303,36 @@ def test_tcp_transports_deliver_exactly_and_count_their_model(name):
         assert egress == [sum(b for s, _, b in streams if s == r) for r in range(WORLD)]
         assert ingress == [sum(b for _, d, b in streams if d == r) for r in range(WORLD)]
     assert sum(egress) == sum(ingress)  # every byte sent was received once
+
+
+BIG_ROWS, BIG_WIDTH, BIG_CHUNK = 6, 384 * 1024, 384 * 1024  # messages of 384 KiB
+
+
+def _relay_big(rank: int, world: int) -> bytes | None:
+    """A chain of ``world - 1`` workers, one message received ahead (``window=1``), messages
+    far larger than a socket buffer: a relay that forwarded a message before it had fully
+    arrived would pass on a partly filled buffer, and the next worker's digest check fails."""
+    transport = build_transport("chain", Peer(rank, world, timedelta(seconds=30)), {"window": 1})
+    try:
+        link = Link(transport, BIG_CHUNK)
+        gen = torch.Generator().manual_seed(11)
+        rows = torch.randint(0, 256, (BIG_ROWS, BIG_WIDTH), generator=gen).to(torch.uint8)
+        everything = np.arange(BIG_ROWS)
+        out = link.deliver(epoch=2, part=0, kind=KIND_SYMBOLS, num_rows=BIG_ROWS,
+                           row_bytes=BIG_WIDTH, routes=Routes((everything,) * (world - 1)),
+                           rows=rows if rank == 0 else None)  # fmt: skip
+        return None if out is None else hashlib.sha256(out.numpy().tobytes()).digest()
+    finally:
+        transport.close()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_chain_relay_forwards_only_whole_messages():
+    gen = torch.Generator().manual_seed(11)
+    rows = torch.randint(0, 256, (BIG_ROWS, BIG_WIDTH), generator=gen).to(torch.uint8)
+    want = hashlib.sha256(rows.numpy().tobytes()).digest()
+    assert run_ranks(WORLD, _relay_big) == [None, want, want, want]
 
 
 @pytest.mark.distributed
