@@ -1,20 +1,29 @@
 """coded-shuffle: coded data shuffling for distributed random-reshuffling SGD.
 
 ``from coded_shuffle import CodedShuffle`` gives the training-loop API
-(:class:`coded_shuffle.shuffle.CodedShuffle`). It is loaded on first use, so that the math
-(``coded_shuffle.schemes``, ``.plan``, ``.bounds`` ...) imports without torch.
+(:class:`coded_shuffle.distributed.shuffle.CodedShuffle`). It is loaded on first use, so that
+the math layer (:mod:`coded_shuffle.math`) imports without torch.
+
+The layers, one folder each: ``math`` (assignments, plans, schemes, bounds, the index
+decoder; no torch), ``codec`` (records, the byte codec, its kernel, stores), ``distributed``
+(``CodedShuffle``, epochs, deliveries, transports, liveness), ``tools`` (the command, the
+emulated cluster); ``elastic`` (coded elastic computing) beside them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from coded_shuffle import _moved
+
+_moved.install()  # the paths of the modules before the layers still import
+
 __all__ = ["CodedShuffle"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "CodedShuffle":
-        from .shuffle import CodedShuffle  # torch: only when the API is asked for
+        from coded_shuffle.distributed.shuffle import CodedShuffle  # torch: only when asked for
 
         return CodedShuffle
     raise AttributeError(f"module 'coded_shuffle' has no attribute {name!r}")

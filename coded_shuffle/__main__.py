@@ -1,5 +1,5 @@
 """``python -m coded_shuffle`` runs the ``coded-shuffle`` command."""
 
-from .cli import main
+from coded_shuffle.tools.cli import main
 
 raise SystemExit(main())

@@ -8,12 +8,17 @@ the workers: every epoch they get their new batch as a data set, wrap it in a ``
 and train one model together, averaging gradients over ``workers_group``. The scheme changes
 the bytes on the network, never the batches: coded and uncoded runs end with the same
 parameters (the last line prints their SHA-256).
+
+``CodedShuffle`` watches every rank (heartbeats through the job's store): a rank that dies, is
+stopped or loses its link ends every rank within ``--timeout`` seconds, with one line naming
+it and its address (in the delivery, and in the training inside ``cs.watched()``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -38,13 +43,19 @@ def main() -> None:
     parser.add_argument("--transport", default="chain")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--points", type=int, default=4000)
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds (the watchdog)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, features, classes = dist.get_rank(), 16, 4
     dataset = make_dataset(args.points, features, classes) if rank == 0 else None
     cs = CodedShuffle(
-        dataset, scheme=args.scheme, seed=0, transport=args.transport, epochs=args.epochs
+        dataset,
+        scheme=args.scheme,
+        seed=0,
+        transport=args.transport,
+        epochs=args.epochs,
+        timeout=timedelta(seconds=args.timeout),
     )
 
     torch.manual_seed(0)  # the same initial model on every rank
@@ -66,13 +77,14 @@ def main() -> None:
         loader = DataLoader(
             local, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(epoch)
         )
-        for x, y in loader:
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            for p in model.parameters():  # synchronous SGD: average the workers' gradients
-                dist.all_reduce(p.grad, group=cs.workers_group)
-                p.grad /= workers
-            opt.step()
+        with cs.watched():  # a lost peer: one line naming it on every rank, not a traceback
+            for x, y in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                for p in model.parameters():  # synchronous SGD: average the workers' gradients
+                    dist.all_reduce(p.grad, group=cs.workers_group)
+                    p.grad /= workers
+                opt.step()
 
     if rank == 1:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -13,7 +13,7 @@ Prints one table. For every (K, N) it draws one random reshuffle and, per scheme
   seed 001 Theorem 2 (``*``: exact bound, else local search).
 
 Before each ``N``'s rows, one line measures the cause of the gap to raw XOR: the codec's
-kernel (:mod:`coded_shuffle.kernel`) computing ``N / 2`` rows ``a[i] ^ a[j]`` from the
+kernel (:mod:`coded_shuffle.codec.kernel`) computing ``N / 2`` rows ``a[i] ^ a[j]`` from the
 ``N x B`` data, with both rows read as runs (``run``), both gathered at ascending random rows
 (``sorted``), one ascending and one random (``half``), both random (``random``), each over
 raw XOR.
@@ -36,12 +36,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from coded_shuffle import kernel
-from coded_shuffle.assignment import random_assignment, shuffle_matrix
-from coded_shuffle.bounds import ordering_bound
-from coded_shuffle.delivery import Delivery, WorkerStore
+from coded_shuffle.codec import kernel
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UsageError
-from coded_shuffle.schemes import get_scheme
+from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
+from coded_shuffle.math.bounds import ordering_bound
+from coded_shuffle.math.schemes import get_scheme
 
 GB = 1e9
 

@@ -29,11 +29,11 @@ import sys
 
 import numpy as np
 
-from coded_shuffle.assignment import random_assignment, shuffle_matrix
-from coded_shuffle.evaluate import Evaluation, run
-from coded_shuffle.schemes.attia_tandon_excess import at_load_for, at_storage, needed_points
-from coded_shuffle.schemes.clique_cover import fractional_cover_points
-from coded_shuffle.schemes.elmahdy_mohajer import heuristic_split, split_load, split_rows
+from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
+from coded_shuffle.math.schemes.attia_tandon_excess import at_load_for, at_storage, needed_points
+from coded_shuffle.math.schemes.clique_cover import fractional_cover_points
+from coded_shuffle.math.schemes.elmahdy_mohajer import heuristic_split, split_load, split_rows
+from coded_shuffle.tools.evaluate import Evaluation, run
 
 TARGET_CASES = ((4, 2), (6, 2), (8, 2), (6, 3), (8, 3))
 AT_CASES = ((4, 1), (5, 1), (5, 2), (6, 1), (6, 2), (8, 1), (8, 2))

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
-from coded_shuffle.assignment import batch_size
-from coded_shuffle.bounds import worst_case_optimum
 from coded_shuffle.errors import UsageError
-from coded_shuffle.evaluate import Evaluation, run
-from coded_shuffle.rate_memory import (
+from coded_shuffle.math.assignment import batch_size
+from coded_shuffle.math.bounds import worst_case_optimum
+from coded_shuffle.math.rate_memory import (
     at_corners,
     at_worst_case,
     em_worst_case,
     gap_to_optimum,
     uncoded_excess,
 )
+from coded_shuffle.tools.evaluate import Evaluation, run
 
 
 @dataclass

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset, TensorDataset
 
+from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.errors import UsageError
-from coded_shuffle.records import RecordLayout
 from tests.ranks import run_ranks
 
 # every dtype a record can hold: two of the same size (float16, bfloat16) must not be confused

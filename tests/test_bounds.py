@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from coded_shuffle import bounds
-from coded_shuffle.assignment import random_assignment, shuffle_matrix, worst_shuffle
 from coded_shuffle.errors import UsageError
+from coded_shuffle.math import bounds
+from coded_shuffle.math.assignment import random_assignment, shuffle_matrix, worst_shuffle
 
 
 def random_shuffle(k: int, q: int, seed: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from coded_shuffle.cli import main
+from coded_shuffle.tools.cli import main
 
 KEYS = {
     "scheme": str,

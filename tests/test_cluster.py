@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from coded_shuffle import cli
-from coded_shuffle.cluster import netns, run
+from coded_shuffle.tools import cli
+from coded_shuffle.tools.cluster import netns, run
 from tests.ranks import is_root
 
 ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
@@ -101,6 +101,7 @@ def test_an_epoch_fault_fires_once_the_job_recorded_that_epoch(tmp_path):
 
 
 @ROOT_ONLY
+@pytest.mark.slow
 def test_a_bad_training_config_stops_before_any_host_exists(tmp_path):
     before = our_namespaces()
     out = run_cluster(["--hosts", "3", "--rate", "1gbit", "--", "dist.transport=p2p"], tmp_path)
@@ -211,6 +212,7 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
 
 
 @ROOT_ONLY
+@pytest.mark.slow
 def test_an_interrupted_cluster_leaves_nothing(tmp_path):
     before = our_namespaces()
     proc = subprocess.Popen(

@@ -8,8 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle import codec, kernel
-from coded_shuffle.assignment import (
+from coded_shuffle.codec import kernel
+from coded_shuffle.codec import programs as codec
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.errors import UndecodableError, UsageError
+from coded_shuffle.math.assignment import (
     batches,
     leftover_matrix,
     random_assignment,
@@ -17,11 +20,9 @@ from coded_shuffle.assignment import (
     validate_assignment,
     worst_shuffle,
 )
-from coded_shuffle.decoder import decode_plan
-from coded_shuffle.delivery import Delivery, WorkerStore
-from coded_shuffle.errors import UndecodableError, UsageError
-from coded_shuffle.plan import DeliveryPlan, SharedPlan, byte_parts, ranges, symbol_blocks
-from coded_shuffle.schemes import get_scheme
+from coded_shuffle.math.index_decoder import decode_plan
+from coded_shuffle.math.plan import DeliveryPlan, SharedPlan, byte_parts, ranges, symbol_blocks
+from coded_shuffle.math.schemes import get_scheme
 
 
 def random_bytes(n: int, b: int, seed: int = 0) -> torch.Tensor:

@@ -14,16 +14,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle import codec
-from coded_shuffle.codec import digest
-from coded_shuffle.decoder import decode_plan
-from coded_shuffle.delivery import Delivery, WorkerStore
-from coded_shuffle.epochs import EpochChain
+from coded_shuffle.codec import programs as codec
+from coded_shuffle.codec.programs import digest
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.epochs import EpochChain
+from coded_shuffle.distributed.reports import batch_digests, verify_digests
 from coded_shuffle.errors import VerificationError
-from coded_shuffle.plan import DeliveryPlan, symbol_blocks
-from coded_shuffle.schemes import get_scheme
-from coded_shuffle.shuffle import batch_digests, verify_digests
-from coded_shuffle.state import part_states
+from coded_shuffle.math.index_decoder import decode_plan
+from coded_shuffle.math.plan import DeliveryPlan, symbol_blocks
+from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.math.state import part_states
 
 CASES = [
     ("uncoded", 1.0),

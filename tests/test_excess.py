@@ -13,13 +13,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle import rate_memory
-from coded_shuffle.assignment import batch_size, random_assignment, shuffle_matrix, worst_shuffle
-from coded_shuffle.decoder import decode_plan
-from coded_shuffle.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UndecodableError, UsageError
-from coded_shuffle.plan import DeliveryPlan, SharedPlan, plan_load
-from coded_shuffle.rate_memory import (
+from coded_shuffle.math import rate_memory
+from coded_shuffle.math.assignment import (
+    batch_size,
+    random_assignment,
+    shuffle_matrix,
+    worst_shuffle,
+)
+from coded_shuffle.math.index_decoder import decode_plan
+from coded_shuffle.math.plan import DeliveryPlan, SharedPlan, plan_load
+from coded_shuffle.math.rate_memory import (
     _exact,
     _local_search,
     _types,
@@ -30,10 +35,10 @@ from coded_shuffle.rate_memory import (
     envelope,
     placement_lower_bound,
 )
-from coded_shuffle.schemes import get_scheme
-from coded_shuffle.schemes.attia_tandon_excess import needed_points
-from coded_shuffle.schemes.base import batch_plan_fields
-from coded_shuffle.schemes.clique_cover import (
+from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.math.schemes.attia_tandon_excess import needed_points
+from coded_shuffle.math.schemes.base import batch_plan_fields
+from coded_shuffle.math.schemes.clique_cover import (
     clique_cover_blocks,
     cover_columns,
     cover_lp,
@@ -41,7 +46,7 @@ from coded_shuffle.schemes.clique_cover import (
     cover_rows,
     fractional_cover_points,
 )
-from coded_shuffle.schemes.elmahdy_mohajer import (
+from coded_shuffle.math.schemes.elmahdy_mohajer import (
     EMLabels,
     SubProblems,
     cycle_decomposition,
@@ -59,8 +64,8 @@ from coded_shuffle.schemes.elmahdy_mohajer import (
     split_rows,
     sub_message_rows,
 )
-from coded_shuffle.schemes.memory_sharing import check_subpacketization, grouped_blocks
-from coded_shuffle.state import part_states, stored_bytes
+from coded_shuffle.math.schemes.memory_sharing import check_subpacketization, grouped_blocks
+from coded_shuffle.math.state import part_states, stored_bytes
 
 
 @dataclass
@@ -554,8 +559,8 @@ def test_the_old_owners_groups_lower_the_issues_attia_tandon_example(monkeypatch
     against placement bounds 5.2, 4, 4.8, 4.8; groups of ``p + 2`` with the points' old
     processors give 6, 5, 5.6, 5.4, and the clique cover 5.6, 4.2, 4.8, 4.8 (two epochs at the
     bound), verified byte for byte."""
-    from coded_shuffle.evaluate import Evaluation, run
-    from coded_shuffle.schemes import attia_tandon_excess
+    from coded_shuffle.math.schemes import attia_tandon_excess
+    from coded_shuffle.tools.evaluate import Evaluation, run
 
     ev = Evaluation("attia-tandon-excess", 5, 20, 1.8, epochs=4, seed=0, point_bytes=80)
     reports = list(run(ev))
@@ -651,14 +656,20 @@ def test_a_permutation_code_with_zero_points_still_decodes():
 
 @pytest.mark.parametrize(
     ("k", "t", "limit"),
-    [(4, 2, 1.049), (6, 2, 1.0424), (8, 2, 1.050), (6, 3, 1.0 + 1e-9), (8, 3, 1.0337)],
+    [
+        (4, 2, 1.049),
+        (6, 2, 1.0424),
+        (8, 2, 1.050),
+        (6, 3, 1.0 + 1e-9),
+        pytest.param(8, 3, 1.0337, marks=pytest.mark.slow),
+    ],
 )  # issue 10: halve the gaps
 def test_the_clique_cover_closes_the_q10_gap(k, t, limit):
     """``q = 10``, 5 epochs of random shuffles, 840-byte points (``scripts/excess_split.py``,
     table 2): mean load / placement bound 1.008 at ``K = 4, t = 2`` (1.098 before), 1.016 at
     ``K = 6, t = 2`` (1.085), 1.045 at ``K = 8, t = 2`` (1.100), the bound itself at
     ``K = 6, t = 3`` (1.044) and 1.007 at ``K = 8, t = 3`` (1.067)."""
-    from coded_shuffle.evaluate import Evaluation, run
+    from coded_shuffle.tools.evaluate import Evaluation, run
 
     reports = list(run(Evaluation("elmahdy-mohajer", k, 10 * k, float(t), 5, 0, 840)))
     assert all(r.verified for r in reports)

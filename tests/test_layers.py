@@ -11,16 +11,23 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "coded_shuffle"
 MATH = [
-    "assignment",
-    "plan",
-    "state",
-    "schemes",
-    "bounds",
-    "bounds_api",
-    "rate_memory",
-    "decoder",
+    *sorted(
+        "math." + ".".join(p.relative_to(PACKAGE / "math").with_suffix("").parts)
+        for p in (PACKAGE / "math").rglob("*.py")
+        if p.name != "__init__.py"
+    ),
+    "math",
+    "math.schemes",
     "errors",
 ]
+# what each layer may import from the library (besides itself and coded_shuffle.errors)
+LAYERS = {
+    "math": set(),
+    "codec": {"math"},
+    "distributed": {"math", "codec"},
+    "elastic": {"math", "codec"},
+    "tools": {"math", "codec", "distributed", "elastic"},
+}
 
 
 def test_the_math_imports_and_plans_without_torch():
@@ -39,11 +46,11 @@ def test_the_math_imports_and_plans_without_torch():
         import numpy as np
         for m in {MATH!r}:
             __import__("coded_shuffle." + m)
-        from coded_shuffle.assignment import random_assignment
-        from coded_shuffle.bounds_api import lower_bound
-        from coded_shuffle.decoder import decode_plan
-        from coded_shuffle.plan import plan_load
-        from coded_shuffle.schemes import REGISTRY, get_scheme
+        from coded_shuffle.math.assignment import random_assignment
+        from coded_shuffle.math.transition_bounds import lower_bound
+        from coded_shuffle.math.index_decoder import decode_plan
+        from coded_shuffle.math.plan import plan_load
+        from coded_shuffle.math.schemes import REGISTRY, get_scheme
 
         rng = np.random.default_rng(0)
         for name in REGISTRY:
@@ -68,21 +75,105 @@ def test_the_math_imports_and_plans_without_torch():
     assert out.stdout.strip() == "planned 6"
 
 
-def _function_imports(path: Path) -> list[tuple[int, str]]:
-    """Relative imports (within the package) made inside a function of ``path``."""
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def library_imports(path: Path, in_functions: bool = False) -> list[tuple[int, str]]:
+    """The library modules ``path`` imports (``from coded_shuffle.x import y`` counts as
+    ``coded_shuffle.x.y`` when that is a module), at the top or inside functions."""
+    tree = ast.parse(path.read_text())
+    nodes = (
+        [n for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+         for n in ast.walk(f)]
+        if in_functions
+        else tree.body
+    )  # fmt: skip
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.ImportFrom) and inner.level > 0:
-                    found.append((inner.lineno, "." * inner.level + (inner.module or "")))
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            found.append((node.lineno, "." * node.level + (node.module or "")))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coded_shuffle"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (PACKAGE.parent / Path(*sub.split("."))).with_suffix(".py").exists()
+                found.append((node.lineno, sub if is_module else node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("coded_")]
     return found
+
+
+def library_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def test_no_import_inside_a_function_of_the_math():
     """Each such import hid a cycle; the math modules import at the top only."""
-    paths = [PACKAGE / f"{m}.py" for m in MATH if (PACKAGE / f"{m}.py").exists()]
-    paths += sorted((PACKAGE / "schemes").glob("*.py"))
-    assert len(paths) >= 14
-    hidden = {str(p.relative_to(PACKAGE)): _function_imports(p) for p in paths}
+    paths = sorted((PACKAGE / "math").rglob("*.py"))
+    assert len(paths) >= 16
+    hidden = {str(p.relative_to(PACKAGE)): library_imports(p, True) for p in paths}
     assert not {k: v for k, v in hidden.items() if v}
+
+
+def test_the_library_uses_absolute_imports_of_the_new_paths_only():
+    """No relative import, and no path from before the layers (those are aliases for users)."""
+    from coded_shuffle import _moved
+
+    for path in library_modules():
+        for line, name in library_imports(path) + library_imports(path, True):
+            assert not name.startswith("."), f"{path}:{line}: relative import {name}"
+            assert _moved.new_name(name) is None, f"{path}:{line}: old path {name}"
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    for path in library_modules():
+        name = module_name(path)
+        layer = name.split(".")[1] if name.count(".") else ""
+        if layer not in LAYERS:
+            continue
+        allowed = LAYERS[layer] | {layer, "errors"}
+        for line, imported in library_imports(path) + library_imports(path, True):
+            other = imported.split(".")[1] if imported.count(".") else ""
+            assert other in allowed, f"{name}:{line} ({layer}) imports {imported}"
+
+
+def test_no_import_circles():
+    """The graph of imports between library modules (at the top or inside a function) has no
+    cycle (a package's ``__init__`` importing its own modules is not one)."""
+    graph = {
+        module_name(p): {m for _, m in library_imports(p) + library_imports(p, True)}
+        for p in library_modules()
+    }
+    for name, deps in graph.items():
+        deps.discard(name)
+        graph[name] = {d for d in deps if d in graph and not name.startswith(d + ".")}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*path, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+
+
+def test_the_paths_before_the_layers_still_import_the_same_modules():
+    import coded_shuffle.transports.chain as old_chain
+    from coded_shuffle.schemes import get_scheme
+
+    import coded_shuffle.distributed.transports.chain as chain
+    import coded_shuffle.math.schemes as schemes
+
+    assert old_chain is chain and get_scheme is schemes.get_scheme
+    from coded_shuffle.codec import digest
+    from coded_shuffle.codec.programs import digest as programs_digest
+
+    assert digest is programs_digest

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from coded_shuffle.distributed.liveness import Heartbeat as Record
+from coded_shuffle.distributed.liveness import Liveness
 from tests.test_train import JOB, _metrics, _run
-from train.liveness import Liveness, Record
 
 
 def watchdog(world: int = 3, deadline: float = 5.0) -> Liveness:
@@ -35,6 +36,20 @@ def test_a_rank_whose_heartbeat_stops_is_lost_after_the_deadline():
     verdict = live.verdict(6.5)
     assert verdict.startswith("rank 2 (worker 1) on 10.0.0.3 at 'epoch 1 delivered' lost: ")
     assert "no heartbeat for 6 s" in verdict
+
+
+def test_without_the_store_only_a_heartbeat_that_stopped_before_is_lost():
+    """The store went away at t = 6 (with the master, say): rank 2, silent since t = 1, is
+    lost; rank 1, silent only since the store went, is not blamed (nor is anyone hung)."""
+    live = watchdog()
+    for r in range(3):
+        see(live, r, 1.0, 1, (2, "epoch 1 delivered"), 5)
+    see(live, 0, 6.0, 2, (2, "epoch 1 delivered"), 5)
+    see(live, 1, 6.0, 2, (2, "epoch 1 delivered"), 5)
+    assert live.verdict(6.5, before=4.0).startswith("rank 2 (worker 1) on 10.0.0.3")
+    see(live, 2, 6.0, 2, (2, "epoch 1 delivered"), 5)  # had rank 2 beaten until t = 6 too
+    assert live.verdict(60.0, before=4.0) == ""  # every silence began with the store's
+    assert "lost" in live.verdict(60.0)  # (with the store, a minute of silence is a loss)
 
 
 def test_a_rank_that_never_starts_is_lost_after_the_deadline():

@@ -8,29 +8,29 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle import codec
-from coded_shuffle.assignment import (
+from coded_shuffle.codec import programs as codec
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.errors import UsageError
+from coded_shuffle.math.assignment import (
     leftover_matrix,
     points_by_pair,
     random_assignment,
     shuffle_matrix,
     worst_shuffle,
 )
-from coded_shuffle.bounds import ordering_bound, worst_case_optimum
-from coded_shuffle.delivery import Delivery, WorkerStore
-from coded_shuffle.errors import UsageError
-from coded_shuffle.plan import XorBlock
-from coded_shuffle.schemes import REGISTRY, get_scheme
-from coded_shuffle.schemes.attia_tandon import ignored_worker, theorem1_load
-from coded_shuffle.schemes.best import PROBE_SEED, Best, probe_reshuffle
-from coded_shuffle.schemes.cycle_plan import (
+from coded_shuffle.math.bounds import ordering_bound, worst_case_optimum
+from coded_shuffle.math.plan import XorBlock
+from coded_shuffle.math.schemes import REGISTRY, get_scheme
+from coded_shuffle.math.schemes.attia_tandon import ignored_worker, theorem1_load
+from coded_shuffle.math.schemes.best import PROBE_SEED, Best, probe_reshuffle
+from coded_shuffle.math.schemes.cycle_plan import (
     Cycle,
     cycle_arcs,
     cycle_symbols,
     greedy_cycles,
     pair_cycles,
 )
-from coded_shuffle.schemes.uncoded import Uncoded
+from coded_shuffle.math.schemes.uncoded import Uncoded
 
 PAPER_S = np.array([[2, 1, 2], [2, 1, 2], [1, 3, 1]])
 NO_EXCESS = ("attia-tandon", "cycles")

@@ -175,7 +175,7 @@ def _sweep_choices(words: list[str]) -> list[list[str]]:
 
 def test_evaluate_examples_verify(workdir, monkeypatch, capsys):
     """The evaluate examples through the command's entry point (in this process)."""
-    from coded_shuffle import cli
+    from coded_shuffle.tools import cli
 
     examples = [c for c in commands(README) if c.startswith("coded-shuffle evaluate")]
     setup = [c for c in commands(README) if "np.save" in c]
@@ -250,8 +250,8 @@ def test_overlap_benchmark_runs_as_written(workdir):
 
 def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
     """The README's cluster commands, checked without building hosts (``--dry-run``)."""
-    from coded_shuffle import cli
-    from coded_shuffle.cluster import command as cluster_command
+    from coded_shuffle.tools import cli
+    from coded_shuffle.tools.cluster import command as cluster_command
     from train.entry import check_main
 
     # the job's config check in this process (the command runs ``python -m train --check``)

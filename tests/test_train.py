@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from coded_shuffle.assignment import batches
-from coded_shuffle.delivery import Delivery
-from coded_shuffle.epochs import EpochChain, placement_points, store_from_points
+from coded_shuffle.distributed.delivery import Delivery
+from coded_shuffle.distributed.epochs import EpochChain, placement_points, store_from_points
 from coded_shuffle.errors import UsageError
-from coded_shuffle.schemes import get_scheme
+from coded_shuffle.math.assignment import batches
+from coded_shuffle.math.schemes import get_scheme
 from train import checkpoint, data, shuffle_sgd
 from train.entry import CONF_DIR
 from train.metrics import EPOCH_KEYS

@@ -14,13 +14,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coded_shuffle.distributed.transports import (
+    REGISTRY,
+    Link,
+    Peer,
+    Routes,
+    Transport,
+    build_transport,
+)
+from coded_shuffle.distributed.transports.chain import chain_order
+from coded_shuffle.distributed.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
+from coded_shuffle.distributed.transports.multicast import default_datagram_bytes, wire_bytes
+from coded_shuffle.distributed.transports.rates import format_rate, parse_rate
+from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError, VerificationError
-from coded_shuffle.rates import format_rate, parse_rate
-from coded_shuffle.transports import REGISTRY, Link, Peer, Routes, Transport, build_transport
-from coded_shuffle.transports.chain import chain_order
-from coded_shuffle.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
-from coded_shuffle.transports.multicast import default_datagram_bytes, wire_bytes
-from coded_shuffle.transports.tree import children
 from tests.ranks import is_root, private_netns, run_ranks
 
 PEER = Peer(0, 2, timedelta(seconds=5))

@@ -2,7 +2,7 @@
 
 The job hands the training split to :class:`~coded_shuffle.CodedShuffle` as float32 features
 and an int32 label per point: a record of ``4 * features + 4`` bytes
-(:mod:`coded_shuffle.records`). ``N`` is trimmed to a multiple of the number of workers (the
+(:mod:`coded_shuffle.codec.records`). ``N`` is trimmed to a multiple of the number of workers (the
 run logs the drop).
 
 Sources: ``digits`` (scikit-learn's bundled 8x8 digits, no download), ``synthetic`` (Gaussian

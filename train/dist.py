@@ -21,9 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout  # no public setter (torch 2.13)
 
+from coded_shuffle.distributed.liveness import Heartbeat, Liveness, rank_label
 from coded_shuffle.errors import UsageError
-
-from .liveness import Liveness, Record, rank_label
 
 log = logging.getLogger("train")
 
@@ -74,8 +73,9 @@ def setup(
     The rendezvous and the groups' connections are bounded by ``dist.timeout_seconds``
     (a rank that never arrives fails the job, even before any watchdog runs); collectives,
     once every rank is connected, by ``collective_timeout`` (default the same). A job with a
-    :mod:`~train.liveness` watchdog passes a long one, so that collectives wait for long
-    work while the watchdog bounds how long a lost peer goes unnoticed.
+    watchdog (:mod:`~coded_shuffle.distributed.liveness`) passes a long one, so that
+    collectives wait for long work while the watchdog bounds how long a lost peer goes
+    unnoticed.
     """
     global _CONTEXT
     if _CONTEXT is not None:
@@ -138,36 +138,33 @@ def teardown() -> None:
     _CONTEXT = None
 
 
-def is_peer_loss(exc: BaseException) -> bool:
-    """True for errors that a collective raises when another rank died or stalled."""
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc)
-    return any(s in text for s in ("Connection closed by peer", "Timed out", "Connection reset"))
-
-
 _LIVENESS: Liveness | None = None
 
 
 def start_liveness(
-    cfg: Any, on_progress: Callable[[dict[int, Record], float], None] | None = None
+    cfg: Any, on_progress: Callable[[dict[int, Heartbeat], float], None] | None = None
 ) -> Liveness:
-    """Heartbeats and the watchdog of :mod:`train.liveness` for this rank (after :func:`setup`)."""
+    """The library's heartbeats and watchdog (:mod:`coded_shuffle.distributed.liveness`) for
+    this rank, watching progress too (after :func:`setup`); the job hands it to
+    ``CodedShuffle(liveness=...)``."""
     global _LIVENESS
     ctx = context()
-    deadline = ctx.timeout.total_seconds()
-    interval = float(cfg.dist.get("heartbeat_seconds", 1.0))
     _LIVENESS = Liveness(
         ctx.rank,
         ctx.world_size,
-        deadline,
-        min(interval, deadline / 4),
+        ctx.timeout.total_seconds(),
+        float(cfg.dist.get("heartbeat_seconds", 1.0)),
         (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
         f"{store_prefix()}/live",
         on_progress,
         float(cfg.dist.get("progress_seconds", 10.0)),
+        watch_progress=True,
     )
-    _LIVENESS.start()
+    return _LIVENESS.start()
+
+
+def liveness() -> Liveness | None:
+    """The watchdog :func:`start_liveness` started in this process."""
     return _LIVENESS
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from coded_shuffle.blockstore import BlockStore
+from coded_shuffle.codec.blockstore import BlockStore
 from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.problem import Problem, make_problem
 from coded_shuffle.elastic.protocol import HEADER_INTS, Message, Op, WorkerLost, WorkerNode

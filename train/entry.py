@@ -32,12 +32,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from coded_shuffle.distributed.liveness import first_line, is_peer_loss
 from coded_shuffle.errors import UsageError
 
 from .dist import (
     PEER_LOSS_GRACE_SECONDS,
     deterministic,
-    is_peer_loss,
     setup,
     stalled_ranks,
     teardown,
@@ -47,7 +47,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("train")
 
 
-class PeerLost(RuntimeError):
+class CollectiveFailed(RuntimeError):
     """A collective failed because another rank died or stalled."""
 
 
@@ -130,9 +130,8 @@ def run_rank(cfg: DictConfig, run_dir: str) -> None:
         if not is_peer_loss(exc):
             raise
         time.sleep(PEER_LOSS_GRACE_SECONDS)  # let the rank that failed first be reported
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        first = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)  # gloo's source location
-        raise PeerLost(f"{first}; {stalled_ranks() or 'no rank is behind'}") from exc
+        reason = stalled_ranks() or "no rank is behind"
+        raise CollectiveFailed(f"{first_line(exc)}; {reason}") from exc
     teardown()
 
 

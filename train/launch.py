@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from coded_shuffle.errors import UsageError
-from coded_shuffle.schemes import REGISTRY
+from coded_shuffle.math.schemes import REGISTRY
 
 from .config import SchemeConf, register_schemas
 from .dist import rank_label
@@ -120,7 +120,7 @@ def start_forkserver() -> None:
 
     jobs = [f"train.{name}" for name in available_jobs()]
     multiprocessing.set_forkserver_preload(
-        ["__main__", "torch._inductor.config", "coded_shuffle._jit", "train.entry", *jobs]
+        ["__main__", "torch._inductor.config", "coded_shuffle.codec.compiled", "train.entry", *jobs]
     )
     multiprocessing.forkserver.ensure_running()
 

@@ -27,14 +27,14 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from coded_shuffle import CodedShuffle
+from coded_shuffle.codec.records import LocalBatch
+from coded_shuffle.distributed.liveness import Heartbeat
+from coded_shuffle.distributed.shuffle import check_transport
 from coded_shuffle.errors import UsageError, VerificationError
-from coded_shuffle.records import LocalBatch
-from coded_shuffle.schemes import get_scheme
-from coded_shuffle.shuffle import check_transport
+from coded_shuffle.math.schemes import get_scheme
 
 from . import checkpoint, data, models
-from .dist import RankContext, context, die_if_asked, mark, start_liveness, tick
-from .liveness import Record
+from .dist import RankContext, context, die_if_asked, liveness, mark, start_liveness, tick
 from .metrics import MetricsWriter, human_bytes
 
 log = logging.getLogger("train")
@@ -62,11 +62,7 @@ def max_restarts(cfg: Any) -> int:
     return int(cfg.dist.max_restarts)
 
 
-def link_progress(done: int, total: int) -> None:
-    tick(f"{human_bytes(done)} of {human_bytes(total)} moved")
-
-
-def progress_line(records: dict[int, Record], seconds: float) -> None:
+def progress_line(records: dict[int, Heartbeat], seconds: float) -> None:
     """The master's console during a long stage: what it does, or what the workers do."""
     me = records.get(0)
     if me is None:
@@ -158,8 +154,7 @@ class _Rank:
             transport_options=transport_options(self.cfg),
             chunk_bytes=int(self.cfg.dist.chunk_bytes),
             epochs=self.epochs,
-            timeout=self.ctx.collective_timeout or self.ctx.timeout,
-            on_progress=link_progress,
+            liveness=liveness(),  # ticked by every message it moves
             store_dir=self.ctx.run_dir / "stores" if self.checkpointing else None,
         )
 
@@ -212,7 +207,7 @@ class Master(_Rank):
         )  # float32 features and an int32 label: records of 4 d + 4 bytes
         self.cs = self.coded_shuffle(train)
         self.cs.before_send = self.corrupt_if_asked
-        self.n, self.b = self.cs.setup.num_points, self.cs.setup.layout.record_bytes
+        self.n, self.b = self.cs.settings.num_points, self.cs.settings.layout.record_bytes
         self.model = self.build_model(ds.features, ds.classes)
         self.x_test, self.y_test = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
         del ds, train  # the coded shuffle holds the training split as records
@@ -356,7 +351,7 @@ class Worker(_Rank):
     def run(self) -> None:
         features, classes, _, done = self.meta()
         self.cs = self.coded_shuffle(None)
-        self.k, self.q = self.ctx.worker, self.cs.setup.num_points // self.workers
+        self.k, self.q = self.ctx.worker, self.cs.settings.num_points // self.workers
         self.model = self.build_model(features, classes)
         o = self.cfg.optim
         self.opt = torch.optim.SGD(

@@ -5,12 +5,17 @@ the master's loop behind a transport interface. The torch.distributed job is
 ``train/elastic_gd.py``.
 """
 
-from .cyclic import CyclicUsage, GroupCode
-from .encoding import block_rows, encode, split_blocks
-from .generator import Generator, systematic_generator, with_fresh_row, worst_condition
-from .membership import Event, Membership, parse_events, rebalance
-from .problem import Problem, make_problem
-from .runner import METHODS, ElasticMaster, Settings, make_settings, simulate
+from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode
+from coded_shuffle.elastic.encoding import block_rows, encode, split_blocks
+from coded_shuffle.elastic.generator import (
+    Generator,
+    systematic_generator,
+    with_fresh_row,
+    worst_condition,
+)
+from coded_shuffle.elastic.membership import Event, Membership, parse_events, rebalance
+from coded_shuffle.elastic.problem import Problem, make_problem
+from coded_shuffle.elastic.runner import METHODS, ElasticMaster, Settings, make_settings, simulate
 
 __all__ = [
     "METHODS",

@@ -17,8 +17,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import UsageError
-from ..plan import ranges
+from coded_shuffle.errors import UsageError
+from coded_shuffle.math.plan import ranges
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import UsageError
+from coded_shuffle.errors import UsageError
 
 KINDS = ("gaussian", "cauchy", "vandermonde")
 EXHAUSTIVE_SUBSETS = 100_000  # above this many L-subsets the condition check samples

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from coded_shuffle.errors import UsageError
 
 EVENT_KEYS = {"step", "leave", "join"}
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .cyclic import CyclicUsage, GroupCode, worker_backward, worker_forward
-from .encoding import encode, split_blocks
-from .generator import Generator
-from .membership import Event, Membership
-from .problem import Problem
+from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode, worker_backward, worker_forward
+from coded_shuffle.elastic.encoding import encode, split_blocks
+from coded_shuffle.elastic.generator import Generator
+from coded_shuffle.elastic.membership import Event, Membership
+from coded_shuffle.elastic.problem import Problem
 
 
 def peer_code(membership: Membership, generator_rows: np.ndarray, block_rows: int) -> GroupCode:

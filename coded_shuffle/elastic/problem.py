@@ -13,7 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import UsageError
+from coded_shuffle.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
-from .cyclic import CyclicUsage, GroupCode
-from .generator import systematic_generator, with_fresh_row
-from .membership import Event, Membership, initial_holdings, rebalance
-from .products import (
+from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode
+from coded_shuffle.elastic.generator import systematic_generator, with_fresh_row
+from coded_shuffle.elastic.membership import Event, Membership, initial_holdings, rebalance
+from coded_shuffle.elastic.products import (
     COLUMN_CODED,
     ROW_CODED,
     coded_blocks,
@@ -38,8 +37,9 @@ from .products import (
     recover,
     right_factors,
 )
-from .protocol import Message, Op, Transport
-from .runner import ListSink, Rounds, Settings, Sink
+from coded_shuffle.elastic.protocol import Message, Op, Transport
+from coded_shuffle.elastic.runner import ListSink, Rounds, Settings, Sink
+from coded_shuffle.errors import UsageError
 
 PRODUCT_METHODS = ("coded", "uncoded", "nonadaptive")
 CODED, UNCODED = 0, 1  # store slots
@@ -343,7 +343,7 @@ def simulate_products(
     problem: ProductProblem, settings: Settings, root: str | os.PathLike[str]
 ) -> list[dict[str, Any]]:
     """Single-process run with simulated workers (stores under ``root``); the records."""
-    from .protocol import LocalTransport
+    from coded_shuffle.elastic.protocol import LocalTransport
 
     sink = ListSink()
     run_products(problem, settings, LocalTransport(root), sink)

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .cyclic import GroupCode
-from .encoding import encode, split_blocks
+from coded_shuffle.elastic.cyclic import GroupCode
+from coded_shuffle.elastic.encoding import encode, split_blocks
 
 ROW_CODED, COLUMN_CODED = "row", "column"
 

@@ -18,9 +18,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..blockstore import BlockStore, digest
-from .cyclic import worker_backward, worker_forward
-from .products import COLUMN_CODED, ROW_CODED, worker_product
+from coded_shuffle.codec.blockstore import BlockStore, digest
+from coded_shuffle.elastic.cyclic import worker_backward, worker_forward
+from coded_shuffle.elastic.products import COLUMN_CODED, ROW_CODED, worker_product
 
 HEADER_INTS = 3
 SLOTS = ("coded", "uncoded")  # uncoded rows are stored as [row id, x..., y]

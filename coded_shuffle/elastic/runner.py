@@ -25,12 +25,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..blockstore import digest
-from ..errors import UsageError
-from .cyclic import CyclicUsage, GroupCode
-from .encoding import block_rows, encode, split_blocks
-from .generator import KINDS, Generator, systematic_generator, with_fresh_row
-from .membership import (
+from coded_shuffle.codec.blockstore import digest
+from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode
+from coded_shuffle.elastic.encoding import block_rows, encode, split_blocks
+from coded_shuffle.elastic.generator import KINDS, Generator, systematic_generator, with_fresh_row
+from coded_shuffle.elastic.membership import (
     Event,
     Membership,
     check_schedule,
@@ -38,8 +37,9 @@ from .membership import (
     parse_events,
     rebalance,
 )
-from .problem import Problem
-from .protocol import Message, Op, Transport, WorkerLost, digest_ints
+from coded_shuffle.elastic.problem import Problem
+from coded_shuffle.elastic.protocol import Message, Op, Transport, WorkerLost, digest_ints
+from coded_shuffle.errors import UsageError
 
 METHODS = ("coded", "nofailure", "ignore", "repartition", "distr_bgd")
 CODED, UNCODED = 0, 1  # store slots
@@ -722,7 +722,7 @@ def simulate(
     checkpoint: Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
     """Single-process run with simulated workers (stores under ``root``); returns the records."""
-    from .protocol import LocalTransport
+    from coded_shuffle.elastic.protocol import LocalTransport
 
     master = ElasticMaster(problem, settings, LocalTransport(root), ListSink(), checkpoint)
     master.run()

@@ -1,0 +1,183 @@
+"""One epoch transition end to end: plan, prove, encode, decode, update the worker's store.
+
+A :class:`Delivery` holds one :class:`DeliveryPlan` per *byte part* of a point. Plain schemes
+use one part; memory sharing (design section 4.3) splits every point's bytes into parts and
+runs one plan on each. The load of a delivery is the byte-weighted sum of its parts' loads.
+Every delivery is proved decodable by the generic index decoder before any byte is sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from coded_shuffle.codec import programs as codec
+from coded_shuffle.distributed.transports.framing import framed_parts_bytes
+from coded_shuffle.math.index_decoder import WorkerProgram, decode_plan, decode_worker
+from coded_shuffle.math.plan import DeliveryPlan, Plan, byte_parts, subpoint_bytes
+
+
+def _plans_and_parts(
+    plan: Plan, point_bytes: int
+) -> tuple[tuple[DeliveryPlan, ...], tuple[int, ...]]:
+    return plan.plans, byte_parts(point_bytes, plan.fractions)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A planned and proved delivery: one plan and one program per worker for every part."""
+
+    plans: tuple[DeliveryPlan, ...]
+    parts: tuple[int, ...]  # bytes of every point that each plan carries
+    programs: tuple[tuple[WorkerProgram, ...], ...]
+
+    @classmethod
+    def prepare(cls, plan: Plan, point_bytes: int) -> Delivery:
+        """Proves every part decodable at every worker (raises UndecodableError if not)."""
+        plans, parts = _plans_and_parts(plan, point_bytes)
+        return cls(plans, parts, tuple(tuple(decode_plan(p)) for p in plans))
+
+    @classmethod
+    def prepare_worker(cls, plan: Plan, point_bytes: int, worker: int) -> Delivery:
+        """One worker's view: only its own program is derived; the others' entries are None."""
+        plans, parts = _plans_and_parts(plan, point_bytes)
+        programs = tuple(
+            tuple(decode_worker(p, worker) if k == worker else None for k in range(p.num_workers))
+            for p in plans
+        )
+        for part in programs:
+            _ = part[worker].ops  # compiled now (ahead of the delivery), not at the first byte
+        return cls(plans, parts, programs)  # type: ignore[arg-type]
+
+    @property
+    def point_bytes(self) -> int:
+        return sum(self.parts)
+
+    @property
+    def num_workers(self) -> int:
+        return self.plans[0].num_workers
+
+    @property
+    def load_points(self) -> float:
+        """Information-theoretic load in points: byte-weighted over the parts."""
+        return sum(p.load_points * b for p, b in zip(self.plans, self.parts, strict=True)) / max(
+            self.point_bytes, 1
+        )
+
+    @property
+    def uncoded_points(self) -> float:
+        total = sum(p.uncoded_points * b for p, b in zip(self.plans, self.parts, strict=True))
+        return total / max(self.point_bytes, 1)
+
+    def breakdown(self) -> dict[str, float]:
+        """Symbols per part of the scheme, in point units."""
+        out: dict[str, float] = {}
+        for plan, b in zip(self.plans, self.parts, strict=True):
+            for key, count in plan.breakdown.items():
+                out[key] = out.get(key, 0.0) + count / plan.splits * b / max(self.point_bytes, 1)
+        return out
+
+    def symbol_bytes(self) -> list[int]:
+        """Bytes of one symbol of every part (sub-point size, padding included)."""
+        return [subpoint_bytes(b, p.splits) for p, b in zip(self.plans, self.parts, strict=True)]
+
+    def payload_bytes(self) -> int:
+        """Bytes of coded symbols on the link, sub-point padding included."""
+        sizes = self.symbol_bytes()
+        return sum(p.num_symbols * s for p, s in zip(self.plans, sizes, strict=True))
+
+    def link_bytes(self, chunk_bytes: int) -> int:
+        """Bytes on the shared link: every part's symbols as framed messages (one stream each)."""
+        rows = [p.num_symbols for p in self.plans]
+        return framed_parts_bytes(rows, self.symbol_bytes(), chunk_bytes)
+
+    def uncoded_link_bytes(self, chunk_bytes: int) -> int:
+        """The same for the uncoded delivery of the same transition (every needed sub-point)."""
+        rows = [round(p.uncoded_points * p.splits) for p in self.plans]
+        return framed_parts_bytes(rows, self.symbol_bytes(), chunk_bytes)
+
+    def column_slices(self) -> list[slice]:
+        edges = np.concatenate([[0], np.cumsum(self.parts)]).astype(int)
+        return [slice(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+    def encode(self, data: torch.Tensor) -> list[torch.Tensor]:
+        """Symbols of every part, each ``(num_symbols, sub_bytes)``."""
+        return [
+            codec.encode(p, data[:, cols])
+            for p, cols in zip(self.plans, self.column_slices(), strict=True)
+        ]
+
+    def encoders(self, data: torch.Tensor) -> list[codec.Encoder]:
+        """Streaming encoders of every part (symbols encoded run by run as they are sent)."""
+        return [
+            codec.Encoder(p, data[:, cols])
+            for p, cols in zip(self.plans, self.column_slices(), strict=True)
+        ]
+
+    def decode(
+        self, worker: int, symbols: list[torch.Tensor], store: WorkerStore
+    ) -> tuple[torch.Tensor, list[codec.Workspace]]:
+        """The worker's new batch ``(q, B)`` and its decode workspaces (one per part).
+
+        ``symbols[part]``: the whole broadcast of the part, or only the worker's kept symbols.
+        The batch may share memory with the workspaces; :meth:`WorkerStore.updated` copies.
+        """
+        workspaces = [
+            codec.decode_workspace(self.programs[part][worker], symbols[part], store.caches[part])
+            for part in range(len(self.plans))
+        ]
+        return self.batch(worker, workspaces), workspaces
+
+    def decoders(
+        self, worker: int, symbols: list[torch.Tensor], store: WorkerStore
+    ) -> list[codec.StreamDecoder]:
+        """Streaming decoders of every part: ``symbols[part]`` is the buffer the worker's kept
+        symbols arrive in; each decoder runs what it can as rows arrive."""
+        return [
+            codec.StreamDecoder(self.programs[part][worker], symbols[part], store.caches[part])
+            for part in range(len(self.plans))
+        ]
+
+    def batch(self, worker: int, workspaces: list[codec.Workspace]) -> torch.Tensor:
+        """The worker's new batch ``(q, B)`` from its decoded workspaces (one per part)."""
+        pieces = [
+            codec.batch_from_workspace(work, self.programs[part][worker], self.parts[part])
+            for part, work in enumerate(workspaces)
+        ]
+        if len(pieces) == 1:
+            return pieces[0].contiguous()
+        return torch.cat(pieces, dim=1)
+
+
+@dataclass
+class WorkerStore:
+    """The bytes one worker stores: per part, its cached sub-points in plan order."""
+
+    caches: list[torch.Tensor]
+
+    @classmethod
+    def from_master(cls, data: torch.Tensor, delivery: Delivery, worker: int) -> WorkerStore:
+        """A worker's store cut from the master's data (initial placement, tests, CLI)."""
+        caches = []
+        for plan, cols in zip(delivery.plans, delivery.column_slices(), strict=True):
+            caches.append(codec.cache_bytes(data[:, cols], plan, worker))
+        return cls(caches)
+
+    def updated(
+        self,
+        delivery: Delivery,
+        worker: int,
+        workspaces: list[codec.Workspace],
+        next_caches: list[np.ndarray],
+    ) -> WorkerStore:
+        """The store after the delivery: ``next_caches[part]`` sub-points, from cache or decode."""
+        del delivery, worker  # the workspaces carry the worker's programs
+        return WorkerStore(
+            [work.rows(ids) for work, ids in zip(workspaces, next_caches, strict=True)]
+        )
+
+    def stored_bytes(self) -> int:
+        return int(sum(c.numel() for c in self.caches))

@@ -1,0 +1,126 @@
+"""What master and workers derive from the shared seed: every epoch's assignment and plan.
+
+No index metadata crosses the link: every rank draws epoch ``e``'s assignment from
+``(seed, e)``, runs the same deterministic scheme on the same state, and so knows every plan.
+Only bytes (symbols, placement points, digests) and one header per message are sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from coded_shuffle.codec import programs as codec
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.transports import Routes
+from coded_shuffle.math.assignment import random_assignment
+from coded_shuffle.math.plan import DeliveryPlan, Plan, direct_routes
+from coded_shuffle.math.schemes import Scheme
+from coded_shuffle.math.state import CacheState, part_states
+
+
+def assignment(seed: int, epoch: int, num_points: int, num_workers: int) -> np.ndarray:
+    """Epoch ``epoch``'s uniformly random balanced assignment (random reshuffling)."""
+    rng = np.random.default_rng([seed, 0, epoch])
+    return random_assignment(num_points, num_workers, rng)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Epoch ``epoch``'s delivery: ``state`` (placement before) to ``new_assignment``."""
+
+    epoch: int
+    state: CacheState
+    new_assignment: np.ndarray
+    plan: Plan
+    next_state: CacheState
+    plan_seconds: float
+
+    @property
+    def plans(self) -> tuple[DeliveryPlan, ...]:
+        return self.plan.plans
+
+
+class EpochChain:
+    """Epoch 1's placement, then one :class:`Transition` per later epoch, from the seed."""
+
+    def __init__(
+        self, scheme: Scheme, num_points: int, num_workers: int, storage: float, seed: int
+    ) -> None:
+        self.scheme, self.num_points, self.num_workers = scheme, num_points, num_workers
+        self.seed = seed
+        self.first = assignment(seed, 1, num_points, num_workers)
+        self.initial = scheme.initial_state(self.first, num_workers, storage)
+
+    def transitions(self, epochs: int) -> Iterator[Transition]:
+        """Transitions of epochs ``2..epochs`` (lazily; each plan from the previous state)."""
+        state = self.initial
+        for epoch in range(2, epochs + 1):
+            new = assignment(self.seed, epoch, self.num_points, self.num_workers)
+            t0 = time.perf_counter()
+            plan = self.scheme.plan(state, new)
+            next_state = self.scheme.next_state(state, plan, new)
+            yield Transition(epoch, state, new, plan, next_state, time.perf_counter() - t0)
+            state = next_state
+
+
+def placement_points(scheme: Scheme, state: CacheState, worker: int) -> np.ndarray:
+    """Points the placement gives ``worker`` (sorted): its batch and every point of which it
+    caches a sub-point. The master sends them in epoch 1; the worker keeps exactly these."""
+    batch = np.flatnonzero(state.assignment == worker)
+    parts = part_states(state)[0]
+    caches = scheme.part_caches(state, worker)
+    held = [c // p.splits for c, p in zip(caches, parts, strict=True)]
+    return np.union1d(batch, np.concatenate(held)) if held else batch
+
+
+def symbol_routes(routing: str, plan: DeliveryPlan, known: dict[int, np.ndarray]) -> Routes:
+    """Routes of one part's symbols: ``known`` holds the needs this rank knows (by worker).
+
+    Under ``peers`` routing every rank derives every worker's needs and the holder that sends
+    each row (:func:`~coded_shuffle.math.plan.direct_routes`); otherwise only the master sends.
+    """
+    if routing == "peers":
+        needs, holders = direct_routes(plan)
+        return Routes(needs, tuple(h + 1 for h in holders))
+    return Routes(tuple(known.get(k) for k in range(plan.num_workers)))
+
+
+def outgoing_rows(
+    routes: Routes, plan: DeliveryPlan, worker: int, cache: torch.Tensor
+) -> tuple[np.ndarray, torch.Tensor]:
+    """The symbol rows ``worker`` sends under ``peers`` routing, cut from its own cache.
+
+    Returns ``(row ids, rows)``: every row whose sender is this worker, in id order.
+    """
+    assert routes.senders is not None
+    mine = [n[s == worker + 1] for n, s in zip(routes.needs, routes.senders, strict=True)]
+    ids = np.unique(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.int64)
+    subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])[ids]
+    local = np.searchsorted(plan.caches[worker], subs)
+    return ids, cache.index_select(0, torch.from_numpy(local))
+
+
+def store_from_points(
+    delivery: Delivery, worker: int, points: np.ndarray, rows: torch.Tensor
+) -> WorkerStore:
+    """The worker's store before ``delivery``, cut from whole points it received at placement.
+
+    ``rows[i]`` holds the bytes of point ``points[i]`` (sorted); only the sub-points that the
+    placement gives ``worker`` are kept.
+    """
+    caches = []
+    for plan, cols in zip(delivery.plans, delivery.column_slices(), strict=True):
+        ids = plan.caches[worker]
+        local = np.searchsorted(points, ids // plan.splits)
+        if ids.size and (local.max() >= points.size or np.any(points[local] != ids // plan.splits)):
+            raise ValueError(f"worker {worker}: placement lacks points of its cache")
+        subs = codec.split_points(rows[:, cols].contiguous(), plan.splits)
+        caches.append(
+            subs.index_select(0, torch.from_numpy(local * plan.splits + ids % plan.splits))
+        )
+    return WorkerStore(caches)

@@ -1,0 +1,247 @@
+"""The master's side of an epoch (rank 0): the placement, then per epoch the proved delivery,
+its encoded symbols sent through the link, and the workers' batch digests checked."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from coded_shuffle.codec.programs import Encoder
+from coded_shuffle.distributed.context import EpochContext
+from coded_shuffle.distributed.delivery import Delivery
+from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
+from coded_shuffle.distributed.reports import (
+    REPORT,
+    batch_digests,
+    gather_reports,
+    host_metrics,
+    verify_digests,
+)
+from coded_shuffle.distributed.transports import Routes
+from coded_shuffle.distributed.transports.framing import (
+    HEADER_BYTES,
+    KIND_PLACEMENT,
+    KIND_SYMBOLS,
+    framed_bytes,
+)
+from coded_shuffle.math.assignment import batches
+from coded_shuffle.math.schemes.base import Scheme
+from coded_shuffle.math.state import CacheState
+from coded_shuffle.math.transition_bounds import lower_bound
+
+
+@dataclass
+class ReadyEpoch:
+    """An epoch the master made ready before its first byte (while the workers trained)."""
+
+    tr: Transition
+    delivery: Delivery
+    symbols: list[torch.Tensor] | list[Encoder]  # encoders: encoded as they are sent
+    expected: list[bytes]  # SHA-256 of every worker's new batch
+    bound: tuple[float, bool]
+    plan_seconds: float
+    encode_seconds: float
+
+
+class MasterSide:
+    """Rank 0's epochs: holds the records, prepares each epoch ahead, delivers and verifies."""
+
+    def __init__(self, ctx: EpochContext, records: torch.Tensor, stream: bool) -> None:
+        self.ctx, self.records, self.stream = ctx, records, stream
+        self.ready: ReadyEpoch | None = None
+        self.before_send: Any = None  # (epoch, symbols) hook: fault injection in tests
+
+    @property
+    def scheme(self) -> Scheme:
+        return self.ctx.scheme
+
+    def epoch(self, epoch: int) -> dict[str, Any]:
+        """Delivers ``epoch`` and returns its metrics; then prepares the next one (if known)."""
+        if epoch == 1:
+            row = self.placement()
+        else:
+            ready = self.ready or self.prepare(next(self.ctx.transitions), stream=self.stream)
+            self.ready = None
+            row = self.deliver(ready)
+        if self.ctx.epochs is not None and epoch < self.ctx.epochs:
+            self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train
+        return row
+
+    def placement(self) -> dict[str, Any]:
+        """Epoch 1: every point sent uncoded; each worker gets (or keeps) what it stores."""
+        ctx = self.ctx
+        n, b, chunk = ctx.settings.num_points, ctx.record_bytes, ctx.link.chunk_bytes
+        needs = tuple(
+            placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)
+        )
+        expected = batch_digests(self.records, batches(ctx.chain.first, ctx.workers))
+        t0 = time.perf_counter()
+        ctx.link.deliver(
+            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=b,
+            routes=Routes(needs), rows=self.records,
+        )  # fmt: skip
+        reports = self.reports()
+        verified = verify_digests(1, [bytes(r) for r in reports["digest"]], expected)
+        link_bytes = framed_bytes(n, b, chunk)
+        return self.epoch_metrics(
+            epoch=1,
+            phase="placement",
+            reports=reports,
+            verified=verified,
+            link_bytes=(link_bytes, n * b),
+            uncoded_bytes=link_bytes,
+            load_points=float(n),
+            uncoded_points=float(n),
+            bound=(float(n), True),
+            seconds={"delivery": time.perf_counter() - t0, "plan": 0.0, "encode": 0.0},
+            stored=self.scheme.stored_points_max(ctx.chain.initial),
+            breakdown={"placement": float(n)},
+        )
+
+    def prepare(self, tr: Transition, stream: bool = False) -> ReadyEpoch:
+        """Everything an epoch's delivery needs before its first byte: the proved delivery,
+        the bound, the encoded symbols and the digests every worker's batch must have.
+
+        ``stream``: the symbols are encoded message by message while earlier ones are on the
+        link (an epoch that was not made ready while the workers trained)."""
+        t0 = time.perf_counter()
+        delivery = Delivery.prepare(tr.plan, self.ctx.record_bytes)
+        plan_seconds = tr.plan_seconds + time.perf_counter() - t0
+        bound = lower_bound(tr.state, tr.new_assignment)
+        t1 = time.perf_counter()
+        symbols: list[torch.Tensor] | list[Encoder]
+        if stream and self.before_send is None:
+            symbols = delivery.encoders(self.records)
+        else:
+            symbols = delivery.encode(self.records)
+        encode_seconds = time.perf_counter() - t1
+        expected = batch_digests(self.records, tr.plans[0].new_batches)
+        return ReadyEpoch(tr, delivery, symbols, expected, bound, plan_seconds, encode_seconds)
+
+    def deliver(self, ready: ReadyEpoch) -> dict[str, Any]:
+        """A coded epoch: send every part's symbols, compare the workers' batch digests."""
+        tr, delivery, symbols, link = ready.tr, ready.delivery, ready.symbols, self.ctx.link
+        if self.before_send is not None:
+            assert all(isinstance(x, torch.Tensor) for x in symbols)
+            self.before_send(tr.epoch, symbols)
+        sizes = delivery.symbol_bytes()
+        chunk, routing = link.chunk_bytes, link.transport.routing
+        t0 = time.perf_counter()
+        for part, plan in enumerate(delivery.plans):
+            known = {k: delivery.programs[part][k].symbol_ids for k in range(self.ctx.workers)}
+            link.deliver(
+                epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
+                row_bytes=sizes[part], routes=symbol_routes(routing, plan, known),
+                rows=symbols[part],
+            )  # fmt: skip
+        reports = self.reports()
+        verified = verify_digests(tr.epoch, [bytes(r) for r in reports["digest"]], ready.expected)
+        return self.epoch_metrics(
+            epoch=tr.epoch,
+            phase="coded",
+            reports=reports,
+            verified=verified,
+            link_bytes=(delivery.link_bytes(chunk), delivery.payload_bytes()),
+            uncoded_bytes=delivery.uncoded_link_bytes(chunk),
+            load_points=delivery.load_points,
+            uncoded_points=delivery.uncoded_points,
+            bound=ready.bound,
+            seconds={
+                "delivery": time.perf_counter() - t0,
+                "plan": ready.plan_seconds,
+                "encode": ready.encode_seconds
+                + sum(x.seconds for x in symbols if isinstance(x, Encoder)),
+            },
+            stored=self.scheme.stored_points_max(tr.next_state),
+            breakdown=delivery.breakdown(),
+        )
+
+    def reports(self) -> np.ndarray:
+        reports = gather_reports(np.zeros(1, dtype=REPORT), 0, self.ctx.workers)
+        assert reports is not None
+        return reports
+
+    def epoch_metrics(
+        self,
+        *,
+        epoch: int,
+        phase: str,
+        reports: np.ndarray,
+        verified: bool,
+        link_bytes: tuple[int, int],
+        uncoded_bytes: int,
+        load_points: float,
+        uncoded_points: float,
+        bound: tuple[float, bool],
+        seconds: dict[str, float],
+        stored: float,
+        breakdown: dict[str, float],
+    ) -> dict[str, Any]:
+        """The epoch's delivery metrics (README: Metrics)."""
+        ctx = self.ctx
+        counts, link_seconds = ctx.link.take_counts()
+        shared, payload = link_bytes
+        b = ctx.record_bytes
+        return {
+            "epoch": epoch,
+            "phase": phase,
+            "scheme": self.scheme.name,
+            "workers": ctx.workers,
+            "storage": ctx.settings.storage,
+            "storage_used": ctx.storage_used,
+            "points": ctx.settings.num_points,
+            "point_bytes": b,
+            "dropped_points": ctx.settings.dropped,
+            "broadcast_bytes": shared,
+            "payload_bytes": payload,
+            "header_bytes": shared - payload,
+            "messages": (shared - payload) // HEADER_BYTES,
+            "uncoded_bytes": int(uncoded_bytes),
+            "lower_bound_points": bound[0],
+            "lower_bound_exact": bound[1],
+            "lower_bound_bytes": round(bound[0] * b),
+            "load_points": float(load_points),
+            "uncoded_points": float(uncoded_points),
+            "saved_percent": 100.0 * (1 - shared / uncoded_bytes) if uncoded_bytes else 0.0,
+            **host_metrics(ctx.link.transport.name, counts, reports),
+            "transport_settings": ctx.link.transport.settings(),
+            "link_seconds": link_seconds,
+            "delivery_seconds": seconds["delivery"],
+            "plan_seconds": seconds["plan"],
+            "encode_seconds": seconds["encode"],
+            "decode_seconds": float(reports["decode_seconds"].max()),
+            "verified": verified,
+            "stored_points_max": float(stored),
+            "worker_stored_bytes_max": int(reports["stored_bytes"].max()),
+            "breakdown": breakdown,
+        }
+
+    # -- resuming ------------------------------------------------------------------------------
+
+    def advance(self, completed: int) -> CacheState:
+        """The chain moved on to the state after epoch ``completed`` (plans replayed, nothing
+        proved, encoded or sent)."""
+        state = self.ctx.chain.initial
+        for _ in range(completed - 1):
+            state = next(self.ctx.transitions).next_state
+        return state
+
+    def replace(self, completed: int, needs: dict[int, np.ndarray]) -> None:
+        """The points of every broken worker's store (``needs``), uncoded, to that worker."""
+        union = np.unique(np.concatenate(list(needs.values())))
+        empty = np.zeros(0, dtype=np.int64)
+        routes = Routes(
+            tuple(
+                np.searchsorted(union, needs[k]) if k in needs else empty
+                for k in range(self.ctx.workers)
+            )
+        )
+        self.ctx.link.deliver(
+            epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
+            row_bytes=self.ctx.record_bytes, routes=routes,
+            rows=self.records.index_select(0, torch.from_numpy(union)),
+        )  # fmt: skip

@@ -1,0 +1,66 @@
+"""The transport registry: one module per transport, one entry here (``dist.transport=NAME``).
+
+Transports move framed messages between the ranks and count every host's bytes
+(:mod:`~coded_shuffle.distributed.transports.base`);
+:class:`~coded_shuffle.distributed.transports.link.Link` frames, routes and checks on top of
+any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from coded_shuffle.distributed.transports.base import HostBytes, Peer, Routing, Stream, Transport
+from coded_shuffle.distributed.transports.chain import Chain
+from coded_shuffle.distributed.transports.link import Link, Routes
+from coded_shuffle.distributed.transports.multicast import Multicast, MulticastUnavailable
+from coded_shuffle.distributed.transports.p2p import P2P
+from coded_shuffle.distributed.transports.tree import Tree
+from coded_shuffle.distributed.transports.unicast import Unicast
+from coded_shuffle.errors import UsageError
+
+REGISTRY: dict[str, type[Transport]] = {}
+
+
+def register(cls: type[Transport]) -> type[Transport]:
+    """Adds a transport class to the registry; a name can be registered once."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"transport {cls.name!r} is registered already")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+for _cls in (Chain, Multicast, Tree, Unicast, P2P):
+    register(_cls)
+
+
+def transport_class(name: str) -> type[Transport]:
+    """The transport called ``name``; :class:`UsageError` lists the valid names otherwise."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UsageError(
+            f"dist.transport={name!r} unknown; valid: {', '.join(sorted(REGISTRY))}"
+        ) from None
+
+
+def build_transport(name: str, peer: Peer, options: Mapping[str, Any] | None = None) -> Transport:
+    """Creates this rank's end of the transport (collective: every rank calls it)."""
+    return transport_class(name)(peer, **dict(options or {}))
+
+
+__all__ = [
+    "REGISTRY",
+    "HostBytes",
+    "Link",
+    "MulticastUnavailable",
+    "Peer",
+    "Routes",
+    "Routing",
+    "Stream",
+    "Transport",
+    "build_transport",
+    "register",
+    "transport_class",
+]

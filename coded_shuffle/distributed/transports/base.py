@@ -1,0 +1,141 @@
+"""What every transport implements, and what it counts.
+
+A transport moves *streams* of framed messages between the ranks of a torch.distributed job
+(rank 0 is the master, ranks ``1..K`` the workers). Every rank derives the same streams from
+the shared seed, so a receiver knows the size of every message before it arrives. Each
+transport counts what crosses this rank's NIC (its host's egress and ingress, in message bytes:
+framing headers and padding included; TCP, UDP and IP headers are not).
+
+Routing (:attr:`Transport.routing`) says which streams a transport carries:
+
+* ``"broadcast"``: one stream from the master to every worker; every worker hears every
+  message (the papers' shared link), and keeps what its decoder needs.
+* ``"master"``: one stream from the master to each worker with only that worker's rows.
+* ``"peers"``: after the placement, streams between workers: every row comes from a worker
+  that caches it; the master sends nothing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from coded_shuffle.errors import UsageError
+
+Routing = Literal["broadcast", "master", "peers"]
+OnMessage = Callable[[int, int, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Messages from rank ``src`` to ranks ``dsts``, of the given sizes, in order."""
+
+    src: int
+    dsts: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.sizes))
+
+
+@dataclass
+class HostBytes:
+    """Bytes that crossed one host's NIC since the last reset (message bytes)."""
+
+    egress: int = 0
+    ingress: int = 0
+    repairs: int = 0  # of the egress: datagrams sent again because a receiver missed them
+    control: int = 0  # of the egress: the transport's own feedback messages
+
+    def add(self, other: HostBytes) -> None:
+        self.egress += other.egress
+        self.ingress += other.ingress
+        self.repairs += other.repairs
+        self.control += other.control
+
+    def as_list(self) -> list[int]:
+        return [self.egress, self.ingress, self.repairs, self.control]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """This rank's place in the job, as a transport needs it."""
+
+    rank: int
+    world_size: int
+    timeout: timedelta
+    group: Any = None  # the process group over all ranks (None: the default group)
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        return tuple(range(1, self.world_size))
+
+
+class Transport(ABC):
+    """Moves streams of messages; counts this host's bytes (:attr:`counts`)."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    routing: ClassVar[Routing] = "broadcast"
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.counts = HostBytes()
+
+    @classmethod
+    def validate(cls, world_size: int, **options: Any) -> None:
+        """Raises :class:`UsageError` for options this transport cannot use (before any
+        process starts); transports without options accept none."""
+        if options:
+            raise UsageError(f"dist.transport={cls.name} takes no options, got {sorted(options)}")
+
+    def take_counts(self) -> HostBytes:
+        """This host's bytes since the last call; counting starts again from zero."""
+        done, self.counts = self.counts, HostBytes()
+        return done
+
+    @abstractmethod
+    def exchange(
+        self,
+        streams: Sequence[Stream],
+        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        on_message: OnMessage,
+    ) -> None:
+        """Sends this rank's streams and receives the streams addressed to it.
+
+        ``outgoing[i]`` yields the messages of ``streams[i]`` when this rank is its source (it
+        may be lazy: sending starts with the first one). ``on_message(i, j, buf)`` is called
+        for message ``j`` of every stream ``i`` addressed to this rank, in order, as soon as
+        it has arrived (so checks overlap with the transfer). Every rank passes the streams it
+        takes part in, in the same order as the other ranks; under ``broadcast`` routing that
+        is every stream.
+        """
+
+    def check_streams(self, streams: Sequence[Stream]) -> None:
+        """Raises ValueError for a stream this transport cannot carry."""
+        for s in streams:
+            if self.routing == "broadcast" and (s.src != 0 or s.dsts != self.peer.workers):
+                raise ValueError(f"{self.name} carries streams from the master to every worker")
+            if self.routing != "broadcast" and len(s.dsts) != 1:
+                raise ValueError(f"{self.name} carries streams to one worker each")
+            if self.routing == "master" and s.src != 0:
+                raise ValueError(f"{self.name}: only the master sends")
+
+    def settings(self) -> dict[str, Any]:
+        """The effective settings (defaults resolved), recorded beside the metrics."""
+        return {}
+
+    def close(self) -> None:
+        """Releases sockets and threads (idempotent)."""
+        return None
+
+
+def empty_messages(sizes: Sequence[int]) -> list[torch.Tensor]:
+    """Fresh uint8 receive buffers of the given sizes."""
+    return [torch.empty(n, dtype=torch.uint8) for n in sizes]

@@ -1,0 +1,121 @@
+"""``chain``: a pipelined relay broadcast, ``0 -> w_1 -> w_2 -> ... -> w_K``.
+
+The master sends every message once, to the first worker of the chain; every worker forwards
+each message to the next one as soon as it has arrived, while the following messages are
+already on their way (``window`` receives posted ahead, sends in flight at the same time). So
+every link of the chain is busy at once: the time is about ``R / B + (K - 1) * chunk / B``
+(``R`` bytes, NICs of ``B`` bytes/s), and the master's egress is the payload once.
+Point-to-point messages go through gloo's ``isend``/``irecv``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
+from coded_shuffle.errors import UsageError
+
+TAG = 0x6368  # gloo tag of the chain's point-to-point messages
+DEFAULT_WINDOW = 4
+IN_FLIGHT = 2  # sends in flight per message received ahead (memory bound of a relay)
+
+
+def chain_order(order: Sequence[int] | None, world_size: int) -> tuple[int, ...]:
+    """The workers in relay order (default ``1..K``); :class:`UsageError` unless a permutation."""
+    workers = tuple(range(1, world_size))
+    if order is None or len(order) == 0:
+        return workers
+    got = tuple(int(r) for r in order)
+    if sorted(got) != list(workers):
+        raise UsageError(
+            f"dist.chain.order={list(got)} must list every worker rank 1..{world_size - 1} once"
+        )
+    return got
+
+
+class Chain(Transport):
+    """Relay broadcast through the workers in :attr:`order`, pipelined by message."""
+
+    name = "chain"
+    summary = "pipelined relay 0 -> 1 -> ... -> K: the master sends the payload once"
+    routing = "broadcast"
+
+    def __init__(
+        self, peer: Peer, order: Sequence[int] | None = None, window: int = DEFAULT_WINDOW
+    ) -> None:
+        super().__init__(peer)
+        self.validate(peer.world_size, order=order, window=window)
+        self.order = chain_order(order, peer.world_size)
+        self.window = window
+        path = (0, *self.order)
+        at = path.index(peer.rank)
+        self.prev = path[at - 1] if at > 0 else None
+        self.next = path[at + 1] if at + 1 < len(path) else None
+
+    @classmethod
+    def validate(
+        cls, world_size: int, order: Sequence[int] | None = None, window: int = DEFAULT_WINDOW
+    ) -> None:
+        if int(window) < 1:
+            raise UsageError(f"dist.chain.window={window} out of range (must be >= 1)")
+        chain_order(order, world_size)
+
+    def settings(self) -> dict[str, Any]:
+        return {"order": list(self.order), "window": self.window}
+
+    def exchange(
+        self,
+        streams: Sequence[Stream],
+        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        on_message: OnMessage,
+    ) -> None:
+        self.check_streams(streams)
+        for i, stream in enumerate(streams):
+            if self.prev is None:
+                self._send_all(outgoing[i])
+            else:
+                self._relay(stream, lambda j, buf, i=i: on_message(i, j, buf))
+
+    def _send_all(self, messages: Iterable[torch.Tensor]) -> None:
+        if self.next is None:
+            return
+        sends: deque = deque()
+        for m in messages:
+            sends.append((m, dist.isend(m, self.next, group=self.peer.group, tag=TAG)))
+            self.counts.egress += m.numel()
+            _settle(sends, IN_FLIGHT * self.window)
+        _settle(sends, 0)
+
+    def _relay(self, stream: Stream, on_message: Callable[[int, torch.Tensor], None]) -> None:
+        """Receives every message from the previous rank and forwards it to the next one;
+        each message goes to ``on_message`` once forwarded, while later ones arrive. Buffers
+        live only while a message is in flight: memory stays bounded whatever the stream."""
+        sizes, group = stream.sizes, self.peer.group
+        recvs: deque = deque()
+        sends: deque = deque()
+        posted = 0
+        for i in range(len(sizes)):
+            while posted < len(sizes) and posted < i + self.window:
+                buf = torch.empty(sizes[posted], dtype=torch.uint8)
+                recvs.append((buf, dist.irecv(buf, self.prev, group=group, tag=TAG)))
+                posted += 1
+            buf, work = recvs.popleft()
+            work.wait()
+            self.counts.ingress += buf.numel()
+            if self.next is not None:
+                sends.append((buf, dist.isend(buf, self.next, group=group, tag=TAG)))
+                self.counts.egress += buf.numel()
+            on_message(i, buf)
+            _settle(sends, IN_FLIGHT * self.window)
+        _settle(sends, 0)
+
+
+def _settle(sends: deque, keep: int) -> None:
+    """Waits for the oldest sends until at most ``keep`` are in flight (their buffers freed)."""
+    while len(sends) > keep:
+        sends.popleft()[1].wait()

@@ -1,0 +1,190 @@
+"""Message framing: rows cut into messages of bounded size, each ``header + payload``.
+
+The header (:data:`HEADER`, 52 bytes) carries epoch, part, kind, first row, row count, row
+bytes and the SHA-256 of the payload. A receiver derives every field itself (shared seed) and
+:func:`check` compares all seven; any difference fails loudly with
+:class:`~coded_shuffle.errors.VerificationError`. Every transport moves these messages, so
+every byte of every header is counted on every link it crosses.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from coded_shuffle.codec.programs import digest as payload_digest
+from coded_shuffle.errors import UsageError, VerificationError
+
+# epoch u32, part u16, kind u16, first row u32, row count u32, row bytes u32, SHA-256 of payload
+HEADER = struct.Struct("<IHHIII32s")
+HEADER_BYTES = HEADER.size  # 52
+
+KIND_PLACEMENT = 1  # whole points of the first epoch's (uncoded) placement
+KIND_SYMBOLS = 2  # coded symbols of one byte part
+KIND_NAMES = {KIND_PLACEMENT: "placement", KIND_SYMBOLS: "symbols"}
+
+DEFAULT_CHUNK_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class Header:
+    """One message header; :meth:`pack` gives its :data:`HEADER_BYTES` wire bytes."""
+
+    epoch: int
+    part: int
+    kind: int
+    first: int
+    count: int
+    row_bytes: int
+    digest: bytes = b"\0" * 32
+
+    def pack(self) -> bytes:
+        return HEADER.pack(
+            self.epoch, self.part, self.kind, self.first, self.count, self.row_bytes, self.digest
+        )
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> Header:
+        return cls(*HEADER.unpack(raw))
+
+    def describe(self) -> str:
+        kind = KIND_NAMES.get(self.kind, str(self.kind))
+        return (
+            f"epoch {self.epoch} part {self.part} {kind} rows {self.first}.."
+            f"{self.first + self.count} x {self.row_bytes} B"
+        )
+
+
+def rows_per_message(row_bytes: int, chunk_bytes: int) -> int:
+    """Rows in one message: as many as fit in ``chunk_bytes`` of payload (at least one)."""
+    if chunk_bytes < 1:
+        raise UsageError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    return max(1, chunk_bytes // max(row_bytes, 1))
+
+
+def message_ranges(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of every message that carries ``num_rows`` rows (none if zero)."""
+    step = rows_per_message(row_bytes, chunk_bytes)
+    return [(a, min(step, num_rows - a)) for a in range(0, num_rows, step)]
+
+
+def message_sizes(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[int]:
+    """Wire bytes of every message of a stream of ``num_rows`` rows: header plus payload."""
+    ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
+    return [HEADER_BYTES + count * row_bytes for _, count in ranges]
+
+
+def framed_bytes(num_rows: int, row_bytes: int, chunk_bytes: int) -> int:
+    """Bytes of ``num_rows`` rows as messages: payload plus one header per message."""
+    return sum(message_sizes(num_rows, row_bytes, chunk_bytes))
+
+
+def framed_parts_bytes(rows: list[int], row_bytes: list[int], chunk_bytes: int) -> int:
+    """:func:`framed_bytes` summed over the parts of a delivery (one message stream each)."""
+    return sum(framed_bytes(n, b, chunk_bytes) for n, b in zip(rows, row_bytes, strict=True))
+
+
+class RowSource(Protocol):
+    """Rows produced on demand (a streaming encoder): ``rows(first, count, out)`` writes rows
+    ``first .. first + count`` into ``out``."""
+
+    shape: tuple[int, int]
+
+    def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+def frame(
+    rows: torch.Tensor | RowSource, epoch: int, part: int, kind: int, chunk_bytes: int
+) -> Iterator[torch.Tensor]:
+    """``(n, w)`` uint8 rows as messages (header + payload), one uint8 tensor each.
+
+    Lazy: a transport can send the first message while the next ones are framed. From a
+    :class:`RowSource`, every message's rows are produced straight into its payload when it
+    is framed (the master encodes while earlier messages are on the link).
+    """
+    n, w = rows.shape
+    for first, count in message_ranges(n, w, chunk_bytes):
+        buf = torch.empty(HEADER_BYTES + count * w, dtype=torch.uint8)
+        payload = buf[HEADER_BYTES:]
+        if isinstance(rows, torch.Tensor):
+            payload.copy_(rows[first : first + count].reshape(-1))
+        else:
+            rows.rows(first, count, out=payload.view(count, w))
+        header = Header(epoch, part, kind, first, count, w, payload_digest(payload))
+        buf[:HEADER_BYTES] = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
+        yield buf
+
+
+def check(message: torch.Tensor, expected: Header) -> torch.Tensor:
+    """The payload of ``message`` after every header field and the digest were checked."""
+    got = Header.unpack(message[:HEADER_BYTES].numpy().tobytes())
+    fields = ("epoch", "part", "kind", "first", "count", "row_bytes")
+    wrong = [f for f in fields if getattr(got, f) != getattr(expected, f)]
+    if wrong:
+        raise VerificationError(
+            f"message header mismatch ({', '.join(wrong)}): expected {expected.describe()}, "
+            f"got {got.describe()} (master and worker derived different plans, or messages "
+            "were reordered)"
+        )
+    payload = message[HEADER_BYTES:]
+    if payload.numel() != expected.count * expected.row_bytes:
+        raise VerificationError(
+            f"message of {payload.numel()} payload bytes, expected "
+            f"{expected.count * expected.row_bytes} in {expected.describe()}"
+        )
+    if payload_digest(payload) != got.digest:
+        raise VerificationError(f"payload digest mismatch in {got.describe()}")
+    return payload
+
+
+class Inbox:
+    """Checks the messages of one stream as they arrive and puts the kept rows in place.
+
+    The stream carries ``num_rows`` rows; ``keep`` are the (sorted) stream rows to keep and
+    ``dest`` their rows in ``out``. :meth:`receive` is called once per message, in order.
+    """
+
+    def __init__(
+        self,
+        header: tuple[int, int, int],
+        num_rows: int,
+        row_bytes: int,
+        chunk_bytes: int,
+        keep: np.ndarray,
+        out: torch.Tensor,
+        dest: np.ndarray,
+        on_ready: Callable[[int], None] | None = None,
+    ) -> None:
+        self.header, self.row_bytes = header, row_bytes
+        self.ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
+        self.keep, self.out, self.dest = keep, out, torch.from_numpy(dest)
+        self.on_ready = on_ready  # told how many leading rows of ``out`` are complete
+        self.received = 0
+
+    def receive(self, index: int, message: torch.Tensor) -> None:
+        if index != self.received or index >= len(self.ranges):
+            raise VerificationError(
+                f"message {index} arrived, expected {self.received} of {len(self.ranges)}"
+            )
+        first, count = self.ranges[index]
+        expected = Header(*self.header, first, count, self.row_bytes)
+        payload = check(message, expected).view(count, self.row_bytes)
+        lo, hi = np.searchsorted(self.keep, [first, first + count])
+        if hi > lo:
+            rows = payload.index_select(0, torch.from_numpy(self.keep[lo:hi] - first))
+            self.out.index_copy_(0, self.dest[lo:hi], rows)
+        self.received += 1
+        if self.on_ready is not None:
+            self.on_ready(int(hi))
+
+    def complete(self) -> None:
+        if self.received != len(self.ranges):
+            raise VerificationError(
+                f"{self.received} of {len(self.ranges)} messages arrived in "
+                f"epoch {self.header[0]} part {self.header[1]}"
+            )

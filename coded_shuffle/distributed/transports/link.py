@@ -1,0 +1,232 @@
+"""The link: rows framed into messages, routed by the transport's rule, checked on receipt.
+
+:class:`Link` sits between the byte layer (symbols, placement rows) and a :class:`Transport`.
+Every rank calls :meth:`Link.deliver` with what it derived from the shared seed (the row count,
+the row size and the :class:`Routes`); the rows themselves come from the rank that sends them.
+Under ``broadcast`` routing every worker hears every message and keeps the rows it needs; under
+``master`` and ``peers`` routing each worker gets one stream per sender with only its own rows.
+Every header field and every payload digest is checked on receipt
+(:func:`~coded_shuffle.distributed.transports.framing.check`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
+from coded_shuffle.distributed.transports.framing import (
+    Inbox,
+    RowSource,
+    frame,
+    message_ranges,
+    message_sizes,
+)
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Which rows each worker needs, and which rank sends each of them.
+
+    ``needs[k]``: sorted row ids that worker ``k`` (rank ``k + 1``) must receive (``None`` where
+    this rank does not know it: a worker under ``broadcast`` routing knows only its own).
+    ``senders[k]``: the sending rank of each of those rows; ``None``: the master sends all.
+    """
+
+    needs: tuple[np.ndarray | None, ...]
+    senders: tuple[np.ndarray, ...] | None = None
+
+    def sender_rows(self, worker: int, sender: int) -> np.ndarray:
+        """Positions in ``needs[worker]`` of the rows that ``sender`` sends to it."""
+        need = self.needs[worker]
+        assert need is not None
+        if self.senders is None:
+            return np.arange(need.size) if sender == 0 else np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.senders[worker] == sender)
+
+    def sources(self, worker: int) -> list[int]:
+        """The ranks that send to ``worker`` (sorted)."""
+        if self.senders is None:
+            return [0]
+        return sorted(int(s) for s in np.unique(self.senders[worker]))
+
+
+class Link:
+    """One rank's end of the link: frames, routes and checks; the transport moves the bytes."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        chunk_bytes: int,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        message_ranges(1, 1, chunk_bytes)  # validates chunk_bytes
+        self.transport = transport
+        self.chunk_bytes = chunk_bytes
+        self.on_progress = on_progress  # (bytes this rank moved, its total) after each message
+        self.seconds = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.transport.peer.rank
+
+    def take_counts(self) -> tuple[HostBytes, float]:
+        """This host's bytes and the seconds spent moving them, since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return self.transport.take_counts(), seconds
+
+    def deliver(
+        self,
+        *,
+        epoch: int,
+        part: int,
+        kind: int,
+        num_rows: int,
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | RowSource | None = None,
+        row_ids: np.ndarray | None = None,
+        out: torch.Tensor | None = None,
+        on_rows: Callable[[int], None] | None = None,
+    ) -> torch.Tensor | None:
+        """Moves one stream of rows; a worker gets its ``needs`` rows back, in order.
+
+        ``rows`` are the rows this rank sends: all ``num_rows`` rows at the master (``row_ids``
+        None; a :class:`RowSource` produces them message by message as they are sent), or the
+        rows ``row_ids`` (sorted) at a worker that sends under ``peers`` routing. A worker's
+        rows land in ``out`` (fresh rows if None); ``on_rows(n)`` is told, as messages arrive,
+        that the first ``n`` of them are complete (when they come from the master alone).
+        """
+        t0 = time.perf_counter()
+        header = (epoch, part, kind)
+        if self.transport.routing == "broadcast":
+            out = self._broadcast(header, num_rows, row_bytes, routes, rows, out, on_rows)
+        else:
+            if rows is not None and not isinstance(rows, torch.Tensor):
+                rows = rows.rows(0, rows.shape[0])  # rows picked per worker: produced at once
+            out = self._routed(header, row_bytes, routes, rows, row_ids, out, on_rows)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def _broadcast(
+        self,
+        header: tuple[int, int, int],
+        num_rows: int,
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | RowSource | None,
+        out: torch.Tensor | None,
+        on_rows: Callable[[int], None] | None,
+    ) -> torch.Tensor | None:
+        workers = self.transport.peer.workers
+        stream = Stream(0, workers, tuple(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
+        meter = _Meter(stream.total, self.on_progress)
+        if self.rank == 0:
+            assert rows is not None and tuple(rows.shape) == (num_rows, row_bytes)
+            outgoing = {0: meter.count(frame(rows, *header, self.chunk_bytes))}
+            self.transport.exchange([stream], outgoing, _refuse)
+            return None
+        keep = routes.needs[self.rank - 1]
+        assert keep is not None
+        out = _buffer(out, keep.size, row_bytes)
+        inbox = Inbox(
+            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size), on_rows
+        )
+
+        def on_message(_: int, i: int, msg: torch.Tensor) -> None:
+            inbox.receive(i, msg)
+            meter.add(msg.numel())
+
+        self.transport.exchange([stream], {}, on_message)
+        inbox.complete()
+        return out
+
+    def _routed(
+        self,
+        header: tuple[int, int, int],
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | None,
+        row_ids: np.ndarray | None,
+        out: torch.Tensor | None,
+        on_rows: Callable[[int], None] | None,
+    ) -> torch.Tensor | None:
+        me = self.rank
+        mine = routes.needs[me - 1] if me > 0 else None
+        out = None if mine is None else _buffer(out, mine.size, row_bytes)
+        if routes.senders is not None:
+            on_rows = None  # rows from several senders: none is complete before the end
+        streams: list[Stream] = []
+        outgoing: dict[int, Iterator[torch.Tensor]] = {}
+        inboxes: dict[int, Inbox] = {}
+        for k, need in enumerate(routes.needs):
+            if need is None:
+                continue
+            for src in routes.sources(k):
+                if src != me and k + 1 != me:
+                    continue
+                pos = routes.sender_rows(k, src)
+                if pos.size == 0:
+                    continue
+                index = len(streams)
+                sizes = tuple(message_sizes(pos.size, row_bytes, self.chunk_bytes))
+                streams.append(Stream(src, (k + 1,), sizes))
+                if src == me:
+                    assert rows is not None
+                    ids = need[pos]
+                    local = ids if row_ids is None else np.searchsorted(row_ids, ids)
+                    picked = rows.index_select(0, torch.from_numpy(local))
+                    outgoing[index] = frame(picked, *header, self.chunk_bytes)
+                else:
+                    assert out is not None
+                    every = np.arange(pos.size, dtype=np.int64)
+                    inboxes[index] = Inbox(
+                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos, on_rows
+                    )
+        meter = _Meter(sum(s.total for s in streams), self.on_progress)
+        outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
+
+        def on_message(s: int, i: int, msg: torch.Tensor) -> None:
+            inboxes[s].receive(i, msg)
+            meter.add(msg.numel())
+
+        self.transport.exchange(streams, outgoing, on_message)
+        for inbox in inboxes.values():
+            inbox.complete()
+        return out
+
+
+class _Meter:
+    """Bytes this rank moved in one delivery, reported after every message (progress lines)."""
+
+    def __init__(self, total: int, report: Callable[[int, int], None] | None) -> None:
+        self.total, self.done, self.report = total, 0, report
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.report is not None:
+            self.report(self.done, self.total)
+
+    def count(self, messages: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+        for m in messages:
+            yield m
+            self.add(m.numel())
+
+
+def _buffer(out: torch.Tensor | None, rows: int, row_bytes: int) -> torch.Tensor:
+    """``out`` checked for shape, or fresh ``(rows, row_bytes)`` uint8 rows."""
+    if out is None:
+        return torch.empty((rows, row_bytes), dtype=torch.uint8)
+    if tuple(out.shape) != (rows, row_bytes) or not out.is_contiguous():
+        raise ValueError(
+            f"receive buffer of shape {tuple(out.shape)}, expected {(rows, row_bytes)}"
+        )
+    return out
+
+
+def _refuse(stream: int, index: int, message: torch.Tensor) -> None:
+    raise RuntimeError(f"the master received message {index} of stream {stream}")

@@ -1,0 +1,433 @@
+"""``multicast``: UDP IP multicast, the papers' shared link made physical.
+
+The master cuts a stream's messages into datagrams and sends each one once to a multicast
+group; the network (a switch or the emulated cluster's bridge) copies it to every worker.
+Datagrams are paced to ``rate`` (bits/s on the wire, a little below the slowest NIC), since
+UDP has no congestion control. After each round the master tells every worker, over the
+process group, that the round is complete; the workers report what they missed (a bitmap per
+worker, gathered at the master) and the master multicasts the union again, round after round,
+until every worker holds every byte. Repairs are counted (:attr:`HostBytes.repairs`), and so
+is this feedback (:attr:`HostBytes.control`, its share of a host's egress). ``drop`` (debug)
+makes every receiver discard that fraction of the datagrams it gets, so the repair path runs.
+
+Datagram: ``session u32, stream u32, seq u32, round u16, flags u16`` (16 bytes) + up to
+``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes``.
+The messages inside keep their own headers and SHA-256 digests, checked as for every transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
+from coded_shuffle.distributed.transports.rates import parse_rate
+from coded_shuffle.distributed.transports.tree import children
+from coded_shuffle.errors import UsageError
+
+DGRAM = struct.Struct("<IIIHH")
+DGRAM_HEADER_BYTES = DGRAM.size  # 16
+CONTROL_TAG = 0x6D63
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+RCVBUF_BYTES = 64 << 20
+IP_UDP_BYTES = 28  # IPv4 + UDP header of a datagram
+FRAGMENT_BYTES = 34  # Ethernet + IPv4 header of every further fragment
+DEFAULT_GROUP = "239.255.77.77"
+DEFAULT_PORT = 29577
+POLL_SECONDS = 0.005
+
+
+class MulticastUnavailable(UsageError):
+    """The host cannot send or receive IP multicast on the configured interface."""
+
+
+def wire_bytes(datagram: int, mtu: int) -> int:
+    """Bytes a datagram of ``datagram`` UDP payload bytes puts on an Ethernet link.
+
+    IPv4 fragments of at most ``mtu`` bytes, each with its own Ethernet and IP header.
+    """
+    ip_payload = datagram + 8
+    per_fragment = (mtu - 20) // 8 * 8
+    fragments = max(1, -(-ip_payload // per_fragment))
+    return ip_payload + fragments * FRAGMENT_BYTES
+
+
+def default_datagram_bytes(mtu: int) -> int:
+    """About four IPv4 fragments per datagram, between 8 KiB and 32 KiB: larger datagrams
+    cost the receivers less CPU, more fragments make a lost one costlier."""
+    return max(8192, min(32768, 4 * (mtu - 20 - 8 - DGRAM_HEADER_BYTES) // 8 * 8))
+
+
+def _interface(name: str | None) -> tuple[int, int]:
+    """``(ifindex, mtu)`` of the interface (0 and 1500 when unnamed: the kernel's choice)."""
+    if not name:
+        return 0, 1500
+    try:
+        index = socket.if_nametoindex(name)
+    except OSError:
+        raise MulticastUnavailable(
+            f"multicast: network interface {name!r} does not exist on this host"
+        ) from None
+    try:
+        mtu = int(Path(f"/sys/class/net/{name}/mtu").read_text())
+    except OSError:
+        mtu = 1500
+    return index, mtu
+
+
+def _mreqn(group: str, ifindex: int) -> bytes:
+    """``struct ip_mreqn``: group, any local address, interface index."""
+    return struct.pack("4s4si", socket.inet_aton(group), socket.inet_aton("0.0.0.0"), ifindex)
+
+
+class _Arrival:
+    """The master's "round sent" message, awaited in a thread so that the caller can poll it.
+
+    (gloo's receive completes only inside ``wait``, which releases the GIL.)
+    """
+
+    def __init__(self, peer: Peer) -> None:
+        self.flag = torch.zeros(1, dtype=torch.int32)
+        self.work = dist.irecv(self.flag, 0, group=peer.group, tag=CONTROL_TAG)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._wait, daemon=True)
+        self.thread.start()
+
+    def _wait(self) -> None:
+        try:
+            self.work.wait()
+        except BaseException as exc:  # re-raised in the caller's thread
+            self.error = exc
+
+    def arrived(self) -> bool:
+        if self.thread.is_alive():
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+class _Pacer:
+    """Spaces datagrams so that their wire bytes leave at ``rate`` bits/s on average."""
+
+    def __init__(self, rate: int, full_wire_bytes: int) -> None:
+        self.interval = full_wire_bytes * 8.0 / rate  # seconds per full datagram
+        self.due = time.perf_counter()
+
+    def wait(self) -> None:
+        now = time.perf_counter()
+        ahead = self.due - now
+        if ahead > 0.002:  # sleep in steps of about a millisecond: bursts stay small
+            time.sleep(ahead - 0.001)
+        elif ahead < -0.002:  # the sender was held up: no catch-up burst after it
+            self.due = now - 0.002
+
+    def sent(self, share: float) -> None:
+        self.due += self.interval * share
+
+
+class Multicast(Transport):
+    """Paced UDP multicast from the master, with repair rounds driven by the workers' reports."""
+
+    name = "multicast"
+    summary = "UDP IP multicast paced to a rate, lost datagrams repaired: the shared link"
+    routing = "broadcast"
+
+    def __init__(
+        self,
+        peer: Peer,
+        rate: int | str | None = None,
+        group: str = DEFAULT_GROUP,
+        port: int = DEFAULT_PORT,
+        datagram_bytes: int | None = None,
+        interface: str | None = None,
+        drop: float = 0.0,
+        grace_seconds: float = 0.02,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(peer)
+        self.validate(
+            peer.world_size,
+            rate=rate,
+            group=group,
+            port=port,
+            datagram_bytes=datagram_bytes,
+            drop=drop,
+            grace_seconds=grace_seconds,
+        )
+        self.rate, self.group, self.port = parse_rate(rate, "dist.multicast.rate"), group, port
+        self.drop, self.grace = drop, grace_seconds
+        self.ifindex, self.mtu = _interface(interface or os.environ.get("GLOO_SOCKET_IFNAME"))
+        self.datagram_bytes = datagram_bytes or default_datagram_bytes(self.mtu)
+        self.rng = np.random.default_rng([seed, peer.rank, 0x6D63])
+        self.sock = self._open()
+        self.session = self._agree_session()
+        self.stream_id = 0
+        self.rounds = 0  # rounds of the last stream (1: no repair needed)
+
+    @classmethod
+    def validate(
+        cls,
+        world_size: int,
+        rate: int | str | None = None,
+        group: str = DEFAULT_GROUP,
+        port: int = DEFAULT_PORT,
+        datagram_bytes: int | None = None,
+        interface: str | None = None,
+        drop: float = 0.0,
+        grace_seconds: float = 0.02,
+        seed: int = 0,
+    ) -> None:
+        del world_size, interface, seed
+        if rate is None:
+            raise UsageError(
+                "dist.multicast.rate is required with dist.transport=multicast: the master "
+                "paces datagrams to it (e.g. 380mbit, a little below the slowest NIC)"
+            )
+        parse_rate(rate, "dist.multicast.rate")
+        try:
+            first = int(socket.inet_aton(str(group))[0])
+        except OSError:
+            first = 0
+        if not 224 <= first <= 239:
+            raise UsageError(f"dist.multicast.group={group!r} is not an IPv4 multicast address")
+        if not 1 <= int(port) <= 65535:
+            raise UsageError(f"dist.multicast.port={port} out of range 1..65535")
+        if datagram_bytes is not None and not 512 <= int(datagram_bytes) <= 65000:
+            raise UsageError(
+                f"dist.multicast.datagram_bytes={datagram_bytes} out of range 512..65000"
+            )
+        if not 0.0 <= float(drop) < 1.0:
+            raise UsageError(f"dist.multicast.drop={drop} out of range [0, 1)")
+        if float(grace_seconds) < 0:
+            raise UsageError(f"dist.multicast.grace_seconds={grace_seconds} must be >= 0")
+
+    # ---------------------------------------------------------------- set-up
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            if self.peer.rank == 0:
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+                sock.setsockopt(
+                    socket.IPPROTO_IP, socket.IP_MULTICAST_IF, _mreqn(self.group, self.ifindex)
+                )
+                sock.connect((self.group, self.port))
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
+                except OSError:  # not privileged: the kernel's cap applies
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+                sock.bind((self.group, self.port))
+                sock.setsockopt(
+                    socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, _mreqn(self.group, self.ifindex)
+                )
+        except OSError as exc:
+            sock.close()
+            where = f"interface index {self.ifindex}" if self.ifindex else "the default route"
+            raise MulticastUnavailable(
+                f"multicast unavailable on rank {self.peer.rank}: group {self.group}:{self.port} "
+                f"via {where}: {exc.strerror or exc}; use dist.transport=chain, or run inside "
+                "`coded-shuffle cluster` (its hosts route 224.0.0.0/4)"
+            ) from None
+        return sock
+
+    def _agree_session(self) -> int:
+        """A random id chosen by the master, so datagrams of other jobs are ignored.
+
+        The collective also makes sure every receiver has joined before anything is sent.
+        """
+        value = torch.tensor([int.from_bytes(os.urandom(4), "little") >> 1], dtype=torch.int64)
+        dist.broadcast(value, src=0, group=self.peer.group)
+        return int(value)
+
+    def settings(self) -> dict[str, Any]:
+        return {"rate_bits": self.rate, "datagram_bytes": self.datagram_bytes, "mtu": self.mtu}
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    # ---------------------------------------------------------------- streams
+
+    def exchange(
+        self,
+        streams: Sequence[Stream],
+        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        on_message: OnMessage,
+    ) -> None:
+        self.check_streams(streams)
+        for i, stream in enumerate(streams):
+            self.stream_id += 1
+            if stream.total == 0:
+                continue
+            if self.peer.rank == 0:
+                self._serve(stream.total, outgoing[i])
+                continue
+            self._receive(stream.sizes, lambda j, msg, i=i: on_message(i, j, msg))
+
+    def _count(self, total: int) -> int:
+        return -(-total // self.datagram_bytes)
+
+    def _serve(self, total: int, messages: Iterable[torch.Tensor]) -> None:
+        """Master: round 0 sends every datagram as soon as its bytes are framed; later rounds
+        what some worker missed, until none misses anything."""
+        n, d = self._count(total), self.datagram_bytes
+        data = np.empty(total, dtype=np.uint8)
+        pacer = _Pacer(self.rate, wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu))
+        filled = ready = 0
+        for m in messages:
+            data[filled : filled + m.numel()] = m.numpy()
+            filled += m.numel()
+            done = n if filled == total else filled // d
+            self.counts.egress += self._send(data, range(ready, done), 0, pacer)
+            ready = done
+        self.rounds = 0
+        while True:
+            self._control_round_done()
+            todo = self._union_of_missing(np.zeros(n, dtype=bool))
+            if todo.size == 0:
+                return
+            self.rounds += 1
+            sent = self._send(data, todo.tolist(), self.rounds, pacer)
+            self.counts.egress += sent
+            self.counts.repairs += sent
+
+    def _send(self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: _Pacer) -> int:
+        """Paced datagrams ``seqs`` of ``data``; returns the bytes handed to the socket."""
+        d, size = self.datagram_bytes, data.size
+        view = memoryview(data)
+        pack, sendmsg = DGRAM.pack, self.sock.sendmsg
+        session, stream = self.session, self.stream_id
+        sent = 0
+        for seq in seqs:
+            pacer.wait()
+            end = min(seq * d + d, size)
+            sent += sendmsg([pack(session, stream, seq, rnd, 0), view[seq * d : end]])
+            pacer.sent((end - seq * d) / d)
+        return sent
+
+    def _control_round_done(self) -> None:
+        """Master -> every worker: the round's datagrams are all sent (4 bytes each)."""
+        flag = torch.ones(1, dtype=torch.int32)
+        group = self.peer.group
+        works = [dist.isend(flag, w, group=group, tag=CONTROL_TAG) for w in self.peer.workers]
+        for w in works:
+            w.wait()
+        self._control(egress=4 * len(works))
+
+    def _control(self, egress: int = 0, ingress: int = 0) -> None:
+        self.counts.egress += egress
+        self.counts.ingress += ingress
+        self.counts.control += egress
+
+    def _union_of_missing(self, missing: np.ndarray) -> np.ndarray:
+        """Gathers every worker's bitmap of missing datagrams; broadcasts their union."""
+        bits = torch.from_numpy(np.packbits(missing))
+        size, world, group = bits.numel(), self.peer.world_size, self.peer.group
+        if self.peer.rank == 0:
+            got = [torch.empty_like(bits) for _ in range(world)]
+            dist.gather(bits, gather_list=got, dst=0, group=group)
+            bits = torch.from_numpy(np.bitwise_or.reduce(torch.stack(got).numpy(), axis=0))
+            self._control(ingress=size * (world - 1))
+        else:
+            dist.gather(bits, dst=0, group=group)
+            self._control(egress=size, ingress=size)  # its bitmap out, the union in
+        dist.broadcast(bits, src=0, group=group)
+        self._control(egress=size * len(children(self.peer.rank, world)))
+        return np.flatnonzero(np.unpackbits(bits.numpy())[: missing.size])
+
+    def _receive(self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None]) -> None:
+        """Worker: every byte of the stream, round after round; each message goes to
+        ``deliver`` as soon as all of its datagrams are in (checks overlap the transfer)."""
+        d = self.datagram_bytes
+        edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        total = int(edges[-1])
+        n = self._count(total)
+        out = np.empty(n * d, dtype=np.uint8)
+        flat = torch.from_numpy(out)
+        have = np.zeros(n, dtype=bool)
+        # message j is complete once the datagrams before ends[j] are
+        ends = -(-edges[1:] // d)
+        state = {"next": 0}
+
+        def complete(prefix: int) -> None:
+            j = state["next"]
+            while j < len(sizes) and ends[j] <= prefix:
+                deliver(j, flat[edges[j] : edges[j + 1]])
+                j += 1
+            state["next"] = j
+
+        rnd = 0
+        while True:
+            self._receive_round(out, have, rnd, complete)
+            todo = self._union_of_missing(~have)
+            if todo.size == 0:
+                complete(n)
+                return
+            rnd += 1
+
+    def _receive_round(
+        self, out: np.ndarray, have: np.ndarray, rnd: int, complete: Callable[[int], None]
+    ) -> None:
+        """Reads datagrams until it has them all, or the master says the round is sent and
+        the socket stays quiet for ``grace`` seconds.
+
+        A datagram is read straight into its slot when it is the one expected next (the common
+        case); otherwise it lands in the first missing slot and is copied to its own.
+        """
+        d, n = self.datagram_bytes, have.size
+        done = _Arrival(self.peer)
+        header = bytearray(DGRAM_HEADER_BYTES)
+        view = memoryview(out)
+        scratch = memoryview(bytearray(d))
+        sock, unpack = self.sock, DGRAM.unpack
+        session, stream_id = self.session, self.stream_id
+        count = int(have.sum())
+        expect = 0
+        draining = False
+        sock.settimeout(POLL_SECONDS)
+        while count < n:
+            if expect < n and have[expect]:
+                while expect < n and have[expect]:
+                    expect += 1
+                complete(expect)
+            slot = view[expect * d : expect * d + d] if expect < n else scratch
+            try:
+                nbytes, *_ = sock.recvmsg_into([header, slot])
+            except TimeoutError:
+                if draining:
+                    break
+                if done.arrived():
+                    draining = True
+                    sock.settimeout(self.grace)
+                continue
+            got_session, stream, seq, _, _ = unpack(header)
+            if got_session != session or stream != stream_id or seq >= n:
+                continue  # another job's, or a late repair of an earlier stream
+            if self.drop and self.rng.random() < self.drop:
+                continue  # debug: this datagram is lost on the way
+            self.counts.ingress += nbytes
+            if have[seq]:
+                continue
+            if seq != expect:
+                length = nbytes - DGRAM_HEADER_BYTES
+                view[seq * d : seq * d + length] = slot[:length]
+            have[seq] = True
+            count += 1
+        while not done.arrived():
+            time.sleep(POLL_SECONDS)
+        self._control(ingress=4)

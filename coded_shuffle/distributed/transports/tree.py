@@ -1,0 +1,55 @@
+"""``tree``: gloo's ``broadcast``, an unpipelined binomial tree (kept for comparison).
+
+gloo (``gloo/broadcast.cc``) broadcasts every message whole along a binomial tree rooted at
+the master: in round ``i`` every rank ``r < 2^i`` that holds the message sends it to
+``r + 2^i``. So the master sends ``ceil(log2 P)`` copies of every message and rank ``r`` sends
+one copy to each of its :func:`children`. gloo moves these bytes itself; the counts here are
+derived from that algorithm (the emulated cluster's NIC counters check them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transport
+
+
+def children(rank: int, world_size: int) -> list[int]:
+    """The ranks that ``rank`` forwards every message to in gloo's binomial tree (root 0)."""
+    out, step = [], 1
+    while step < world_size:
+        if rank < step and rank + step < world_size:
+            out.append(rank + step)
+        step *= 2
+    return out
+
+
+class Tree(Transport):
+    """Every message through ``dist.broadcast`` (gloo's binomial tree), one after the other."""
+
+    name = "tree"
+    summary = "gloo broadcast: binomial tree, the master sends ceil(log2 P) copies"
+    routing = "broadcast"
+
+    def exchange(
+        self,
+        streams: Sequence[Stream],
+        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        on_message: OnMessage,
+    ) -> None:
+        self.check_streams(streams)
+        fanout = len(children(self.peer.rank, self.peer.world_size))
+        for i, stream in enumerate(streams):
+            if self.peer.rank == 0:
+                for buf in outgoing[i]:
+                    dist.broadcast(buf, src=0, group=self.peer.group)
+            else:
+                for j, size in enumerate(stream.sizes):
+                    buf = torch.empty(size, dtype=torch.uint8)
+                    dist.broadcast(buf, src=0, group=self.peer.group)
+                    on_message(i, j, buf)
+                self.counts.ingress += stream.total
+            self.counts.egress += fanout * stream.total

@@ -1,0 +1,172 @@
+"""A worker's side of an epoch (ranks ``1..K``): its program derived ahead from the seed, the
+symbols received and decoded with its own store only as they arrive, its report to the
+master, and its store for the next epoch (persisted when ``store_dir`` is given)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from coded_shuffle.distributed.context import EpochContext
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.epochs import (
+    Transition,
+    outgoing_rows,
+    placement_points,
+    store_from_points,
+    symbol_routes,
+)
+from coded_shuffle.distributed.persistence import StorePersistence
+from coded_shuffle.distributed.reports import COUNTS, gather_reports, worker_report
+from coded_shuffle.distributed.transports import Routes
+from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT, KIND_SYMBOLS
+from coded_shuffle.errors import UsageError, VerificationError
+from coded_shuffle.math.assignment import batches
+from coded_shuffle.math.state import CacheState
+
+
+class WorkerSide:
+    """Worker ``worker`` (0-based; rank ``worker + 1``): receives, decodes, reports."""
+
+    def __init__(self, ctx: EpochContext, persistence: StorePersistence | None) -> None:
+        self.ctx, self.persistence = ctx, persistence
+        self.worker = ctx.rank - 1
+        self.upcoming: Transition | None = next(ctx.transitions, None)
+        self.delivery: Delivery | None = None
+        self.store: WorkerStore | None = None
+        self.report: dict[str, Any] = {}
+        self.plan_ahead()
+
+    def plan_ahead(self) -> None:
+        """The next epoch's worker program, derived before the master sends (it is ready)."""
+        up = self.upcoming
+        b = self.ctx.record_bytes
+        self.delivery = None if up is None else Delivery.prepare_worker(up.plan, b, self.worker)
+
+    def epoch(self, epoch: int) -> tuple[torch.Tensor, np.ndarray]:
+        """This worker's new batch (records) and its assignment of the epoch."""
+        if epoch == 1:
+            return self.placement(), self.ctx.chain.first
+        if self.upcoming is None or self.delivery is None:
+            raise UsageError(f"epoch({epoch}) out of range 1..{self.ctx.epochs} (epochs=)")
+        tr = self.upcoming
+        batch = self.deliver(tr, self.delivery)
+        self.upcoming = next(self.ctx.transitions, None)
+        self.plan_ahead()
+        return batch, tr.new_assignment
+
+    def mine(self, keep: np.ndarray) -> Routes:
+        """Routes that name only this worker's needs (what it knows without the others')."""
+        return Routes(tuple(keep if i == self.worker else None for i in range(self.ctx.workers)))
+
+    def placement(self) -> torch.Tensor:
+        """Receives the points the placement gives it (its first batch and what it caches)."""
+        ctx, k = self.ctx, self.worker
+        first = batches(ctx.chain.first, ctx.workers)[k]
+        keep = placement_points(ctx.scheme, ctx.chain.initial, k)
+        rows = ctx.link.deliver(
+            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=ctx.settings.num_points,
+            row_bytes=ctx.record_bytes, routes=self.mine(keep),
+        )  # fmt: skip
+        assert rows is not None
+        t0 = time.perf_counter()
+        batch = rows.index_select(0, torch.from_numpy(np.searchsorted(keep, first)))
+        if self.delivery is not None:
+            self.store = store_from_points(self.delivery, k, keep, rows)
+            self.persist(1)
+        seconds = time.perf_counter() - t0
+        stored = batch.numel() if self.store is None else self.store.stored_bytes()
+        self.send_report(batch, seconds, stored)
+        return batch
+
+    def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
+        """Receives the epoch's symbols, decodes with its own store only, reports, updates."""
+        store, link, k = self.store, self.ctx.link, self.worker
+        assert store is not None
+        routing = link.transport.routing
+        buffers = [
+            torch.empty((delivery.programs[part][k].symbol_ids.size, sub), dtype=torch.uint8)
+            for part, sub in enumerate(delivery.symbol_bytes())
+        ]
+        decoders = delivery.decoders(k, buffers, store)  # decode as the symbols arrive
+        for part, plan in enumerate(delivery.plans):
+            keep = delivery.programs[part][k].symbol_ids
+            routes = symbol_routes(routing, plan, {k: keep})
+            rows = row_ids = None
+            if routing == "peers":
+                if not np.array_equal(routes.needs[k], keep):
+                    raise VerificationError(f"worker {k}: routes differ from its decoder")
+                row_ids, rows = outgoing_rows(routes, plan, k, store.caches[part])
+            decoders[part].advance(0)  # what needs no symbol: while the first ones travel
+            link.deliver(
+                epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
+                row_bytes=buffers[part].shape[1], routes=routes, rows=rows, row_ids=row_ids,
+                out=buffers[part], on_rows=decoders[part].advance,
+            )  # fmt: skip
+        workspaces = [d.finish() for d in decoders]
+        t0 = time.perf_counter()
+        batch = delivery.batch(k, workspaces)
+        next_caches = self.ctx.scheme.part_caches(tr.next_state, k)
+        self.store = store.updated(delivery, k, workspaces, next_caches)
+        seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
+        if self.ctx.pending(tr.epoch):
+            self.persist(tr.epoch)
+        self.send_report(batch, seconds, self.store.stored_bytes())
+        return batch
+
+    def send_report(self, batch: torch.Tensor, decode_seconds: float, stored_bytes: int) -> None:
+        """The batch digest, timings and this host's transport bytes, gathered at the master."""
+        counts, link_seconds = self.ctx.link.take_counts()
+        mine = worker_report(batch, decode_seconds, stored_bytes, counts)
+        gather_reports(mine, self.ctx.rank, self.ctx.workers)
+        self.report = {
+            "batch_sha256": bytes(mine["digest"][0]).hex(),
+            "decode_seconds": decode_seconds,
+            "stored_bytes": stored_bytes,
+            "link_seconds": link_seconds,
+            **dict(zip(COUNTS, counts.as_list(), strict=True)),
+        }
+
+    # -- the store on disk, and resuming -------------------------------------------------------
+
+    def persist(self, epoch: int) -> None:
+        """The store after ``epoch`` on this worker's disk (the one before it is dropped)."""
+        if self.persistence is not None and self.store is not None:
+            self.persistence.save(epoch, self.store)
+
+    def load(self, epoch: int) -> bool:
+        """The store after ``epoch`` from disk, if every part is present and intact."""
+        if not self.ctx.pending(epoch):
+            return True  # nothing left to decode: no store needed
+        if self.persistence is None or self.delivery is None:
+            return False
+        store = self.persistence.load(epoch, len(self.delivery.plans))
+        if store is not None:
+            self.store = store
+        return store is not None
+
+    def advance(self, completed: int) -> CacheState:
+        """The chain moved on to the state after epoch ``completed`` (plans replayed)."""
+        state = self.ctx.chain.initial
+        while self.upcoming is not None and self.upcoming.epoch <= completed:
+            state = self.upcoming.next_state
+            self.upcoming = next(self.ctx.transitions, None)
+        self.plan_ahead()
+        return state
+
+    def replace(self, completed: int, needs: dict[int, np.ndarray]) -> None:
+        """Receives its store's points again when it is among the broken (``needs``)."""
+        k = self.worker
+        union = np.unique(np.concatenate(list(needs.values())))
+        mine = np.searchsorted(union, needs[k]) if k in needs else np.zeros(0, dtype=np.int64)
+        rows = self.ctx.link.deliver(
+            epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
+            row_bytes=self.ctx.record_bytes, routes=self.mine(mine),
+        )  # fmt: skip
+        if k in needs and self.delivery is not None:
+            assert rows is not None
+            self.store = store_from_points(self.delivery, k, needs[k], rows)
+            self.persist(completed)

@@ -1,0 +1,101 @@
+"""Cycle-decomposition delivery without excess storage (design 3.2, beyond the papers).
+
+The off-diagonal shuffle multigraph is split into directed cycles, every cycle delivered with
+``L - 1`` XOR symbols (opened at its first worker), so the load is
+``sum_{i != j} S_ij - (number of cycles)``. The decomposition works on the ``K x K`` counts:
+
+1. every 2-cycle, ``min(S_ij, S_ji)`` times (never loses a cycle, see
+   :func:`~coded_shuffle.math.schemes.cycle_plan.pair_cycles`); what is left is the leftover
+   matrix ``Omega``, which has no 2-cycle, so its cycles have 3 arcs or more;
+2. a maximum packing of directed triangles of ``Omega``: an integer program over the triangle
+   types (variables: how often each triangle is taken; constraints: arc counts), solved by
+   HiGHS through ``scipy.optimize.milp``. Plain shortest-first greedy wastes arcs on long
+   cycles; the packing takes as many 3-cycles as the counts allow;
+3. the rest, shortest cycle first (greedy, always simple cycles).
+
+Never worse than Attia-Tandon (Theorem 1 of seed 001): all decompositions here consist of the
+2-cycles and *simple* cycles of ``Omega``. A simple cycle leaves any worker ``u`` at most once,
+so the arcs out of ``u`` lie on distinct cycles and ``Omega`` yields at least
+``max_u sum_j Omega_uj`` cycles. Hence the load is at most
+``sum S - sum_{i<j} min(S_ij, S_ji) - max_u sum_j Omega_uj``
+``= sum_{i<j} max(S_ij, S_ji) - max_u sum_j Omega_uj``, Theorem 1's load.
+
+Upper limit on the cycles: every cycle crosses any ordering of the workers backwards at least
+once, so no decomposition has more cycles than the backward arcs of the best ordering; that
+is exactly the gap to the lower bound of Theorem 2 (:mod:`coded_shuffle.math.bounds`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_matrix
+
+from coded_shuffle.math.schemes.cycle_plan import (
+    Cycle,
+    CycleScheme,
+    greedy_cycles,
+    pair_cycles,
+    subtract,
+)
+
+MAX_TRIANGLE_TYPES = 20_000  # above: skip the integer program, greedy only
+# A node limit, not a time limit: every rank of a training job re-derives the plan on its own,
+# so the packing must not depend on how busy the machine is.
+MILP_OPTIONS = {"node_limit": 200, "mip_rel_gap": 0.01}
+
+
+def triangle_types(weights: np.ndarray) -> np.ndarray:
+    """Every directed triangle ``a -> b -> c -> a`` of the positive arcs, ``a`` its lowest id."""
+    adj = weights > 0
+    a, b, c = np.nonzero(adj[:, :, None] & adj[None, :, :] & adj.T[:, None, :])
+    keep = (a < b) & (a < c)
+    return np.stack([a[keep], b[keep], c[keep]], axis=1).astype(np.int64)
+
+
+def pack_triangles(weights: np.ndarray) -> list[Cycle]:
+    """A maximum integer packing of triangles into the arc counts (HiGHS MILP).
+
+    Returns an empty list when there are no triangles, too many triangle types, or the
+    solver finds no solution within its node limit (the greedy stage then does all the work).
+    """
+    tri = triangle_types(weights)
+    if tri.shape[0] == 0 or tri.shape[0] > MAX_TRIANGLE_TYPES:
+        return []
+    k = weights.shape[0]
+    arcs = np.concatenate([tri[:, 0] * k + tri[:, 1], tri[:, 1] * k + tri[:, 2]])
+    arcs = np.concatenate([arcs, tri[:, 2] * k + tri[:, 0]])
+    cols = np.tile(np.arange(tri.shape[0]), 3)
+    used, row = np.unique(arcs, return_inverse=True)
+    matrix = csr_matrix((np.ones(arcs.size), (row, cols)), shape=(used.size, tri.shape[0]))
+    capacity = weights.reshape(-1)[used].astype(np.float64)
+    result = milp(
+        c=-np.ones(tri.shape[0]),
+        constraints=LinearConstraint(matrix, 0, capacity),
+        integrality=np.ones(tri.shape[0]),
+        bounds=Bounds(0, capacity.max()),
+        options=MILP_OPTIONS,
+    )
+    if result.x is None:
+        return []
+    counts = np.round(result.x).astype(np.int64)
+    if np.any(matrix @ counts > capacity):  # never trust a solver's rounding blindly
+        return []
+    return [
+        Cycle(tuple(int(v) for v in tri[t]), int(counts[t])) for t in np.flatnonzero(counts > 0)
+    ]
+
+
+class Cycles(CycleScheme):
+    """Design 3.2: directed-cycle decomposition, 2-cycles, then triangles, then shortest."""
+
+    name = "cycles"
+    summary = "no excess storage: decomposition into directed cycles, L-1 symbols per cycle"
+
+    def decompose(self, shuffle: np.ndarray) -> tuple[list[Cycle], list[Cycle]]:
+        pairs, omega = pair_cycles(shuffle)
+        triangles = pack_triangles(omega)
+        rest = omega.copy()
+        for cycle in triangles:
+            subtract(rest, cycle)
+        return pairs, triangles + greedy_cycles(rest)

@@ -1,0 +1,2 @@
+"""The tools: the ``coded-shuffle`` command (``evaluate``, ``schemes``, ``transports``,
+``cluster``) and the emulated cluster of network namespaces."""

@@ -1,0 +1,230 @@
+"""The ``coded-shuffle`` command (interfaces.md): ``evaluate`` and ``schemes``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from coded_shuffle.errors import UndecodableError, UsageError, VerificationError
+from coded_shuffle.math.schemes import REGISTRY
+from coded_shuffle.tools.evaluate import EpochReport, Evaluation, run
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line, without the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="coded-shuffle", description="Coded data shuffling: plan, encode, decode, measure."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    ev = sub.add_parser(
+        "evaluate", help="run a scheme on random bytes and verify every worker's decode"
+    )
+    ev.add_argument("--scheme", required=True, help=f"one of: {', '.join(sorted(REGISTRY))}")
+    ev.add_argument("--workers", "-K", type=int, required=True, help="number of workers K")
+    ev.add_argument(
+        "--points", "-N", type=int, required=True, help="number of points N (a multiple of K)"
+    )
+    ev.add_argument(
+        "--storage", "-T", type=float, default=1.0, help="storage per worker in batches, 1..K"
+    )
+    ev.add_argument(
+        "--epochs", "-E", type=int, default=1, help="epoch transitions to run (default 1)"
+    )
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--point-bytes",
+        "-B",
+        type=int,
+        default=None,
+        help="bytes per point (default: the smallest size >= 64 at which T is exact)",
+    )
+    ev.add_argument("--shuffle", default="random", help="random (default) or worst")
+    ev.add_argument(
+        "--old", type=Path, help="initial assignment (.npy, length N, worker ids 0..K-1)"
+    )
+    ev.add_argument("--new", type=Path, help="next assignment (.npy), with --old")
+    ev.add_argument("--json", action="store_true", help="one JSON object per line per transition")
+    sub.add_parser("schemes", help="list the registered schemes")
+    sub.add_parser("transports", help="list the registered transports")
+    cl = sub.add_parser(
+        "cluster",
+        help="run the training job (or a torchrun script) on an emulated cluster of hosts",
+        description="One network namespace per host, NICs limited by tc, one torchrun node "
+        "per host. Needs root. Everything it creates is removed on exit.",
+    )
+    cl.add_argument("--hosts", type=int, help="hosts P (host 0 runs the master)")
+    cl.add_argument("--rate", help="every NIC's rate in both directions, e.g. 400mbit")
+    cl.add_argument("--master-rate", help="host 0's NIC rate (default: --rate)")
+    cl.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
+    cl.add_argument(
+        "--grace", type=float, default=30.0, help="seconds the others get after a host fails"
+    )
+    cl.add_argument("--logs", type=Path, help="where every host's log goes")
+    cl.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="HOST@WHEN",
+        help="SIGKILL every process of HOST WHEN: seconds after the start (2@30) or once the job "
+        "recorded epoch N (2@e2); with dist.max_restarts > 0 the host is started again",
+    )
+    cl.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        metavar="HOST@WHEN",
+        help="take HOST's link down WHEN (seconds after the start, or eN: once epoch N is "
+        "recorded); its processes stay alive",
+    )
+    cl.add_argument("--script", type=Path, help="run this torchrun script instead of the job")
+    cl.add_argument(
+        "--cleanup", action="store_true", help="remove clusters left by killed runs, then exit"
+    )
+    cl.add_argument(
+        "--dry-run", action="store_true", help="check everything, print what would run, exit"
+    )
+    cl.add_argument("args", nargs=argparse.REMAINDER, help="-- then overrides or script args")
+    return parser
+
+
+def _load_assignment(path: Path, name: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"{name}: cannot read {str(path)!r} as a .npy integer array ({exc})"
+        ) from None
+
+
+def evaluation_from_args(args: argparse.Namespace) -> Evaluation:
+    """Turns parsed arguments into an :class:`Evaluation` (validated user assignments)."""
+    from coded_shuffle.math.assignment import batch_size, validate_assignment
+
+    old = new = None
+    if (args.old is None) != (args.new is None):
+        raise UsageError("--old and --new go together: give both files or neither")
+    if args.old is not None:
+        if args.epochs != 1:
+            raise UsageError(
+                f"--old/--new describe one transition; --epochs must be 1, got {args.epochs}"
+            )
+        batch_size(args.points, args.workers)
+        old = validate_assignment(
+            _load_assignment(args.old, "--old"), args.points, args.workers, "--old"
+        )
+        new = validate_assignment(
+            _load_assignment(args.new, "--new"), args.points, args.workers, "--new"
+        )
+    return Evaluation(
+        scheme=args.scheme,
+        workers=args.workers,
+        points=args.points,
+        storage=args.storage,
+        epochs=args.epochs,
+        seed=args.seed,
+        point_bytes=args.point_bytes,
+        shuffle=args.shuffle,
+        old=old,
+        new=new,
+    )
+
+
+def _human_line(r: EpochReport) -> str:
+    saved = 100.0 * (1 - r.load_points / r.uncoded_points) if r.uncoded_points else 0.0
+    bound = f"{r.lower_bound_points:g}{'' if r.lower_bound_exact else ' (local search)'}"
+    parts = ", ".join(f"{k} {v:g}" for k, v in r.breakdown.items())
+    if r.pairs_only_points is not None:
+        parts += f"; pairs-only load {r.pairs_only_points:g}"
+    shift = (
+        f" [{r.point_bytes}-byte points store T = {r.storage_used:.6g}, not {r.storage:g}: "
+        "bytes moved to another corner]"
+        if r.storage_shifted
+        else ""
+    )
+    return (
+        f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points{shift} "
+        f"(uncoded {r.uncoded_points:g}, saved {saved:.1f}%, lower bound {bound}); "
+        f"{r.broadcast_bytes} bytes on the link; [{parts}]; "
+        f"plan {r.plan_seconds:.3f}s encode {r.encode_seconds:.3f}s "
+        f"decode {r.decode_seconds:.3f}s; "
+        f"{'verified' if r.verified else 'MISMATCH'}"
+    )
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    ok = True
+    for report in run(evaluation_from_args(args)):
+        ok &= report.verified
+        if args.json:
+            print(json.dumps(asdict(report)), flush=True)
+        else:
+            print(_human_line(report), flush=True)
+    if not ok:
+        print(
+            "coded-shuffle: error: a worker's decoded bytes differ from the master's",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def cmd_schemes(_: argparse.Namespace) -> int:
+    for name in sorted(REGISTRY):
+        print(f"{name:22s} {REGISTRY[name].summary}")
+    return 0
+
+
+def cmd_transports(_: argparse.Namespace) -> int:
+    from coded_shuffle.distributed.transports import REGISTRY as TRANSPORTS
+
+    for name in sorted(TRANSPORTS):
+        cls = TRANSPORTS[name]
+        print(f"{name:10s} {cls.routing:9s} {cls.summary}")
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from coded_shuffle.tools.cluster.command import run_cluster_command
+
+    return run_cluster_command(args)
+
+
+COMMANDS = {
+    "evaluate": cmd_evaluate,
+    "schemes": cmd_schemes,
+    "transports": cmd_transports,
+    "cluster": cmd_cluster,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from coded_shuffle.tools.cluster.netns import ClusterError
+
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except ClusterError as exc:
+        print(f"coded-shuffle: error: {exc}", file=sys.stderr)
+        return 2
+    except (UsageError, UndecodableError, VerificationError) as exc:
+        print(f"coded-shuffle: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("coded-shuffle: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""The ``coded-shuffle cluster`` command: arguments, the cluster's life, the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from coded_shuffle.distributed.transports.rates import format_rate, parse_rate
+from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.cluster.netns import Cluster, check_privileges, sweep_stale
+from coded_shuffle.tools.cluster.run import (
+    Fault,
+    check_training_config,
+    last_error,
+    run_hosts,
+    torchrun_argv,
+    training_overrides,
+    write_record,
+)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    del frame
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_cluster_command(args: argparse.Namespace) -> int:
+    """Builds the cluster, runs every host, removes the cluster; 0 when every host succeeded."""
+    if args.cleanup:
+        check_privileges()
+        removed = sweep_stale()
+        print(
+            f"removed {len(removed)} stale cluster(s){': ' if removed else ''}{', '.join(removed)}"
+        )
+        return 0
+    if args.hosts is None or args.rate is None:
+        raise UsageError("cluster needs --hosts P and --rate RATE (e.g. --hosts 5 --rate 400mbit)")
+    rest = list(args.args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    rate = parse_rate(args.rate, "--rate")
+    master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
+    cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu)
+    faults = [Fault.parse(kind, text, args.hosts) for kind in ("kill", "cut")
+              for text in getattr(args, kind, None) or []]  # fmt: skip
+    if not args.dry_run:
+        check_privileges()
+    if args.script is not None:
+        if not args.script.is_file():
+            raise UsageError(f"--script {str(args.script)!r} is not a file")
+        target = [str(args.script), *rest]
+        if any(f.after_epoch is not None for f in faults):
+            raise UsageError("--kill/--cut HOST@eEPOCH needs the training job, not --script")
+        logs = args.logs or Path(time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S"))
+        record = logs / "cluster.json"
+    else:
+        overrides, run_dir = training_overrides(rest, cluster)
+        check_training_config(overrides)
+        target = ["-m", "train", *overrides]
+        logs = args.logs or run_dir / "hosts"
+        record = run_dir / "cluster.json"
+        for fault in faults:
+            fault.metrics = run_dir / "metrics.jsonl"
+    if args.dry_run:
+        for i in range(cluster.hosts):
+            argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
+            rate = format_rate(cluster.host_rate(i))
+            print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
+        print(f"logs: {logs}; record: {record}")
+        return 0
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with cluster:
+            before = cluster.nic_counters()
+            t0 = time.perf_counter()
+            results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults)
+            wall = time.perf_counter() - t0
+            record.parent.mkdir(parents=True, exist_ok=True)
+            write_record(record, cluster, before, cluster.nic_counters(), results, wall, faults)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    failed = [r for r in results if r.code != 0]
+    if failed:
+        first = failed[0]
+        why = last_error(first.log)
+        print(
+            f"coded-shuffle cluster: error: host {first.host} failed (exit code {first.code})"
+            f"{': ' + why if why else ''} (logs in {logs})",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

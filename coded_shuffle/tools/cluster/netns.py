@@ -1,0 +1,241 @@
+"""An emulated cluster on one machine: one Linux network namespace per host (transports.md).
+
+Every host ``h<i>`` is a namespace with one NIC, ``eth0`` (a veth pair), plugged into a
+bridge that lives in a namespace of its own; ``tc tbf`` limits every NIC in both directions
+(the host's ``eth0`` limits what it sends, the bridge's port what it receives). Addresses
+(``10.77.0.<i+1>/24``) and the multicast route exist only inside these namespaces. Names
+carry a random run id, so two clusters never collide, and every cluster is registered in
+:data:`STATE_DIR` with the pid that owns it: :func:`sweep_stale` removes what a killed owner
+left behind. :class:`Cluster` is a context manager that removes everything on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coded_shuffle.errors import UsageError
+
+STATE_DIR = Path("/run/coded-shuffle")
+NETNS_ETC = Path("/etc/netns")
+SUBNET = "10.77.0"
+MAX_HOSTS = 250
+IFACE = "eth0"
+
+
+class ClusterError(RuntimeError):
+    """The host cannot build the emulated cluster (no root, no namespaces, no tc)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise ClusterError("the `ip` command (iproute2) is not installed") from None
+    if check and out.returncode:
+        raise ClusterError(f"ip {' '.join(args)}: {out.stderr.strip() or 'failed'}")
+    return out
+
+
+def _tc(ns: str, *args: str) -> None:
+    out = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True)
+    if out.returncode:
+        raise ClusterError(f"tc {' '.join(args)} in {ns}: {out.stderr.strip() or 'failed'}")
+
+
+def check_privileges() -> None:
+    """:class:`ClusterError` with one line unless this process can create namespaces."""
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "the emulated cluster needs root (network namespaces, veth pairs, tc); run as root"
+        )
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        raise ClusterError("the emulated cluster needs iproute2's `ip` and `tc` commands")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_namespace_processes(ns: str, sig: int = signal.SIGKILL) -> int:
+    """Signals every process inside namespace ``ns``; returns how many there were."""
+    out = _ip("netns", "pids", ns, check=False)
+    pids = [int(p) for p in out.stdout.split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return len(pids)
+
+
+def remove_namespaces(names: list[str]) -> None:
+    """Kills what runs inside, deletes the namespaces (their veths go with them)."""
+    for ns in names:
+        kill_namespace_processes(ns)
+    deadline = time.monotonic() + 5
+    for ns in names:
+        while kill_namespace_processes(ns) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _ip("netns", "del", ns, check=False)
+        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+
+
+def sweep_stale() -> list[str]:
+    """Removes clusters whose owning process is gone; returns their run ids."""
+    removed = []
+    if not STATE_DIR.is_dir():
+        return removed
+    for path in STATE_DIR.glob("*.json"):
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(int(state.get("pid", 0))):
+            continue
+        remove_namespaces(list(state.get("namespaces", [])))
+        path.unlink(missing_ok=True)
+        removed.append(path.stem)
+    return removed
+
+
+def _write(path: Path, text: str) -> None:
+    """Writes ``path``, creating its folder (again, if another cluster just removed it)."""
+    for _ in range(3):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.write_text(text)
+            return
+        except FileNotFoundError:
+            continue
+    path.write_text(text)
+
+
+@dataclass
+class Cluster:
+    """``hosts`` namespaces on one bridge, NICs limited to ``rate`` bits/s both ways."""
+
+    hosts: int
+    rate: int
+    master_rate: int | None = None
+    mtu: int = 1500
+    run_id: str = field(default_factory=lambda: os.urandom(3).hex())
+    created: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.hosts <= MAX_HOSTS:
+            raise UsageError(f"--hosts {self.hosts} out of range 2..{MAX_HOSTS}")
+        if not 576 <= self.mtu <= 65535:
+            raise UsageError(f"--mtu {self.mtu} out of range 576..65535")
+
+    # -- names -----------------------------------------------------------------------------
+
+    @property
+    def bridge_ns(self) -> str:
+        return f"cs{self.run_id}br"
+
+    def host_ns(self, i: int) -> str:
+        return f"cs{self.run_id}h{i}"
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def host_rate(self, i: int) -> int:
+        return self.master_rate if i == 0 and self.master_rate else self.rate
+
+    def exec_argv(self, i: int, argv: list[str]) -> list[str]:
+        """``argv`` run inside host ``i``'s namespace."""
+        return ["ip", "netns", "exec", self.host_ns(i), *argv]
+
+    @property
+    def state_file(self) -> Path:
+        return STATE_DIR / f"{self.run_id}.json"
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> Cluster:
+        check_privileges()
+        sweep_stale()
+        try:
+            self._register()
+            self._create()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def _register(self) -> None:
+        names = [self.bridge_ns] + [self.host_ns(i) for i in range(self.hosts)]
+        _write(self.state_file, json.dumps({"pid": os.getpid(), "namespaces": names}))
+
+    def _add_ns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self.created.append(name)
+
+    def _create(self) -> None:
+        br = self.bridge_ns
+        self._add_ns(br)
+        _ip("-n", br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
+        _ip("-n", br, "link", "set", "br0", "up")
+        hosts_file = "".join(
+            f"{self.address(i)} h{i}\n::ffff:{self.address(i)} h{i}\n" for i in range(self.hosts)
+        )  # IPv4 and the IPv4-mapped IPv6 form, as gloo and c10d look them up
+        for i in range(self.hosts):
+            ns, port = self.host_ns(i), f"p{i}"
+            self._add_ns(ns)
+            _write(NETNS_ETC / ns / "hosts", f"127.0.0.1 localhost\n{hosts_file}")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "add", IFACE, "type", "veth", "peer", "name", port, "netns", br)
+            _ip("-n", ns, "link", "set", IFACE, "mtu", str(self.mtu))
+            _ip("-n", br, "link", "set", port, "mtu", str(self.mtu))
+            _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", IFACE)
+            _ip("-n", ns, "link", "set", IFACE, "up")
+            _ip("-n", ns, "route", "add", "224.0.0.0/4", "dev", IFACE)
+            _ip("-n", br, "link", "set", port, "master", "br0")
+            _ip("-n", br, "link", "set", port, "up")
+            self._limit(ns, IFACE, self.host_rate(i))  # what host i sends
+            self._limit(br, port, self.host_rate(i))  # what host i receives
+
+    @staticmethod
+    def _limit(ns: str, dev: str, rate: int) -> None:
+        """``tbf`` on ``dev``: ``rate`` bits/s, a burst of 2 ms (at least 128 KiB), 100 ms queue."""
+        burst = max(128 << 10, rate // 8 // 500)
+        _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit",
+            "burst", str(burst), "latency", "100ms")  # fmt: skip
+
+    def destroy(self) -> None:
+        """Removes every namespace this cluster created (idempotent)."""
+        remove_namespaces(list(reversed(self.created)))
+        self.created.clear()
+        self.state_file.unlink(missing_ok=True)
+        for folder in (NETNS_ETC, STATE_DIR):  # ours to create; gone again once empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+    # -- observation -----------------------------------------------------------------------
+
+    def nic_counters(self) -> list[dict[str, int]]:
+        """Bytes every host's NIC has sent and received so far."""
+        out = []
+        for i in range(self.hosts):
+            got = _ip("-n", self.host_ns(i), "-j", "-s", "link", "show", "dev", IFACE, check=False)
+            try:
+                stats = json.loads(got.stdout)[0]["stats64"]
+                out.append({"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"]})
+            except (ValueError, LookupError):
+                out.append({"tx_bytes": -1, "rx_bytes": -1})
+        return out

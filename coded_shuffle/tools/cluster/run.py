@@ -1,0 +1,308 @@
+"""``coded-shuffle cluster``: one ``torchrun`` node per emulated host (interfaces.md).
+
+Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>``
+inside its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real
+multi-host code path, rendezvous by address. The first form runs the training job
+(``-m train``; ``workers = P - 1`` is set), the second any torchrun script. Host 0's output
+goes to the console, every host's to ``LOGS/h<i>.log``; ``cluster.json`` beside them records
+the rates and what every NIC sent and received. When a host fails the others get ``grace``
+seconds to finish, then everything is killed; the namespaces go on every exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from coded_shuffle.distributed.transports.rates import format_rate
+from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
+
+MASTER_PORT = 29500
+MULTICAST_SHARE = 0.99  # default pacing of multicast: this share of the slowest NIC
+
+
+@dataclass
+class HostResult:
+    host: int
+    code: int | None
+    log: Path
+
+
+@dataclass
+class Fault:
+    """``--kill HOST@WHEN`` or ``--cut HOST@WHEN``: what happens to a host, and when. ``WHEN``
+    is seconds after the start (``2@30``) or ``eN``: once the job has recorded epoch ``N``
+    in its ``metrics.jsonl`` (``2@e2``: mid-run whatever the machine's speed)."""
+
+    kind: str  # "kill" | "cut"
+    host: int
+    at: float | None  # seconds after the start, or
+    after_epoch: int | None = None  # ... once this many epochs are recorded
+    metrics: Path | None = None  # the job's metrics.jsonl (for after_epoch)
+    done_at: float | None = None
+    restarted: bool = False
+
+    @classmethod
+    def parse(cls, kind: str, text: str, hosts: int) -> Fault:
+        m = re.fullmatch(r"(\d+)@(?:(\d+(?:\.\d*)?)|e(\d+))", text.strip())
+        if not m:
+            raise UsageError(
+                f"--{kind} {text!r}: expected HOST@SECONDS or HOST@eEPOCH, e.g. 2@20 or 2@e2"
+            )
+        host = int(m.group(1))
+        if not 0 <= host < hosts:
+            raise UsageError(f"--{kind} {text}: host {host} out of range 0..{hosts - 1}")
+        if m.group(3) is not None:
+            if int(m.group(3)) < 1:
+                raise UsageError(f"--{kind} {text}: epoch {m.group(3)} out of range: >= 1")
+            return cls(kind, host, None, int(m.group(3)))
+        return cls(kind, host, float(m.group(2)))
+
+    def due(self, now: float) -> bool:
+        if self.at is not None:
+            return self.at <= now
+        return recorded_epochs(self.metrics) >= self.after_epoch
+
+    def record(self) -> dict:
+        return {"kind": self.kind, "host": self.host, "at": self.at,
+                "after_epoch": self.after_epoch, "done_at": self.done_at,
+                "restarted": self.restarted}  # fmt: skip
+
+
+def recorded_epochs(metrics: Path | None) -> int:
+    """Epochs the job has written to ``metrics.jsonl`` so far (0 before the file exists)."""
+    try:
+        return metrics.read_bytes().count(b"\n") if metrics is not None else 0
+    except FileNotFoundError:
+        return 0
+
+
+def _override(overrides: Sequence[str], key: str) -> str | None:
+    """The value of ``key=VALUE`` among Hydra overrides (the last one wins)."""
+    found = None
+    for arg in overrides:
+        m = re.fullmatch(rf"\+*{re.escape(key)}=(.*)", arg)
+        if m:
+            found = m.group(1)
+    return found
+
+
+def training_overrides(overrides: Sequence[str], cluster: Cluster) -> tuple[list[str], Path]:
+    """The job's overrides with ``workers``, the run directory and multicast pacing set."""
+    out = list(overrides)
+    workers = cluster.hosts - 1
+    given = _override(out, "workers")
+    if given is not None and given != str(workers):
+        raise UsageError(
+            f"workers={given} does not fit --hosts {cluster.hosts}: the cluster runs "
+            f"workers = hosts - 1 = {workers} (leave workers out)"
+        )
+    if given is None:
+        out.append(f"workers={workers}")
+    run_dir = _override(out, "hydra.run.dir")
+    if run_dir is None:
+        run_dir = time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S")
+        out.append(f"hydra.run.dir={run_dir}")
+    if (
+        _override(out, "dist.transport") == "multicast"
+        and _override(out, "dist.multicast.rate") is None
+    ):
+        slowest = min(cluster.host_rate(i) for i in range(cluster.hosts))
+        out.append(f"dist.multicast.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
+    return out, Path(run_dir)
+
+
+def check_training_config(overrides: Sequence[str]) -> None:
+    """Validates the job's config before any namespace exists (one line on a bad value)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "train", "--check", *overrides], capture_output=True, text=True
+    )
+    if out.returncode:
+        lines = (out.stderr.strip() or out.stdout.strip() or "invalid config").splitlines()
+        raise UsageError(re.sub(r"^[\w .-]+: error: ", "", lines[-1]))
+
+
+def max_restarts(target: Sequence[str]) -> int:
+    """``dist.max_restarts`` of the training job (0 for a script or when not given)."""
+    value = _override(target, "dist.max_restarts") if "train" in target[:2] else None
+    return int(value) if value and value.isdigit() else 0
+
+
+def torchrun_argv(cluster: Cluster, host: int, target: Sequence[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(cluster.hosts), "--nproc-per-node", "1",
+        "--node-rank", str(host), "--master-addr", cluster.address(0),
+        "--master-port", str(MASTER_PORT), "--max-restarts", str(max_restarts(target)),
+        *target,
+    ]  # fmt: skip
+
+
+def run_hosts(
+    cluster: Cluster,
+    target: Sequence[str],
+    logs: Path,
+    grace: float = 30.0,
+    faults: Sequence[Fault] = (),
+) -> list[HostResult]:
+    """Starts ``torchrun ... target`` on every host and waits for all of them.
+
+    Host 0's output is echoed to the console. ``faults`` fire at their time: a killed host
+    loses every process (and is started again when the job restarts after failures); a cut
+    host's link goes down. After the first failure the others get ``grace`` seconds, then
+    every process in the cluster is killed.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": IFACE, "PYTHONUNBUFFERED": "1"}
+    results = [HostResult(i, None, logs / f"h{i}.log") for i in range(cluster.hosts)]
+    files = [r.log.open("w") for r in results]
+    procs: list[subprocess.Popen] = []
+    echo = None
+
+    def start(i: int) -> subprocess.Popen:
+        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
+        out = subprocess.PIPE if i == 0 else files[i]
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    try:
+        for i in range(cluster.hosts):
+            procs.append(start(i))
+        echo = threading.Thread(target=_tee, args=(procs[0].stdout, files[0]), daemon=True)
+        echo.start()
+        restart = start if max_restarts(target) > 0 else None
+        _wait(procs, results, grace, Faults(cluster, faults, restart))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if echo is not None:
+            echo.join(timeout=5)
+        for f in files:
+            f.close()
+    return results
+
+
+def _tee(stream, log) -> None:
+    """Copies host 0's output to the console and to its log, line by line."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        log.write(line)
+        log.flush()
+
+
+class Faults:
+    """Fires ``--kill`` and ``--cut`` at their time; a killed host is started again when the
+    job restarts after failures (``restart``), as a replaced machine would be."""
+
+    def __init__(self, cluster: Cluster, faults: Sequence[Fault], restart) -> None:
+        self.cluster, self.pending, self.restart = (
+            cluster,
+            list(faults),
+            restart,
+        )
+        self.t0 = time.monotonic()
+
+    def fire(self, procs: list[subprocess.Popen]) -> None:
+        now = time.monotonic() - self.t0
+        for fault in [f for f in self.pending if f.due(now)]:
+            self.pending.remove(fault)
+            ns = self.cluster.host_ns(fault.host)
+            if fault.kind == "cut":
+                _ip_quiet("-n", ns, "link", "set", IFACE, "down")
+            else:
+                while kill_namespace_processes(ns):
+                    time.sleep(0.05)
+                procs[fault.host].wait()
+                if self.restart is not None:
+                    procs[fault.host] = self.restart(fault.host)
+                    fault.restarted = True
+            fault.done_at = round(now, 3)
+            print(
+                f"coded-shuffle cluster: {fault.kind} host {fault.host} at {now:.1f} s"
+                f"{'' if fault.at is not None else f' (after epoch {fault.after_epoch})'}"
+                f"{' (started again)' if fault.restarted else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _ip_quiet(*args: str) -> None:
+    subprocess.run(["ip", *args], capture_output=True, check=False)
+
+
+def _wait(
+    procs: list[subprocess.Popen], results: list[HostResult], grace: float, faults: Faults
+) -> None:
+    """Until every host exited; ``grace`` seconds after the first failure, kills the rest."""
+    failed_at = None
+    while True:
+        faults.fire(procs)
+        for r, p in zip(results, procs, strict=True):
+            r.code = p.poll()
+        codes = [r.code for r in results]
+        if all(c is not None for c in codes):
+            return
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
+
+
+def last_error(log: Path) -> str:
+    """The most telling line of a failed host's log."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    # a rank's watchdog names the lost rank and its address; then the job's own one-line errors
+    for pattern in (r"^rank \d+ \((master|worker \d+)\): ", r"error: ", r"Error", r"failed"):
+        for line in reversed(lines):
+            if re.search(pattern, line):
+                return line
+    return lines[-1] if lines else ""
+
+
+def write_record(
+    path: Path,
+    cluster: Cluster,
+    before: list[dict],
+    after: list[dict],
+    results,
+    wall: float,
+    faults: Sequence[Fault] = (),
+) -> None:
+    hosts = []
+    for i in range(cluster.hosts):
+        hosts.append(
+            {
+                "host": i,
+                "address": cluster.address(i),
+                "rate_bits": cluster.host_rate(i),
+                "exit_code": results[i].code,
+                "nic_tx_bytes": after[i]["tx_bytes"] - before[i]["tx_bytes"],
+                "nic_rx_bytes": after[i]["rx_bytes"] - before[i]["rx_bytes"],
+            }
+        )
+    record = {
+        "run_id": cluster.run_id,
+        "mtu": cluster.mtu,
+        "wall_seconds": wall,
+        "hosts": hosts,
+        "faults": [f.record() for f in faults],
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
