@@ -10,7 +10,7 @@ Prints one table. For every (K, N) it draws one random reshuffle and, per scheme
 * ``xor GB/s``: the reference, ``out = a XOR b`` on two buffers of the data's size
   (``N x B`` bytes, preallocated output), measured in the same run just before;
 * ``load/unc`` and ``load/LB``: load over the uncoded load and over the lower bound of
-  seed 001 Theorem 2 (``*``: exact bound, else local search).
+  Attia & Tandon 2016 Theorem 2 (``*``: exact bound, else local search).
 
 Before each ``N``'s rows, one line measures the cause of the gap to raw XOR: the codec's
 kernel (:mod:`coded_shuffle.codec.kernel`) computing ``N / 2`` rows ``a[i] ^ a[j]`` from the

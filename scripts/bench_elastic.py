@@ -1,4 +1,4 @@
-"""Seed 002's Fig. 2(a)/(b) experiment: time per product against machines pre-empted.
+"""Yang et al. 2018's Fig. 2(a)/(b) experiment: time per product against machines pre-empted.
 
 ``P`` machines store the coded ``A`` (``L`` row blocks, ``rows x cols``); ``m = 0..P-L`` are
 pre-empted before the first step; every method computes ``A x`` for ``--trials`` fresh ``x``.
@@ -44,7 +44,7 @@ from coded_shuffle.elastic.product_runner import (
 from coded_shuffle.elastic.runner import make_settings
 from coded_shuffle.errors import UsageError
 
-PAPER = (30000, 10000)  # seed 002, sec. 4: A is 30000 x 10000, P = 6, L = 3
+PAPER = (30000, 10000)  # Yang et al. 2018, sec. 4: A is 30000 x 10000, P = 6, L = 3
 
 
 def per_machine(rows: int, cols: int, workers: int, size: int, trials: int) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Seed 002's Fig. 2(c): generalisation (test) error against iteration under random failures.
+"""Yang et al. 2018's Fig. 2(c): generalisation (test) error against
+iteration under random failures.
 
 Linear regression by full-batch gradient descent on ``P`` machines (the paper: 20 machines,
 3,352 features, 10,000 training and 10,000 test points; here synthetic data of that shape,

@@ -12,7 +12,7 @@ Three checks (issue 10's targets), printed as tables:
    the delivery (``now``: the lowest of the split, the rounded clique cover and the mix of
    whole permutation-code uses with cliques). Every epoch of ``now`` is decoded byte-exactly.
 3. ``attia-tandon-excess`` at its corners ``p >= 1``, ``q = 10``, 5 epochs, ``-B 840``: the
-   mean load of eq. (57) of seed 004 alone and of the project's delivery (the lower of
+   mean load of eq. (57) of Attia & Tandon 2019 alone and of the project's delivery (the lower of
    eq. (57) with the old owners' groups of ``p + 2`` and the clique cover), the placement's
    cut-set bound, and E-M at the same ``T``.
 

@@ -3,9 +3,9 @@
     python scripts/rate_memory.py --workers 6 --points 60 --epochs 3 --out rate_memory.png
 
 Prints a table and writes a PNG: uncoded (E-M placement), the no-excess optimum, Attia-Tandon
-structural invariant (seed 004) as published (its Theorem 1 corner ``(1, N)`` at ``p = 0``,
-whose gap to the optimum is Theorem 3's ``K/(K-1)``) and with the project's ``p = 0``
-delivery (``cycles``), Elmahdy-Mohajer (seed 003; also the worst-case optimum under
+structural invariant (Attia & Tandon 2019) as published (its Theorem 1 corner ``(1, N)`` at ``p =
+0``, whose gap to the optimum is Theorem 3's ``K/(K-1)``) and with the project's ``p = 0``
+delivery (``cycles``), Elmahdy-Mohajer (Elmahdy & Mohajer 2018; also the worst-case optimum under
 uncoded placement, Theorem 5), and the loads of both schemes really planned, encoded, decoded
 at every worker from its own store and compared with the master's bytes, on worst-case and
 random shuffles at several T. The random-shuffle ordering cut-set bound of the E-M placement is
@@ -137,7 +137,8 @@ def run_table(k: int, n: int, epochs: int, seed: int, b: int, steps: int = 7) ->
     paper, at_t = gap_to_optimum(k, n, paper=True)
     ours, ours_t = gap_to_optimum(k, n, paper=False)
     print(
-        f"seed 004 Theorem 3: A-T (paper) / worst-case optimum peaks at {paper:.4f} at T = "
+        f"Attia & Tandon 2019 Theorem 3: A-T (paper) / worst-case optimum peaks at "
+        f"{paper:.4f} at T = "
         f"{at_t:g} (K/(K-1) = {k / (k - 1):.4f}); with the project's p = 0 delivery "
         f"(cycles, q(K-1)) it peaks at {ours:.4f} at T = {ours_t:.3g}"
     )

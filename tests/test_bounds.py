@@ -1,4 +1,4 @@
-"""Lower bounds (seed 001, Theorems 2 and 3): exact DP, local search, worst case."""
+"""Lower bounds (Attia & Tandon 2016, Theorems 2 and 3): exact DP, local search, worst case."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``coded-shuffle`` command: JSON lines, exit codes, one-line errors (interfaces.md)."""
+"""The ``coded-shuffle`` command: JSON lines, exit codes, one-line errors (README)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_module_entry_point_has_no_traceback():
 
 
 def paper_example(tmp_path) -> list[str]:
-    """Seed 001's example: K = 3, N = 15, S = [[2,1,2],[2,1,2],[1,3,1]]."""
+    """Attia & Tandon 2016's example: K = 3, N = 15, S = [[2,1,2],[2,1,2],[1,3,1]]."""
     s = [[2, 1, 2], [2, 1, 2], [1, 3, 1]]
     old = np.repeat(np.arange(3), 5)
     new = np.concatenate([np.repeat(np.arange(3), row) for row in s])

@@ -39,7 +39,8 @@ def test_random_assignment_is_balanced_and_seeded(k, q, seed):
     assert np.array_equal(s.sum(axis=0), np.full(k, q))
     assert np.array_equal(s.sum(axis=1), np.full(k, q))
     omega = leftover_matrix(s)
-    # conservation (seed 001): incoming leftovers equal outgoing leftovers at every worker
+    # conservation (Attia & Tandon 2016): incoming leftovers equal
+    # outgoing leftovers at every worker
     assert np.array_equal(omega.sum(axis=0), omega.sum(axis=1))
     assert np.all(np.minimum(omega, omega.T) == 0)
 

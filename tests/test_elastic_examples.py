@@ -1,4 +1,4 @@
-"""Seed 002's worked examples, and exact recovery of ``A x`` under every departure pattern.
+"""Yang et al. 2018's worked examples, and exact recovery of ``A x`` under every departure pattern.
 
 Machines are numbered from 1 as in the paper; the code's positions are the available
 machines in increasing order, its sub-blocks numbered from 0 (the paper's from 1).

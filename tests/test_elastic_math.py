@@ -1,5 +1,5 @@
-"""Coded elastic computing (seed 002), single process: generator, cyclic usage, group decoding,
-events, baselines and the master's loop over simulated workers (P = 6, L = 3 included)."""
+"""Coded elastic computing (Yang et al. 2018), single process: generator, cyclic usage, group
+decoding, events, baselines and the master's loop over simulated workers (P = 6, L = 3 included)."""
 
 from __future__ import annotations
 

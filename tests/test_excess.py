@@ -163,7 +163,8 @@ def run_epochs(
     return out
 
 
-# ---------------------------------------------------------------- Attia-Tandon (seed 004)
+# ----------------------------------------------------------------
+# Attia-Tandon (Attia & Tandon 2019)
 
 
 def test_zero_byte_part_still_decodes():
@@ -182,8 +183,9 @@ def test_zero_byte_part_still_decodes():
         (Fraction(4), Fraction(0)),
     ],
 )
-def test_seed004_table_k4_n4(storage, load):
-    """Seed 004, Example 1: (storage, load) pairs measured on worst shuffles, byte-exactly."""
+def test_attia_tandon_2019_table_k4_n4(storage, load):
+    """Attia & Tandon 2019, Example 1: (storage, load) pairs measured on
+    worst shuffles, byte-exactly."""
     for e in run_epochs("attia-tandon-excess", 4, 4, float(storage), 3, worst=True):
         assert e.load == pytest.approx(float(load), abs=1e-12)
         assert e.stored_points_max == pytest.approx(float(storage))
@@ -191,7 +193,7 @@ def test_seed004_table_k4_n4(storage, load):
 
 
 def group_load(needs: list[int], k: int, p: int) -> float:
-    """Eq. (57) of seed 004 for any needs, by enumerating every (p+1)-subset G of the
+    """Eq. (57) of Attia & Tandon 2019 for any needs, by enumerating every (p+1)-subset G of the
     workers: sum over G of max_{k in G} n_k symbols, each 1/C(K, p) of a point."""
     groups = itertools.combinations(range(k), p + 1)
     return sum(max(needs[w] for w in g) for g in groups) / math.comb(k, p)
@@ -216,11 +218,13 @@ def test_attia_tandon_excess_equals_its_formula(k, q, p_frac, seed):
         assert e.load == pytest.approx(q * (k - p) / (p + 1))
 
 
-# ---------------------------------------------------------------- Elmahdy-Mohajer (seed 003)
+# ----------------------------------------------------------------
+# Elmahdy-Mohajer (Elmahdy & Mohajer 2018)
 
 
-def test_design_hand_case_k4_t2():
-    """Design 4.2: K=4, t=2, demand w1<-w4, w2<-w1, w3<-w2, w4<-w3, ignored w4: X_12, X_13, X_23."""
+def test_hand_checked_case_k4_t2():
+    """docs/excess-storage.md: K=4, t=2, demand w1<-w4, w2<-w1, w3<-w2, w4<-w3,
+    ignored w4: X_12, X_13, X_23."""
     k, t = 4, 2
     state = em_initial_state(np.arange(4), k, t)  # worker j processes point j
 
@@ -433,7 +437,7 @@ def test_curves_match_the_corner_points():
     assert at_corners(4, 4) == [(1.0, 3.0), (1.75, 1.5), (2.5, 2 / 3), (3.25, 0.25), (4.0, 0.0)]
     assert em_worst_case(4, 8, [1, 2, 3, 4]).tolist() == pytest.approx([6, 2, 2 / 3, 0])
     assert float(envelope([(1, 4), (2, 3), (3, 0)], 2.0)) == 2.0  # a non-convex corner drops
-    # K=4: the A-T corners lie on E-M's optimal curve (seed 004 Theorem 4 closes the gap)
+    # K=4: the A-T corners lie on E-M's optimal curve (Attia & Tandon 2019 Theorem 4 closes the gap)
     for s, r in at_corners(4, 4):
         assert float(em_worst_case(4, 4, s)) == pytest.approx(r)
 

@@ -1,4 +1,4 @@
-"""No excess storage (design 3.1, 3.2): attia-tandon, cycles, best; all verified byte-exactly."""
+"""No excess storage (docs/schemes.md): attia-tandon, cycles, best; all verified byte-exactly."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def deliver(name: str, old: np.ndarray, new: np.ndarray, k: int, point_bytes: in
 
 
 def test_paper_example_loads_and_bytes():
-    """Seed 001, Section V example: uncoded 11, pairs only 7, leftover combining 6, bound 6."""
+    """Attia & Tandon 2016, Section V example: uncoded 11, pairs only 7,
+    leftover combining 6, bound 6."""
     old, new = assignments_for(PAPER_S)
     uncoded, _ = deliver("uncoded", old, new, 3)
     at, _ = deliver("attia-tandon", old, new, 3)
@@ -126,7 +127,8 @@ def test_plans_are_deterministic(k, q, seed):
 
 
 def test_cycles_beats_attia_tandon_on_large_random_shuffles():
-    """Design 3.2: within 1% of the lower bound where greedy gets ~1.5% (K=32, N/K=100)."""
+    """docs/schemes.md (cycles): within 1% of the lower bound where greedy
+    gets ~1.5% (K=32, N/K=100)."""
     k, q = 32, 100
     rng = np.random.default_rng(7)
     old, new = random_assignment(k * q, k, rng), random_assignment(k * q, k, rng)

@@ -115,7 +115,7 @@ class ShuffleJobConf:
 @dataclass
 class ElasticJobConf:
     name: str = "elastic_gd"
-    """Coded elastic gradient descent, seed 002 (train/elastic_gd.py)."""
+    """Coded elastic gradient descent, Yang et al. 2018 (train/elastic_gd.py)."""
     steps: int = 40
     """Full-batch gradient-descent steps per method, >= 1."""
     lr: float | None = None
@@ -135,7 +135,8 @@ class ElasticJobConf:
 @dataclass
 class ElasticMatmulConf:
     name: str = "elastic_matmul"
-    """Coded elastic A x and A B, seed 002 Algorithm 1 and sec. 3.1 (train/elastic_matmul.py)."""
+    """Coded elastic A x and A B, Yang et al. 2018 Algorithm 1 and sec. 3.1
+    (train/elastic_matmul.py)."""
     steps: int = 20
     """Products per method (a fresh x or B each step), >= 1."""
     report_every: int = 5

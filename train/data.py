@@ -1,4 +1,4 @@
-"""Data sources of the training jobs (design section 1).
+"""Data sources of the training jobs (docs/model.md).
 
 The job hands the training split to :class:`~coded_shuffle.CodedShuffle` as float32 features
 and an int32 label per point: a record of ``4 * features + 4`` bytes

@@ -1,4 +1,4 @@
-"""``job=elastic_gd``: coded elastic gradient descent over torch.distributed (seed 002).
+"""``job=elastic_gd``: coded elastic gradient descent over torch.distributed (Yang et al. 2018).
 
 Rank 0 is the master (it holds ``X``, ``y`` and runs :class:`ElasticMaster`); ranks ``1..P``
 are the workers, each with its own persistent store under ``RUN_DIR/elastic/stores``. All

@@ -1,4 +1,5 @@
-"""``job=elastic_matmul``: coded elastic ``A x`` and ``A B`` over torch.distributed (seed 002).
+"""``job=elastic_matmul``: coded elastic ``A x`` and ``A B`` over
+torch.distributed (Yang et al. 2018).
 
 Rank 0 is the master: it holds ``A``, draws a fresh right factor every step and runs every
 method of :mod:`coded_shuffle.elastic.product_runner` in turn (``coded``, ``uncoded``,

@@ -1,4 +1,4 @@
-"""``job=elastic_gd job.elastic.fully_distributed=true``: no master in the loop (seed 002,
+"""``job=elastic_gd job.elastic.fully_distributed=true``: no master in the loop (Yang et al. 2018,
 sec. 3.3).
 
 Rank 0 places the coded blocks (as in the master mode) and sends every worker the generator

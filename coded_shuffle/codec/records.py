@@ -1,4 +1,4 @@
-"""Data set items as fixed-size byte records, and back (interfaces: Library API).
+"""Data set items as fixed-size byte records, and back (README: "Your own training loop").
 
 A coded delivery moves rows of bytes. An item of a map-style data set (a tensor, or a tuple of
 tensors, of fixed shapes and dtypes) becomes one record: its fields' bytes, in field order, in

@@ -1,8 +1,9 @@
 """One epoch transition end to end: plan, prove, encode, decode, update the worker's store.
 
 A :class:`Delivery` holds one :class:`DeliveryPlan` per *byte part* of a point. Plain schemes
-use one part; memory sharing (design section 4.3) splits every point's bytes into parts and
-runs one plan on each. The load of a delivery is the byte-weighted sum of its parts' loads.
+use one part; memory sharing (docs/excess-storage.md, memory sharing) splits every point's bytes
+into parts and runs one plan on each. The load of a delivery is the
+byte-weighted sum of its parts' loads.
 Every delivery is proved decodable by the generic index decoder before any byte is sent.
 """
 

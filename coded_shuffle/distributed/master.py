@@ -181,7 +181,7 @@ class MasterSide:
         stored: float,
         breakdown: dict[str, float],
     ) -> dict[str, Any]:
-        """The epoch's delivery metrics (README: Metrics)."""
+        """The epoch's delivery metrics (README: "What the numbers mean")."""
         ctx = self.ctx
         counts, link_seconds = ctx.link.take_counts()
         shared, payload = link_bytes

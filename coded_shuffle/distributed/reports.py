@@ -69,7 +69,7 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray) -> dict[str,
         "host_egress_bytes": egress,
         "host_ingress_bytes": ingress,
     }
-    if name == "tree":  # deprecated name of the same figure (README: Metrics)
+    if name == "tree":  # deprecated name of the same figure (README: "What the numbers mean")
         row["gloo_tree_bytes"] = row["network_bytes"]
     return row
 

@@ -78,7 +78,7 @@ def log_progress(records: dict[int, Heartbeat], seconds: float) -> None:
 
 
 class CodedShuffle:
-    """Coded delivery of every epoch's data (interfaces: "Library API for an own training loop").
+    """Coded delivery of every epoch's data (README: "Your own training loop").
 
     Parameters
     ----------

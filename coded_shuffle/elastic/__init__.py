@@ -1,4 +1,4 @@
-"""Coded elastic computing (seed 002): exact gradient descent while workers leave and join.
+"""Coded elastic computing (Yang et al. 2018): exact gradient descent while workers leave and join.
 
 Pure numpy: the generator, the encoding, the cyclic usage and group decoding, the events and
 the master's loop behind a transport interface. The torch.distributed job is

@@ -1,4 +1,4 @@
-"""Cyclic use of the coded blocks and the two-round gradient (seed 002, sec. 2.3-2.4, 3.2).
+"""Cyclic use of the coded blocks and the two-round gradient (Yang et al. 2018, sec. 2.3-2.4, 3.2).
 
 With ``n >= L`` available workers, every coded block (``b`` rows) is split into ``n``
 sub-blocks; the worker at position ``i`` (workers sorted by id) uses sub-blocks
@@ -23,7 +23,8 @@ from coded_shuffle.math.plan import ranges
 
 @dataclass(frozen=True)
 class CyclicUsage:
-    """Which rows of its coded block every available position uses (Figure 1 of seed 002)."""
+    """Which rows of its coded block every available position uses
+    (Figure 1 of Yang et al. 2018)."""
 
     available: int
     recovery_threshold: int

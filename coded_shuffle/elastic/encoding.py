@@ -1,4 +1,4 @@
-"""Encoding at the master, once (seed 002, eq. (1)): ``X~_s = sum_k g_sk X_k``."""
+"""Encoding at the master, once (Yang et al. 2018, eq. (1)): ``X~_s = sum_k g_sk X_k``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Systematic real-valued generators for coded elastic computing (seed 002, eqs. (1)-(2)).
+"""Systematic real-valued generators for coded elastic computing (Yang et al. 2018, eqs. (1)-(2)).
 
 Coded block ``s`` is ``sum_k g_sk X_k``; the first ``L`` rows of ``G`` are the identity (the
 systematic code of eq. (2)), and every ``L x L`` sub-matrix must be invertible (Lemma 2.1) and,

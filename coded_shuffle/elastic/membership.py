@@ -4,7 +4,8 @@ Worker ids are ``1..P`` (the ranks of the job; rank 0 is the master). An event
 ``{step: s, leave: [ids]}`` pre-empts workers before step ``s``; ``{step: s, join: k}`` admits
 ``k`` machines (``join: [ids]`` names them). A joining machine takes the lowest free id (a
 departed worker's rank) and receives one coded row: its own former row if still unused, else a
-departed worker's row, else a fresh combination (seed 002 sec. 2.3). Survivors never move data.
+departed worker's row, else a fresh combination (Yang et al. 2018 sec.
+2.3). Survivors never move data.
 """
 
 from __future__ import annotations

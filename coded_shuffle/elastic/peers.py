@@ -1,4 +1,4 @@
-"""Fully distributed coded elastic gradient descent, without a master (seed 002, sec. 3.3).
+"""Fully distributed coded elastic gradient descent, without a master (Yang et al. 2018, sec. 3.3).
 
 Every available worker holds its coded block, every generator row in use and the targets
 ``y``. Per step:

@@ -1,4 +1,5 @@
-"""The least-squares problem of seed 002 sec. 3.2: ``f(w) = |Xw - y|^2 / (2N) + ridge |w|^2 / 2``.
+"""The least-squares problem of Yang et al. 2018 sec. 3.2: ``f(w) = |Xw -
+y|^2 / (2N) + ridge |w|^2 / 2``.
 
 The synthetic data set comes from ``sources`` contiguous sources (one per initial worker of the
 uncoded baselines, as when data stays where it was collected). Sources differ in feature scales

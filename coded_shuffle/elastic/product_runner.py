@@ -1,4 +1,4 @@
-"""The master's loop for elastic matrix products (``job=elastic_matmul``, seed 002 sec. 4).
+"""The master's loop for elastic matrix products (``job=elastic_matmul``, Yang et al. 2018 sec. 4).
 
 One product per step with a fresh right factor (``x`` or ``B``, seeded by the step), under
 the same elastic events as gradient descent. Methods:

@@ -1,4 +1,4 @@
-"""Elastic matrix products (seed 002): ``A x`` by Algorithm 1, ``A B`` by sec. 3.1.
+"""Elastic matrix products (Yang et al. 2018): ``A x`` by Algorithm 1, ``A B`` by sec. 3.1.
 
 Pure numpy, the master's side of one product with the workers available now:
 

@@ -1,6 +1,6 @@
 """The master's loop: full-batch gradient descent under elastic events, coded and baselines.
 
-Methods (seed 002 sec. 4): ``coded`` (sec. 3.2: cyclic use of stored coded blocks, exact
+Methods (Yang et al. 2018 sec. 4): ``coded`` (sec. 3.2: cyclic use of stored coded blocks, exact
 gradient, nothing moves on a departure), ``nofailure`` (uncoded, all ``P`` workers, scheduled
 events ignored), ``ignore`` (uncoded; a departed worker's rows are dropped from the gradient
 until a joiner receives them) and ``repartition`` (uncoded; the rows of departed workers are
@@ -507,7 +507,7 @@ def armijo_step(problem: Problem, w: np.ndarray, grad: np.ndarray, base: float) 
 
 
 class CodedRun(_Run):
-    """Sec. 3.2 of seed 002: two rounds per step over the cyclic usage of stored blocks."""
+    """Sec. 3.2 of Yang et al. 2018: two rounds per step over the cyclic usage of stored blocks."""
 
     name = "coded"
 
@@ -680,7 +680,7 @@ class IgnoreRun(UncodedRun):
 
 
 class DistrBGDRun(IgnoreRun):
-    """Elastic Distr-BGD (seed 002's baseline, its ref. [49]): a departed worker's last
+    """Elastic Distr-BGD (Yang et al. 2018's baseline, its ref. [49]): a departed worker's last
     partial gradient stands in for its part, stale, until a joiner takes the part over."""
 
     name = "distr_bgd"

@@ -1,4 +1,4 @@
-"""Assignments of points to workers, reshuffles, shuffle and leftover matrices (design section 1).
+"""Assignments of points to workers, reshuffles, shuffle and leftover matrices (docs/model.md).
 
 An *assignment* is an ``int64`` array of length ``N``: the 0-based worker of every point.
 Every worker holds exactly ``q = N / K`` points.
@@ -45,7 +45,7 @@ def shuffle_matrix(old: np.ndarray, new: np.ndarray, num_workers: int) -> np.nda
 
 
 def leftover_matrix(shuffle: np.ndarray) -> np.ndarray:
-    """``Omega = S - min(S, S^T)`` (seed 001, Section IV): what pairs leave over."""
+    """``Omega = S - min(S, S^T)`` (Attia & Tandon 2016, Section IV): what pairs leave over."""
     omega = shuffle - np.minimum(shuffle, shuffle.T)
     np.fill_diagonal(omega, 0)
     return omega

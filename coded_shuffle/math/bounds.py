@@ -1,4 +1,4 @@
-"""Lower bounds on the load (seed 001, Theorems 2 and 3; design section 3.3).
+"""Lower bounds on the load (Attia & Tandon 2016, Theorems 2 and 3; docs/schemes.md, lower bounds).
 
 Theorem 2: for every ordering ``sigma`` of the workers,
 ``R* >= sum_{i<j} S[sigma_i][sigma_j]`` (off-diagonal entries only). The best ordering is a
@@ -80,8 +80,9 @@ def max_linear_ordering(gains: np.ndarray) -> tuple[float, np.ndarray]:
     ``gains[mask, v]``: what worker ``v`` adds when the workers in ``mask`` precede it. DP over
     subsets, ``best[mask | v] = max(best[mask] + gains[mask, v])``, vectorised over all subsets
     of one size at a time (every subset of size ``p`` is final once all subsets of size
-    ``p - 1`` have been pushed forward). Serves Theorem 2 of seed 001 (arcs of the shuffle
-    matrix) and the cut-set bound with excess storage (:mod:`coded_shuffle.math.rate_memory`).
+    ``p - 1`` have been pushed forward). Serves Theorem 2 of Attia & Tandon 2016 (arcs of the
+    shuffle matrix) and the cut-set bound with excess storage
+    (:mod:`coded_shuffle.math.rate_memory`).
     """
     k = gains.shape[1]
     full = (1 << k) - 1

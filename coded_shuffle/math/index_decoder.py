@@ -1,4 +1,4 @@
-"""The generic index decoder over GF(2) (design section 6).
+"""The generic index decoder over GF(2) (docs/model.md, decoding).
 
 For one worker: cancel what it caches, peel (a symbol with one unknown left yields it), and
 fall back to Gaussian elimination over GF(2) on the connected components where peeling

@@ -3,7 +3,7 @@
 A point is split into ``splits`` equal *sub-points*; sub-point ``j`` of point ``p`` has the
 id ``p * splits + j``. A *symbol* is the XOR of a set of sub-points; a plan is the list of
 symbols that the master puts on the shared link plus, for every worker, what it caches before
-the delivery and which points it must hold after it (design sections 1 and 6).
+the delivery and which points it must hold after it (docs/model.md).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class DeliveryPlan:
 
     @property
     def uncoded_points(self) -> float:
-        """Load of sending every demanded sub-point once, uncoded (design section 2)."""
+        """Load of sending every demanded sub-point once, uncoded
+        (docs/model.md, uncoded delivery)."""
         return sum(self.demands(k).size for k in range(self.num_workers)) / self.splits
 
     def symbol_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,7 +137,8 @@ def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.
 
 @dataclass(frozen=True)
 class SharedPlan:
-    """Memory sharing (design 4.3): ``plans[i]`` runs on ``fractions[i]`` of every point's bytes.
+    """Memory sharing (docs/excess-storage.md, memory sharing): ``plans[i]`` runs on
+    ``fractions[i]`` of every point's bytes.
 
     Every plan has ``plans`` and ``fractions``: a :class:`DeliveryPlan` is the one-part case, so
     code that handles a plan never asks which kind it holds.
@@ -150,7 +152,8 @@ Plan = DeliveryPlan | SharedPlan
 
 
 def plan_load(plan: Plan) -> float:
-    """Load in points of a plan: fraction-weighted over its parts (design 4.3)."""
+    """Load in points of a plan: fraction-weighted over its parts
+    (docs/excess-storage.md, memory sharing)."""
     return float(sum(p.load_points * f for p, f in zip(plan.plans, plan.fractions, strict=True)))
 
 

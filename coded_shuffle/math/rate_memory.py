@@ -1,9 +1,10 @@
 """Rate-memory formulas, curves and the per-shuffle lower bound with excess storage.
 
-* Corner points and their lower convex envelope (design 4.1-4.3): Attia-Tandon
-  structural-invariant (seed 004, Theorem 1), Elmahdy-Mohajer (seed 003, Theorems 1-5),
-  uncoded delivery with the E-M placement.
-* The ordering cut-set bound for a fixed uncoded placement (generalises seed 001, Theorem 2):
+* Corner points and their lower convex envelope (docs/excess-storage.md): Attia-Tandon
+  structural-invariant (Attia & Tandon 2019, Theorem 1), Elmahdy-Mohajer (Elmahdy & Mohajer 2018,
+  Theorems 1-5), uncoded delivery with the E-M placement.
+* The ordering cut-set bound for a fixed uncoded placement (generalises
+Attia & Tandon 2016, Theorem 2):
   for an ordering ``sigma`` of the workers,
   ``R >= sum_i |D_{sigma_i} - (U_{j<=i} C_{sigma_j} U U_{j<i} D_{sigma_j})|``
   (``C`` = cache, ``D`` = demanded sub-points, weighted in points). A sub-point counts exactly
@@ -27,7 +28,8 @@ from coded_shuffle.math.state import CacheState, part_states
 
 
 def em_load(num_workers: int, t: int, cycles: int = 1) -> float:
-    """E-M load of one permutation with ``g`` cycles, in points (seed 003, Theorems 1-3).
+    """E-M load of one permutation with ``g`` cycles, in points (Elmahdy &
+    Mohajer 2018, Theorems 1-3).
 
     ``(C(K-1, t) - C(g-1, t)) / C(K-1, t-1)``; ``g = 1`` gives ``(K-t)/t``.
     """
@@ -35,16 +37,17 @@ def em_load(num_workers: int, t: int, cycles: int = 1) -> float:
 
 
 def em_corners(num_workers: int, num_points: int) -> list[tuple[float, float]]:
-    """``(T, worst-case load)`` = ``(t, q(K-t)/t)`` for ``t = 1..K`` (seed 003, Theorem 5)."""
+    """``(T, worst-case load)`` = ``(t, q(K-t)/t)`` for ``t = 1..K`` (Elmahdy
+    & Mohajer 2018, Theorem 5)."""
     q = batch_size(num_points, num_workers)
     return [(float(t), q * (num_workers - t) / t) for t in range(1, num_workers + 1)]
 
 
 def at_corners(num_workers: int, num_points: int, paper: bool = False) -> list[tuple[float, float]]:
-    """``(1 + p(K-1)/K, q(K-p)/(p+1))`` for ``p = 1..K`` (seed 004, Theorem 1), and at
+    """``(1 + p(K-1)/K, q(K-p)/(p+1))`` for ``p = 1..K`` (Attia & Tandon 2019, Theorem 1), and at
     ``p = 0``: ``(1, N)`` with ``paper`` (Theorem 1: every point sent once, its Example 1's
     ``(1, 4)`` at ``K = N = 4``), else ``(1, q(K-1))``, the project's no-excess delivery
-    (the no-excess optimum of design 3.1/3.2, reached by ``cycles`` on the worst shuffle).
+    (the no-excess optimum of docs/schemes.md, reached by ``cycles`` on the worst shuffle).
     """
     q = batch_size(num_points, num_workers)
     k = num_workers
@@ -58,7 +61,8 @@ def gap_to_optimum(
     num_workers: int, num_points: int, paper: bool, grid: int = 2001
 ) -> tuple[float, float]:
     """``(largest ratio, T at it)`` of the A-T worst-case curve over the worst-case optimum
-    (seed 003 Theorem 5) on ``1 <= T < K``: seed 004 Theorem 3 bounds it by ``K/(K-1)``."""
+    (Elmahdy & Mohajer 2018 Theorem 5) on ``1 <= T < K``: Attia & Tandon 2019
+    Theorem 3 bounds it by ``K/(K-1)``."""
     ts = np.linspace(1.0, float(num_workers), grid)[:-1]  # both loads vanish at T = K
     ratio = at_worst_case(num_workers, num_points, ts, paper) / em_worst_case(
         num_workers, num_points, ts
@@ -91,7 +95,8 @@ def envelope(corners: Sequence[tuple[float, float]], storage: float | np.ndarray
 
 
 def em_worst_case(num_workers: int, num_points: int, storage: float | np.ndarray) -> np.ndarray:
-    """The optimal worst-case load under uncoded placement (seed 003, Theorem 5 + memory sharing).
+    """The optimal worst-case load under uncoded placement (Elmahdy & Mohajer
+    2018, Theorem 5 + memory sharing).
 
     Also the worst-case lower bound the curves show.
     """
@@ -101,7 +106,7 @@ def em_worst_case(num_workers: int, num_points: int, storage: float | np.ndarray
 def at_worst_case(
     num_workers: int, num_points: int, storage: float | np.ndarray, paper: bool = False
 ) -> np.ndarray:
-    """Attia-Tandon structural-invariant worst-case load (seed 004, Theorem 1 + Claim 1);
+    """Attia-Tandon structural-invariant worst-case load (Attia & Tandon 2019, Theorem 1 + Claim 1);
     ``paper``: with the paper's ``p = 0`` corner ``(1, N)`` (see :func:`at_corners`)."""
     return envelope(at_corners(num_workers, num_points, paper), storage)
 

@@ -1,4 +1,4 @@
-"""The cache state: what every worker holds before a delivery (design section 1).
+"""The cache state: what every worker holds before a delivery (docs/model.md).
 
 Beside the assignments, not inside the schemes: the bounds, the schemes and the byte layer
 all read it. Pure numpy.

@@ -1,6 +1,6 @@
 """The lower bound reported beside every delivery: the best one the project computes.
 
-Whole-batch placements (no excess storage) use the ordering bound of seed 001, Theorem 2
+Whole-batch placements (no excess storage) use the ordering bound of Attia & Tandon 2016, Theorem 2
 on the shuffle matrix; placements with excess storage use the ordering cut-set bound on the
 placement's sub-points (:mod:`coded_shuffle.math.rate_memory`).
 """

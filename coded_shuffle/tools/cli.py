@@ -1,4 +1,4 @@
-"""The ``coded-shuffle`` command (interfaces.md): ``evaluate`` and ``schemes``."""
+"""The ``coded-shuffle`` command (README): ``evaluate`` and ``schemes``."""
 
 from __future__ import annotations
 

@@ -162,7 +162,8 @@ def run(ev: Evaluation) -> Iterator[EpochReport]:
 
 
 def pairs_only_load(state, new: np.ndarray) -> float | None:
-    """Seed 001's first stage alone: pairs coded, leftovers sent uncoded (batch placements)."""
+    """Attia & Tandon 2016's first stage alone: pairs coded, leftovers sent
+    uncoded (batch placements)."""
     if not is_batch_placement(state):
         return None
     s = shuffle_matrix(state.assignment, new, state.num_workers)

@@ -1,4 +1,5 @@
-"""Attia-Tandon coded shuffling without excess storage (seed 001, Theorem 1; design 3.1).
+"""Attia-Tandon coded shuffling without excess storage (Attia & Tandon 2016,
+Theorem 1; docs/schemes.md).
 
 Phase 1 sends ``min(S_ij, S_ji)`` symbols ``x_ij XOR x_ji`` for every pair ``i < j``. Phase 2
 combines the leftovers ``Omega = S - min(S, S^T)``: one *ignored* worker ``u`` (the maximiser
@@ -31,7 +32,7 @@ from coded_shuffle.math.schemes.cycle_plan import (
 
 
 def theorem1_load(shuffle: np.ndarray) -> int:
-    """Theorem 1 of seed 001: ``sum_{i<j} max(S_ij, S_ji) - max_k sum_j Omega_kj``."""
+    """Theorem 1 of Attia & Tandon 2016: ``sum_{i<j} max(S_ij, S_ji) - max_k sum_j Omega_kj``."""
     s = off_diagonal(shuffle)
     return int(np.triu(np.maximum(s, s.T), 1).sum() - leftover_matrix(s).sum(axis=1).max())
 
@@ -53,10 +54,12 @@ def leftover_cycles(omega: np.ndarray, ignored: int) -> list[Cycle]:
 
 
 class AttiaTandon(CycleScheme):
-    """Seed 001, Theorem 1: pairs, then leftover combining with one ignored worker."""
+    """Attia & Tandon 2016, Theorem 1: pairs, then leftover combining with one ignored worker."""
 
     name = "attia-tandon"
-    summary = "no excess storage: pairwise XORs, then leftover combining (seed 001, Theorem 1)"
+    summary = (
+        "no excess storage: pairwise XORs, then leftover combining (Attia & Tandon 2016, Theorem 1)"
+    )
 
     def decompose(self, shuffle: np.ndarray) -> tuple[list[Cycle], list[Cycle]]:
         pairs, omega = pair_cycles(shuffle)

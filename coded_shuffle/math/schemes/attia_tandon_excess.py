@@ -1,4 +1,5 @@
-"""Attia-Tandon structural-invariant scheme with excess storage (seed 004, Theorem 1, App. A).
+"""Attia-Tandon structural-invariant scheme with excess storage (Attia &
+Tandon 2019, Theorem 1, App. A).
 
 Corner ``p`` (``T = 1 + p(K-1)/K``): every point is split into ``C(K, p)`` sub-points, one per
 ``p``-subset ``W`` of the workers (slot ``j`` = the ``j``-th subset, the same for every point).
@@ -19,8 +20,9 @@ unchanged.
 Update (A.3): keep the new batch whole; of every point that left, keep only the sub-points whose
 label contains you; the rest is unchanged, so the structure is the same in every epoch.
 
-Corner ``p = 0`` is the no-excess placement, delivered by the cycle-aware scheme of design 3.2
-(the Elmahdy-Mohajer delivery at ``t = 1``); corner ``p = K`` stores everything (load 0).
+Corner ``p = 0`` is the no-excess placement, delivered by the cycle-aware scheme of
+docs/schemes.md, cycles (the Elmahdy-Mohajer delivery at ``t = 1``); corner ``p =
+K`` stores everything (load 0).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class ATLabels:
 
 
 def at_storage(num_workers: int, p: int) -> float:
-    """Storage of corner ``p`` in batches: ``1 + p(K-1)/K`` (seed 004, Theorem 1)."""
+    """Storage of corner ``p`` in batches: ``1 + p(K-1)/K`` (Attia & Tandon 2019, Theorem 1)."""
     return 1.0 + p * (num_workers - 1) / num_workers
 
 
@@ -155,8 +157,9 @@ def owner_routing(moves: np.ndarray, p: int) -> list[int]:
     """How many of each demand class go through the old owner's group of ``p + 2``.
 
     Every symbol of a group XORs one demand per member; the group sends as many symbols as
-    its largest member count. The paper's delivery (eq. (57) of seed 004) sends everything
-    in groups of ``p + 1``; a sub-point whose point's old processor is not in its label is
+    its largest member count. The paper's delivery (eq. (57) of Attia & Tandon 2019) sends
+    everything in groups of ``p + 1``; a sub-point whose point's old
+    processor is not in its label is
     also known to that processor, so it can share a symbol with ``p + 1`` others. Coordinate
     descent over the classes (each class's best split given the others: a convex piecewise
     linear cost, minimised at its breakpoints), from both pure routings; the lower total
@@ -227,7 +230,7 @@ def _route(
 
 
 def at_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
-    """Eq. (57) of seed 004 for any shuffle, with the old owners' groups of ``p + 2``
+    """Eq. (57) of Attia & Tandon 2019 for any shuffle, with the old owners' groups of ``p + 2``
     where they lower the load (:func:`owner_routing`; breakdown ``p=.. (owner groups)``),
     or the clique cover (:mod:`.clique_cover`) when that is lower."""
     k, p, s = state.num_workers, state.labels.p, state.splits

@@ -23,7 +23,8 @@ class Scheme(ABC):
 
     def __init__(self, point_bytes: int | None = None) -> None:
         """``point_bytes``: the size of the points it will carry, if known (schemes that cut
-        points into parts fit the parts to it, design 4.4); fixed for the scheme's life."""
+        points into parts fit the parts to it, docs/excess-storage.md, sub-point
+        size); fixed for the scheme's life."""
         self.point_bytes = point_bytes
 
     @classmethod
@@ -68,7 +69,8 @@ class Scheme(ABC):
 
     def check_point_bytes(self, num_workers: int, storage: float) -> None:
         """Raises :class:`UsageError` when the scheme's sub-points of ``point_bytes``-byte
-        points would become tiny (design 4.4). Whole-point schemes need nothing."""
+        points would become tiny (docs/excess-storage.md, sub-point size).
+        Whole-point schemes need nothing."""
         return None
 
     def part_caches(self, state: CacheState, worker: int) -> list[np.ndarray]:
@@ -93,7 +95,7 @@ def batch_plan_fields(state: CacheState, new_assignment: np.ndarray) -> dict[str
 
 
 def uncoded_symbols(state: CacheState, new_assignment: np.ndarray) -> np.ndarray:
-    """Every demanded sub-point once, as degree-1 symbols (design section 2)."""
+    """Every demanded sub-point once, as degree-1 symbols (docs/model.md, uncoded delivery)."""
     news = batches(new_assignment, state.num_workers)
     demanded = [
         np.setdiff1d(subpoints_of(b, state.splits), c, assume_unique=True)

@@ -7,7 +7,8 @@ and the same other holders ``H`` form a *type* ``(d, H)``; the count of a type d
 depend on how the shuffle splits into permutations, so covering types codes across them.
 Types ``u, v`` know each other when the demander of each holds the other's sub-points; a
 *clique* of such types is served by one XOR of one sub-point per member (the coded-caching
-multicast of seed 003, Section III), which every member's demander decodes with its cache.
+multicast of Elmahdy & Mohajer 2018, Section III), which every member's
+demander decodes with its cache.
 
 The amounts per maximal clique minimise the symbols that cover every type's count (an LP,
 HiGHS); they are rounded down and what is left is covered greedily (the clique with the most

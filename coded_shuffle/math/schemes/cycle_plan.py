@@ -1,4 +1,4 @@
-"""Cycle deliveries for no excess storage (design 3.1 and 3.2): the shared builder.
+"""Cycle deliveries for no excess storage (docs/schemes.md): the shared builder.
 
 The off-diagonal part of the shuffle matrix ``S`` is an Eulerian multigraph on the workers
 (arc ``i -> j`` with multiplicity ``S[i][j]``). A *cycle* ``v_0 -> v_1 -> ... -> v_{L-1} -> v_0``
@@ -68,7 +68,8 @@ def cycle_arcs(cycles: list[Cycle], num_workers: int) -> np.ndarray:
 
 
 def pair_cycles(shuffle: np.ndarray) -> tuple[list[Cycle], np.ndarray]:
-    """All 2-cycles ``min(S_ij, S_ji)`` (seed 001, phase 1) and the leftover matrix ``Omega``.
+    """All 2-cycles ``min(S_ij, S_ji)`` (Attia & Tandon 2016, phase 1) and
+    the leftover matrix ``Omega``.
 
     Taking every 2-cycle first never lowers the number of cycles that a decomposition can
     reach: if ``i -> j`` and ``j -> i`` lie on different cycles ``C1`` and ``C2``, the 2-cycle

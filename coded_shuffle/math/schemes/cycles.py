@@ -1,4 +1,4 @@
-"""Cycle-decomposition delivery without excess storage (design 3.2, beyond the papers).
+"""Cycle-decomposition delivery without excess storage (docs/schemes.md, cycles, beyond the papers).
 
 The off-diagonal shuffle multigraph is split into directed cycles, every cycle delivered with
 ``L - 1`` XOR symbols (opened at its first worker), so the load is
@@ -13,8 +13,9 @@ The off-diagonal shuffle multigraph is split into directed cycles, every cycle d
    cycles; the packing takes as many 3-cycles as the counts allow;
 3. the rest, shortest cycle first (greedy, always simple cycles).
 
-Never worse than Attia-Tandon (Theorem 1 of seed 001): all decompositions here consist of the
-2-cycles and *simple* cycles of ``Omega``. A simple cycle leaves any worker ``u`` at most once,
+Never worse than Attia-Tandon (Theorem 1 of Attia & Tandon 2016): all decompositions here consist
+of the 2-cycles and *simple* cycles of ``Omega``. A simple cycle leaves
+any worker ``u`` at most once,
 so the arcs out of ``u`` lie on distinct cycles and ``Omega`` yields at least
 ``max_u sum_j Omega_uj`` cycles. Hence the load is at most
 ``sum S - sum_{i<j} min(S_ij, S_ji) - max_u sum_j Omega_uj``
@@ -87,7 +88,7 @@ def pack_triangles(weights: np.ndarray) -> list[Cycle]:
 
 
 class Cycles(CycleScheme):
-    """Design 3.2: directed-cycle decomposition, 2-cycles, then triangles, then shortest."""
+    """Directed-cycle decomposition (docs/schemes.md), 2-cycles, then triangles, then shortest."""
 
     name = "cycles"
     summary = "no excess storage: decomposition into directed cycles, L-1 symbols per cycle"

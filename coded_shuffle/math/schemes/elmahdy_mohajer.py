@@ -1,6 +1,7 @@
-"""Elmahdy-Mohajer coded shuffling with excess storage (seed 003; design section 4.2).
+"""Elmahdy-Mohajer coded shuffling with excess storage (Elmahdy & Mohajer 2018;
+docs/excess-storage.md).
 
-Placement (seed 003, Section III): the point processed by worker ``h`` is split into
+Placement (Elmahdy & Mohajer 2018, Section III): the point processed by worker ``h`` is split into
 ``C(K-1, t-1)`` sub-points labelled by the ``(t-1)``-subsets ``L`` of the other workers;
 worker ``k != h`` caches the sub-points whose label contains ``k``. Every sub-point is known by
 ``L + {h}``: exactly ``t`` workers, and every worker stores ``t * q`` points.
@@ -9,7 +10,7 @@ Delivery for general ``N = q*K`` (Section VI-A): the shuffle's worker-to-worker 
 ``q``-regular, so it splits into ``q`` permutations (a maximum-cycle Birkhoff split, fixed points
 first); each permutation is a canonical ``N = K`` problem on its own ``K`` points. For one
 permutation in which worker ``k`` needs the point of worker ``pi(k)``, the sub-message of a
-``t``-subset ``S`` is (the design note's hand-checked case, generalised)::
+``t``-subset ``S`` is (the case checked by hand in docs/excess-storage.md, generalised)::
 
     X_S = XOR_{k in S} ( F_{pi(k)}^{S - k}  XOR  F_k^{S - k} )
 
@@ -91,7 +92,7 @@ class EMLabels:
 
 
 def em_splits(num_workers: int, t: int) -> int:
-    """Sub-points per point: ``C(K-1, t-1)`` (seed 003, eq. (7))."""
+    """Sub-points per point: ``C(K-1, t-1)`` (Elmahdy & Mohajer 2018, eq. (7))."""
     return comb(num_workers - 1, t - 1)
 
 
@@ -163,14 +164,16 @@ def em_state(assignment: np.ndarray, num_workers: int, t: int, masks: np.ndarray
 
 
 def em_initial_state(assignment: np.ndarray, num_workers: int, t: int) -> CacheState:
-    """Algorithms 1-2 of seed 003: canonical labels, slot ``j`` = label of rank ``j``."""
+    """Algorithms 1-2 of Elmahdy & Mohajer 2018: canonical labels, slot
+    ``j`` = label of rank ``j``."""
     assignment = np.asarray(assignment, dtype=np.int64)
     masks = label_table(num_workers, t)[assignment]
     return em_state(assignment, num_workers, t, masks)
 
 
 def em_next_state(state: CacheState, new_assignment: np.ndarray) -> CacheState:
-    """Algorithm 5 of seed 003: relabel moved points (``h'`` in a label becomes ``h``)."""
+    """Algorithm 5 of Elmahdy & Mohajer 2018: relabel moved points (``h'``
+    in a label becomes ``h``)."""
     old, new = state.assignment, np.asarray(new_assignment, dtype=np.int64)
     masks = state.labels.masks
     has_new = ((masks >> new[:, None]) & 1).astype(bool) & (old != new)[:, None]
@@ -279,8 +282,8 @@ def cycles_of(sigma: np.ndarray) -> list[list[int]]:
 
 
 def cycle_decomposition(shuffle: np.ndarray) -> list[tuple[list[int], int]]:
-    """Off-diagonal arcs as directed cycles with multiplicities, shortest first (design 3.2;
-    the decomposition of :func:`~coded_shuffle.math.schemes.cycle_plan.greedy_cycles`)."""
+    """Off-diagonal arcs as directed cycles with multiplicities, shortest first (docs/schemes.md,
+    cycles; the decomposition of :func:`~coded_shuffle.math.schemes.cycle_plan.greedy_cycles`)."""
     return [(list(c.workers), c.multiplicity) for c in greedy_cycles(off_diagonal(shuffle))]
 
 
@@ -359,14 +362,16 @@ def heuristic_split(shuffle: np.ndarray, t: int) -> np.ndarray:
 
 
 def split_load(sigmas: np.ndarray, t: int) -> float:
-    """E-M load of a split into permutations (rows), in points (seed 003, Theorems 1-3)."""
+    """E-M load of a split into permutations (rows), in points (Elmahdy &
+    Mohajer 2018, Theorems 1-3)."""
     uniq, counts = np.unique(sigmas, axis=0, return_counts=True)
     k = sigmas.shape[1]
     return sum(c * em_load(k, t, len(cycles_of(u))) for u, c in zip(uniq, counts, strict=True))
 
 
 def _saving(sigma: np.ndarray, t: int) -> int:
-    """``C(g-1, t)``: what a permutation with ``g`` cycles saves (seed 003, Theorem 4)."""
+    """``C(g-1, t)``: what a permutation with ``g`` cycles saves (Elmahdy &
+    Mohajer 2018, Theorem 4)."""
     return comb(len(cycles_of(sigma)) - 1, t)
 
 
@@ -622,7 +627,8 @@ class PermutationCodes:
 
 
 def permutation_codes(types: DemandTypes, num_workers: int, t: int) -> PermutationCodes:
-    """The codes of all ``K! - 1`` permutations (Theorem 2 of seed 003 for their costs)."""
+    """The codes of all ``K! - 1`` permutations (Theorem 2 of Elmahdy &
+    Mohajer 2018 for their costs)."""
     needs, cycles = _all_needs(num_workers)
     costs = comb(num_workers - 1, t) - _comb_table(num_workers)[cycles - 1, t]
     return PermutationCodes(needs, permutation_uses(types, needs).tocsc(), costs.astype(float))
@@ -713,7 +719,7 @@ def _symbols(blocks: tuple) -> int:
 def em_plan(
     state: CacheState, new_assignment: np.ndarray, scheme: str, key: str | None = None
 ) -> DeliveryPlan:
-    """The cycle-aware E-M delivery (Theorems 2 and 4 of seed 003) for one transition.
+    """The cycle-aware E-M delivery (Theorems 2 and 4 of Elmahdy & Mohajer 2018) for one transition.
 
     At ``t = 1`` (no excess storage) the lower of it and the project's ``cycles`` delivery
     of the same placement (``key (cycles)`` in the breakdown when that one is used): never

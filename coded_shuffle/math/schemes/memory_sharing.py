@@ -1,4 +1,5 @@
-"""Memory sharing between corner points (design section 4.3; seed 003 Remark 2, seed 004 Claim 1).
+"""Memory sharing between corner points (docs/excess-storage.md, memory sharing; Elmahdy & Mohajer
+2018 Remark 2, Attia & Tandon 2019 Claim 1).
 
 A scheme with *corner points* (integer ``t`` for Elmahdy-Mohajer, ``p`` for Attia-Tandon) reaches
 a storage ``T`` between two corners by cutting every point's bytes into parts and running one
@@ -131,7 +132,8 @@ class CornerScheme(Scheme):
         """The corner's cache update."""
 
     def check_point_bytes(self, num_workers: int, storage: float) -> None:
-        """Refuses tiny sub-points of ``point_bytes``-byte points (design 4.4)."""
+        """Refuses tiny sub-points of ``point_bytes``-byte points
+        (docs/excess-storage.md, sub-point size)."""
         if self.point_bytes is not None:
             check_subpacketization(self, num_workers, storage, self.point_bytes)
 
@@ -224,7 +226,8 @@ def exact_point_bytes(
 def check_subpacketization(
     scheme: Scheme, num_workers: int, storage: float, point_bytes: int
 ) -> list[tuple[int, int, int]]:
-    """Refuses tiny sub-points (design 4.4); returns ``[(corner, part bytes, splits)]``.
+    """Refuses tiny sub-points (docs/excess-storage.md, sub-point size); returns
+    ``[(corner, part bytes, splits)]``.
 
     Raises :class:`UsageError` when the corner at or above ``T`` would cut a ``point_bytes``
     point into sub-points below ``MIN_SUBPOINT_BYTES`` bytes, naming the sizes and what to

@@ -1,4 +1,5 @@
-"""Uncoded delivery: every needed sub-point is broadcast once, as it is (design section 2)."""
+"""Uncoded delivery: every needed sub-point is broadcast once, as it is
+(docs/model.md, uncoded delivery)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``coded-shuffle cluster``: one ``torchrun`` node per emulated host (interfaces.md).
+"""``coded-shuffle cluster``: one ``torchrun`` node per emulated host (README).
 
 Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>``
 inside its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real
