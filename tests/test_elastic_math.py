@@ -31,7 +31,7 @@ from coded_shuffle.elastic import (
 from coded_shuffle.elastic.cyclic import worker_backward, worker_forward
 from coded_shuffle.elastic.membership import Event, initial_holdings
 from coded_shuffle.elastic.peers import ring_bytes, simulate_peers
-from coded_shuffle.elastic.protocol import LocalTransport
+from coded_shuffle.elastic.protocol import LocalChannel
 from coded_shuffle.elastic.runner import ElasticMaster, ListSink, MemoryCheckpoint
 from coded_shuffle.errors import UsageError
 
@@ -321,7 +321,7 @@ def test_p6_l3_distr_bgd_reuses_the_departed_workers_last_gradients(p6_run) -> N
 class KillAt(ListSink):
     """A sink that kills simulated workers after the record of a given step."""
 
-    def __init__(self, transport: LocalTransport, plan: dict[int, int]) -> None:
+    def __init__(self, transport: LocalChannel, plan: dict[int, int]) -> None:
         super().__init__()
         self.transport, self.plan = transport, plan
 
@@ -337,7 +337,7 @@ def run_with_kills(tmp_path: Path, p: int, size: int, steps: int, kills: dict[in
     ckpt, sink = MemoryCheckpoint(), None
     restarts = 0
     while True:
-        transport = LocalTransport(tmp_path)
+        transport = LocalChannel(tmp_path)
         if sink is None:
             sink = KillAt(transport, dict(kills))
         sink.transport = transport
@@ -382,7 +382,7 @@ def test_corrupted_store_is_detected_and_resent(tmp_path: Path) -> None:
     problem = make_problem(60, 4, 4, seed=1)
     s = make_settings(4, 2, 3, methods=["coded"])
     ckpt = History()
-    ElasticMaster(problem, s, LocalTransport(tmp_path), ListSink(), ckpt).run()
+    ElasticMaster(problem, s, LocalChannel(tmp_path), ListSink(), ckpt).run()
     assert ckpt.state["finished"]
     block = tmp_path / "worker_2" / "coded.npy"
     arr = np.load(block)
@@ -390,7 +390,7 @@ def test_corrupted_store_is_detected_and_resent(tmp_path: Path) -> None:
     np.save(block, arr)
     ckpt.state = next(h for h in ckpt.history if h.get("step") == 1)  # restart after step 0
     sink = ListSink()
-    ElasticMaster(problem, s, LocalTransport(tmp_path), sink, ckpt).run()
+    ElasticMaster(problem, s, LocalChannel(tmp_path), sink, ckpt).run()
     assert [r["step"] for r in sink.records] == [1, 2]
     assert sink.records[0]["bytes_moved"] == 30 * 4 * 8 + 24 + 5 * 8  # worker 2's block again
     assert max(r["grad_rel_error"] for r in sink.records) < 1e-9
@@ -400,11 +400,11 @@ def test_finished_or_foreign_checkpoint_starts_afresh(tmp_path: Path) -> None:
     problem = make_problem(60, 4, 4, seed=1)
     ckpt = History()
     s = make_settings(4, 2, 3, methods=["coded"])
-    ElasticMaster(problem, s, LocalTransport(tmp_path), ListSink(), ckpt).run()
+    ElasticMaster(problem, s, LocalChannel(tmp_path), ListSink(), ckpt).run()
     ckpt.state = ckpt.history[1]  # unfinished, but of another configuration
     sink = ListSink([{"method": "coded", "step": 0}])
     other = make_settings(4, 2, 4, methods=["coded"])
-    ElasticMaster(problem, other, LocalTransport(tmp_path), sink, ckpt).run()
+    ElasticMaster(problem, other, LocalChannel(tmp_path), sink, ckpt).run()
     assert [r["step"] for r in sink.records] == [0, 1, 2, 3]
     assert sink.records[0]["placement_bytes"] == 0  # the stores were already right
     assert all(r["restarts"] == 0 for r in sink.records)

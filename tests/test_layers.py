@@ -177,3 +177,19 @@ def test_the_paths_before_the_layers_still_import_the_same_modules():
     from coded_shuffle.codec.programs import digest as programs_digest
 
     assert digest is programs_digest
+
+
+def test_both_registries_refuse_a_name_twice():
+    import pytest
+
+    from coded_shuffle.distributed.transports import REGISTRY as TRANSPORTS
+    from coded_shuffle.distributed.transports import register as register_transport
+    from coded_shuffle.math.schemes import REGISTRY as SCHEMES
+    from coded_shuffle.math.schemes import register as register_scheme
+
+    before = (dict(SCHEMES), dict(TRANSPORTS))
+    with pytest.raises(ValueError, match="scheme 'cycles' is registered already"):
+        register_scheme(type("Again", (SCHEMES["cycles"],), {}))
+    with pytest.raises(ValueError, match="transport 'chain' is registered already"):
+        register_transport(type("Again", (TRANSPORTS["chain"],), {}))
+    assert (dict(SCHEMES), dict(TRANSPORTS)) == before

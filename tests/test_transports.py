@@ -3,10 +3,12 @@ against its cost model (transports.md), computed here independently of the code 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import deque
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.distributed.transports import (
+    JOB_NAMES,
     REGISTRY,
+    ChainOptions,
     Link,
+    MulticastOptions,
     Peer,
     Routes,
     Transport,
     build_transport,
+    transport_class,
 )
 from coded_shuffle.distributed.transports.chain import chain_order
 from coded_shuffle.distributed.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
@@ -208,19 +214,46 @@ def test_bad_rates_are_one_usage_error(text):
 
 def test_registry_and_option_errors():
     assert set(REGISTRY) == {"tree", "chain", "multicast", "unicast", "p2p"}
-    with pytest.raises(UsageError, match=r"dist.transport='smoke' unknown; valid: chain, "):
+    with pytest.raises(UsageError, match=r"^transport='smoke' unknown; valid: chain, "):
         build_transport("smoke", PEER)
     with pytest.raises(UsageError, match=r"must list every worker rank 1\.\.3 once"):
         chain_order([1, 1, 2], 4)
     assert chain_order([3, 1, 2], 4) == (3, 1, 2)
-    with pytest.raises(UsageError, match=r"dist\.chain\.window=0"):
+    with pytest.raises(UsageError, match=r"^transport_options\['window'\]=0 out of range"):
         REGISTRY["chain"].validate(4, window=0)
-    with pytest.raises(UsageError, match=r"dist\.multicast\.rate is required"):
+    with pytest.raises(UsageError, match=r"^transport_options\['rate'\] is required"):
         REGISTRY["multicast"].validate(4)
     with pytest.raises(UsageError, match="not an IPv4 multicast address"):
         REGISTRY["multicast"].validate(4, rate="1gbit", group="10.0.0.1")
-    with pytest.raises(UsageError, match="takes no options"):
+    with pytest.raises(UsageError, match=r"^transport=tree takes no options, got \['window'\]"):
         REGISTRY["tree"].validate(4, window=3)
+    with pytest.raises(UsageError, match=r"^transport_options\['windows'\] is not an option"):
+        REGISTRY["chain"].validate(4, windows=3)
+
+
+def test_the_job_names_its_hydra_keys():
+    """The same checks, named the way the training job's config names them."""
+    with pytest.raises(UsageError, match=r"^dist\.chain\.window=0 out of range"):
+        REGISTRY["chain"].validate(4, JOB_NAMES, window=0)
+    with pytest.raises(UsageError, match=r"^dist\.chain\.order=\[1, 1, 2\] must list"):
+        REGISTRY["chain"].validate(4, JOB_NAMES, order=[1, 1, 2])
+    with pytest.raises(UsageError, match=r"^dist\.multicast\.rate is required"):
+        REGISTRY["multicast"].validate(4, JOB_NAMES)
+    with pytest.raises(UsageError, match=r"^dist\.multicast\.rate 'x' cannot be parsed"):
+        REGISTRY["multicast"].validate(4, JOB_NAMES, rate="x")
+    with pytest.raises(UsageError, match=r"^dist\.transport='smoke' unknown"):
+        transport_class("smoke", JOB_NAMES)
+
+
+def test_each_option_has_one_default_the_job_schema_reuses():
+    """The Hydra schema's ``dist.chain``/``dist.multicast`` are the transports' dataclasses."""
+    from train.config import DistConf
+
+    fields = {f.name: f.default_factory for f in dataclasses.fields(DistConf) if f.default_factory}
+    assert fields["chain"] is ChainOptions and fields["multicast"] is MulticastOptions
+    assert REGISTRY["chain"].Options is ChainOptions
+    conf = (Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text()
+    assert "window:" not in conf and "grace_seconds:" not in conf  # no second default
 
 
 # --- real process groups: every transport, its routes and its counts --------------------------

@@ -15,6 +15,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from coded_shuffle.distributed.transports.chain import ChainOptions
+from coded_shuffle.distributed.transports.multicast import MulticastOptions
+
 # --- groups ----------------------------------------------------------------------------------
 
 
@@ -151,32 +154,6 @@ class ElasticMatmulConf:
 
 
 @dataclass
-class ChainConf:
-    order: list[int] | None = None
-    """Worker ranks in relay order; null = 1, 2, ..., workers."""
-    window: int = 4
-    """Messages every relay receives ahead, >= 1."""
-
-
-@dataclass
-class MulticastConf:
-    rate: str | None = None
-    """Required with multicast: pacing on the wire, e.g. 380mbit."""
-    group: str = "239.255.77.77"
-    """IPv4 multicast group of the job."""
-    port: int = 29577
-    """UDP port of the job."""
-    datagram_bytes: int | None = None
-    """Stream bytes per datagram; null: about 4 IP fragments (8-32 KiB)."""
-    interface: str | None = None
-    """Default: GLOO_SOCKET_IFNAME, else the kernel's route."""
-    drop: float = 0.0
-    """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
-    grace_seconds: float = 0.02
-    """After "round sent", how long a receiver drains its socket."""
-
-
-@dataclass
 class DistConf:
     transport: str = "chain"
     """chain | multicast | tree | unicast | p2p (coded-shuffle transports)."""
@@ -195,8 +172,9 @@ class DistConf:
     max_restarts: int = 0
     """How often the launcher restarts the job's processes after a failure (>= 0); the
     job resumes from its checkpoint."""
-    chain: ChainConf = field(default_factory=ChainConf)
-    multicast: MulticastConf = field(default_factory=MulticastConf)
+    chain: ChainOptions = field(default_factory=ChainOptions)
+    """The transports' own options: their dataclasses, the library's (one source)."""
+    multicast: MulticastOptions = field(default_factory=MulticastOptions)
 
 
 @dataclass

@@ -151,7 +151,7 @@ def _recv_after(msg: Message, rank: int) -> Message:
     return reply
 
 
-class DistTransport:
+class DistChannel:
     """Point-to-point gloo messages between the master and the workers (ranks = worker ids).
 
     Idle ranks (departed workers, a killed rank after the restart) get a 24-byte keep-alive
@@ -373,7 +373,7 @@ def master_main(cfg: Any, run_dir: Path, world: int, timeout: timedelta) -> None
     peers = fully_distributed(cfg)
     root = elastic_dir(cfg, run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    transport = DistTransport(world, timeout)
+    transport = DistChannel(world, timeout)
     every = int(cfg.job.get("report_every", 10))
     sink = ProgressSink(JsonlSink(run_dir / "metrics.jsonl"), settings.steps, every)
     log.info(

@@ -27,7 +27,7 @@ from coded_shuffle.elastic.runner import JsonlSink, Settings
 from coded_shuffle.errors import UsageError
 
 from .dist import setup
-from .elastic_gd import DistTransport, elastic_dir, worker_loop
+from .elastic_gd import DistChannel, elastic_dir, worker_loop
 from .elastic_gd import settings_from as gd_settings
 from .metrics import human_bytes
 
@@ -103,7 +103,7 @@ class ProgressSink(JsonlSink):
 def master_main(cfg: Any, ctx: Any) -> None:
     settings, problem = settings_from(cfg), problem_from(cfg)
     elastic_dir(cfg, ctx.run_dir).mkdir(parents=True, exist_ok=True)
-    transport = DistTransport(ctx.world_size, ctx.timeout)
+    transport = DistChannel(ctx.world_size, ctx.timeout)
     every = int(cfg.job.get("report_every", 5))
     sink = ProgressSink(ctx.run_dir / "metrics.jsonl", settings.steps, every)
     sink.truncate(lambda r: False)

@@ -30,6 +30,7 @@ from coded_shuffle import CodedShuffle
 from coded_shuffle.codec.records import LocalBatch
 from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.distributed.shuffle import check_transport
+from coded_shuffle.distributed.transports import JOB_NAMES
 from coded_shuffle.errors import UsageError, VerificationError
 from coded_shuffle.math.schemes import get_scheme
 
@@ -121,7 +122,7 @@ def validate(cfg: Any) -> None:
         scheme,
         workers,
         transport_options(cfg),
-        ("dist.transport", "scheme"),
+        JOB_NAMES,
     )
     die = cfg.get("debug", {}).get("die_rank")
     if die is not None and not 0 <= int(die) <= workers:

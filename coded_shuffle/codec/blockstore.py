@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 
-def digest(array: np.ndarray) -> bytes:
+def array_digest(array: np.ndarray) -> bytes:
     """SHA-256 of an array's shape, dtype and bytes (to recognise a stored array)."""
     a = np.ascontiguousarray(array)
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
@@ -46,7 +46,7 @@ class BlockStore:
         """Persists ``array`` in ``slot`` atomically; returns its digest."""
         data, info = self._paths(slot)
         array = np.ascontiguousarray(array, dtype=self.dtype)
-        d = digest(array)
+        d = array_digest(array)
         tmp = data.with_suffix(".npy.tmp")
         with open(tmp, "wb") as f:
             np.save(f, array)
@@ -69,7 +69,7 @@ class BlockStore:
             array = np.load(data)
         except (OSError, ValueError):
             return None
-        if digest(array).hex() != meta.get("digest"):
+        if array_digest(array).hex() != meta.get("digest"):
             return None
         self._cache[slot] = array
         return array

@@ -34,7 +34,14 @@ from coded_shuffle.distributed.epochs import EpochChain, placement_points
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, is_peer_loss
 from coded_shuffle.distributed.master import MasterSide
 from coded_shuffle.distributed.persistence import StorePersistence
-from coded_shuffle.distributed.transports import Link, Peer, build_transport, transport_class
+from coded_shuffle.distributed.transports import (
+    LIBRARY_NAMES,
+    Link,
+    Peer,
+    SettingNames,
+    build_transport,
+    transport_class,
+)
 from coded_shuffle.distributed.transports.framing import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.worker import WorkerSide
 from coded_shuffle.errors import UsageError
@@ -56,14 +63,14 @@ def check_transport(
     scheme: Scheme,
     workers: int,
     options: Mapping[str, Any],
-    keys: tuple[str, str] = ("transport", "scheme"),
+    names: SettingNames = LIBRARY_NAMES,
 ) -> None:
     """A known transport, valid options, and no coded scheme on a point-to-point transport
-    (``keys``: how the caller names the two settings in its errors)."""
-    cls = transport_class(name)
-    cls.validate(workers + 1, **options)
+    (``names``: how the caller names the settings in its errors)."""
+    cls = transport_class(name, names)
+    cls.parse_options(workers + 1, options, names)
     if cls.routing != "broadcast" and scheme.coded:
-        t, s = keys
+        t, s = names.transport, "scheme"
         raise UsageError(
             f"{t}={name} carries uncoded deliveries only (each row to one worker); "
             f"{s}={scheme.name} is coded: use {s}=uncoded, or {t}=chain, multicast or tree"

@@ -37,7 +37,7 @@ from coded_shuffle.elastic.products import (
     recover,
     right_factors,
 )
-from coded_shuffle.elastic.protocol import Message, Op, Transport
+from coded_shuffle.elastic.protocol import Message, Op, WorkerChannel
 from coded_shuffle.elastic.runner import ListSink, Rounds, Settings, Sink
 from coded_shuffle.errors import UsageError
 
@@ -101,7 +101,7 @@ class ProductRun(Rounds):
     name = ""
 
     def __init__(
-        self, problem: ProductProblem, settings: Settings, transport: Transport, sink: Sink
+        self, problem: ProductProblem, settings: Settings, transport: WorkerChannel, sink: Sink
     ) -> None:
         self.problem, self.settings, self.transport, self.sink = problem, settings, transport, sink
         self.membership = Membership.initial(
@@ -332,7 +332,7 @@ PRODUCT_RUNS: dict[str, type[ProductRun]] = {
 
 
 def run_products(
-    problem: ProductProblem, settings: Settings, transport: Transport, sink: Sink
+    problem: ProductProblem, settings: Settings, transport: WorkerChannel, sink: Sink
 ) -> None:
     """Every configured method in turn, on the same worker stores."""
     for name in settings.methods:
@@ -343,8 +343,8 @@ def simulate_products(
     problem: ProductProblem, settings: Settings, root: str | os.PathLike[str]
 ) -> list[dict[str, Any]]:
     """Single-process run with simulated workers (stores under ``root``); the records."""
-    from coded_shuffle.elastic.protocol import LocalTransport
+    from coded_shuffle.elastic.protocol import LocalChannel
 
     sink = ListSink()
-    run_products(problem, settings, LocalTransport(root), sink)
+    run_products(problem, settings, LocalChannel(root), sink)
     return sink.records

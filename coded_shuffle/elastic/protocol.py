@@ -3,7 +3,7 @@
 A message is an opcode, an int64 vector and a float64 vector; on the link it is a 3-int64
 header (opcode and the two lengths) followed by the two vectors, and :attr:`Message.nbytes`
 counts all of it. :class:`WorkerNode` is everything a worker does; the torch.distributed job
-and the single-process simulation (:class:`LocalTransport`) both drive it.
+and the single-process simulation (:class:`LocalChannel`) both drive it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from coded_shuffle.codec.blockstore import BlockStore, digest
+from coded_shuffle.codec.blockstore import BlockStore, array_digest
 from coded_shuffle.elastic.cyclic import worker_backward, worker_forward
 from coded_shuffle.elastic.products import COLUMN_CODED, ROW_CODED, worker_product
 
@@ -64,7 +64,7 @@ class Message:
 
 
 def digest_ints(array: np.ndarray) -> np.ndarray:
-    return np.frombuffer(digest(array), dtype="<i8").astype(np.int64)
+    return np.frombuffer(array_digest(array), dtype="<i8").astype(np.int64)
 
 
 class WorkerLost(RuntimeError):
@@ -172,7 +172,7 @@ class WorkerNode:
         return data
 
 
-class Transport(Protocol):
+class WorkerChannel(Protocol):
     """Sends one request to each listed worker and returns their replies.
 
     Raises :class:`WorkerLost` naming the first worker whose connection failed.
@@ -181,7 +181,7 @@ class Transport(Protocol):
     def exchange(self, requests: Mapping[int, Message]) -> dict[int, Message]: ...
 
 
-class LocalTransport:
+class LocalChannel:
     """Simulated workers in this process, each with its own store under ``root/worker_<id>``.
 
     ``kill(worker)`` makes the next exchange with that worker fail, like a killed process.

@@ -6,7 +6,7 @@ events ignored), ``ignore`` (uncoded; a departed worker's rows are dropped from 
 until a joiner receives them) and ``repartition`` (uncoded; the rows of departed workers are
 re-sent to survivors, with the fewest rows moved).
 
-The loop talks to workers only through a :class:`~.protocol.Transport`, so the same code runs
+The loop talks to workers only through a :class:`~.protocol.WorkerChannel`, so the same code runs
 simulated workers in one process and real ones over torch.distributed. Every step writes one
 record; every step is checkpointed, and a restarted master resumes from the checkpoint, treats
 the workers lost in the crash as departed and first verifies every survivor's stored data.
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from coded_shuffle.codec.blockstore import digest
+from coded_shuffle.codec.blockstore import array_digest
 from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode
 from coded_shuffle.elastic.encoding import block_rows, encode, split_blocks
 from coded_shuffle.elastic.generator import KINDS, Generator, systematic_generator, with_fresh_row
@@ -38,7 +38,7 @@ from coded_shuffle.elastic.membership import (
     rebalance,
 )
 from coded_shuffle.elastic.problem import Problem
-from coded_shuffle.elastic.protocol import Message, Op, Transport, WorkerLost, digest_ints
+from coded_shuffle.elastic.protocol import Message, Op, WorkerChannel, WorkerLost, digest_ints
 from coded_shuffle.errors import UsageError
 
 METHODS = ("coded", "nofailure", "ignore", "repartition", "distr_bgd")
@@ -214,7 +214,7 @@ class ElasticMaster:
         self,
         problem: Problem,
         settings: Settings,
-        transport: Transport,
+        transport: WorkerChannel,
         sink: Sink | None = None,
         checkpoint: Checkpoint | None = None,
     ) -> None:
@@ -296,7 +296,7 @@ class ElasticMaster:
 
 def fingerprint(problem: Problem, settings: Settings) -> str:
     """What a checkpoint must match to be resumed: the settings and the data."""
-    h = digest(np.column_stack([problem.X, problem.y]))
+    h = array_digest(np.column_stack([problem.X, problem.y]))
     return f"{settings!r}|ridge={problem.ridge!r}|{h.hex()}"
 
 
@@ -722,9 +722,9 @@ def simulate(
     checkpoint: Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
     """Single-process run with simulated workers (stores under ``root``); returns the records."""
-    from coded_shuffle.elastic.protocol import LocalTransport
+    from coded_shuffle.elastic.protocol import LocalChannel
 
-    master = ElasticMaster(problem, settings, LocalTransport(root), ListSink(), checkpoint)
+    master = ElasticMaster(problem, settings, LocalChannel(root), ListSink(), checkpoint)
     master.run()
     assert isinstance(master.sink, ListSink)
     return master.sink.records

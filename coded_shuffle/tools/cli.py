@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -192,6 +193,9 @@ def cmd_transports(_: argparse.Namespace) -> int:
     for name in sorted(TRANSPORTS):
         cls = TRANSPORTS[name]
         print(f"{name:10s} {cls.routing:9s} {cls.summary}")
+        for f in dataclasses.fields(cls.Options):
+            default = "required" if f.metadata.get("required") else f"default {f.default!r}"
+            print(f"{'':21s}dist.{name}.{f.name} ({default})")
     return 0
 
 

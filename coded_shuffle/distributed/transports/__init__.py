@@ -11,10 +11,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from coded_shuffle.distributed.transports.base import HostBytes, Peer, Routing, Stream, Transport
-from coded_shuffle.distributed.transports.chain import Chain
+from coded_shuffle.distributed.transports.base import (
+    JOB_NAMES,
+    LIBRARY_NAMES,
+    HostBytes,
+    Peer,
+    Routing,
+    SettingNames,
+    Stream,
+    Transport,
+)
+from coded_shuffle.distributed.transports.chain import Chain, ChainOptions
 from coded_shuffle.distributed.transports.link import Link, Routes
-from coded_shuffle.distributed.transports.multicast import Multicast, MulticastUnavailable
+from coded_shuffle.distributed.transports.multicast import (
+    Multicast,
+    MulticastOptions,
+    MulticastUnavailable,
+)
 from coded_shuffle.distributed.transports.p2p import P2P
 from coded_shuffle.distributed.transports.tree import Tree
 from coded_shuffle.distributed.transports.unicast import Unicast
@@ -35,29 +48,35 @@ for _cls in (Chain, Multicast, Tree, Unicast, P2P):
     register(_cls)
 
 
-def transport_class(name: str) -> type[Transport]:
+def transport_class(name: str, names: SettingNames = LIBRARY_NAMES) -> type[Transport]:
     """The transport called ``name``; :class:`UsageError` lists the valid names otherwise."""
     try:
         return REGISTRY[name]
     except KeyError:
         raise UsageError(
-            f"dist.transport={name!r} unknown; valid: {', '.join(sorted(REGISTRY))}"
+            f"{names.transport}={name!r} unknown; valid: {', '.join(sorted(REGISTRY))}"
         ) from None
 
 
 def build_transport(name: str, peer: Peer, options: Mapping[str, Any] | None = None) -> Transport:
     """Creates this rank's end of the transport (collective: every rank calls it)."""
-    return transport_class(name)(peer, **dict(options or {}))
+    cls = transport_class(name)
+    return cls(peer, cls.parse_options(peer.world_size, options))
 
 
 __all__ = [
+    "JOB_NAMES",
+    "LIBRARY_NAMES",
     "REGISTRY",
+    "ChainOptions",
     "HostBytes",
     "Link",
+    "MulticastOptions",
     "MulticastUnavailable",
     "Peer",
     "Routes",
     "Routing",
+    "SettingNames",
     "Stream",
     "Transport",
     "build_transport",

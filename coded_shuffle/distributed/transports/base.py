@@ -17,6 +17,7 @@ Routing (:attr:`Transport.routing`) says which streams a transport carries:
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,32 @@ from coded_shuffle.errors import UsageError
 
 Routing = Literal["broadcast", "master", "peers"]
 OnMessage = Callable[[int, int, torch.Tensor], None]
+KeyName = Callable[[str], str]  # an option's key -> how the caller's errors name it
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """How a caller names the transport settings in its errors: the library's parameters
+    (:data:`LIBRARY_NAMES`) or the training job's Hydra keys (:data:`JOB_NAMES`)."""
+
+    transport: str
+    option: str  # formatted with {transport} and {key}
+
+    def of(self, transport: str) -> KeyName:
+        return lambda key: self.option.format(transport=transport, key=key)
+
+
+LIBRARY_NAMES = SettingNames("transport", "transport_options[{key!r}]")
+JOB_NAMES = SettingNames("dist.transport", "dist.{transport}.{key}")
+
+
+@dataclass
+class NoOptions:
+    """The options of a transport that takes none."""
+
+    def check(self, world_size: int, name: KeyName) -> None:
+        """Raises :class:`UsageError` naming the first bad option (``name(key)``)."""
+        del world_size, name
 
 
 @dataclass(frozen=True)
@@ -78,22 +105,47 @@ class Peer:
 
 
 class Transport(ABC):
-    """Moves streams of messages; counts this host's bytes (:attr:`counts`)."""
+    """Moves streams of messages; counts this host's bytes (:attr:`counts`).
+
+    Its settings are one dataclass, :attr:`Options` (defaults, documentation and checks in one
+    place), which the training job's Hydra schema reuses as ``dist.<name>``."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     routing: ClassVar[Routing] = "broadcast"
+    Options: ClassVar[type] = NoOptions
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, options: Any = None) -> None:
         self.peer = peer
+        self.options = self.parse_options(peer.world_size, options)
         self.counts = HostBytes()
 
     @classmethod
-    def validate(cls, world_size: int, **options: Any) -> None:
+    def parse_options(
+        cls, world_size: int, options: Any = None, names: SettingNames = LIBRARY_NAMES
+    ) -> Any:
+        """:attr:`Options` from a mapping (or as given), checked: :class:`UsageError` naming
+        the first unknown or bad option the way the caller does (``names``)."""
+        if not isinstance(options, cls.Options):
+            given = dict(options or {})
+            valid = [f.name for f in dataclasses.fields(cls.Options)]
+            unknown = sorted(set(given) - set(valid))
+            if unknown and not valid:
+                raise UsageError(f"{names.transport}={cls.name} takes no options, got {unknown}")
+            if unknown:
+                raise UsageError(
+                    f"{names.of(cls.name)(unknown[0])} is not an option of "
+                    f"{names.transport}={cls.name}; valid: {', '.join(valid)}"
+                )
+            options = cls.Options(**given)
+        options.check(world_size, names.of(cls.name))
+        return options
+
+    @classmethod
+    def validate(cls, world_size: int, names: SettingNames = LIBRARY_NAMES, **options: Any) -> None:
         """Raises :class:`UsageError` for options this transport cannot use (before any
-        process starts); transports without options accept none."""
-        if options:
-            raise UsageError(f"dist.transport={cls.name} takes no options, got {sorted(options)}")
+        process starts)."""
+        cls.parse_options(world_size, options, names)
 
     def take_counts(self) -> HostBytes:
         """This host's bytes since the last call; counting starts again from zero."""
@@ -129,7 +181,7 @@ class Transport(ABC):
 
     def settings(self) -> dict[str, Any]:
         """The effective settings (defaults resolved), recorded beside the metrics."""
-        return {}
+        return dataclasses.asdict(self.options)
 
     def close(self) -> None:
         """Releases sockets and threads (idempotent)."""

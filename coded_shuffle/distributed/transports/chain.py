@@ -12,30 +12,45 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
+from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
 from coded_shuffle.errors import UsageError
 
 TAG = 0x6368  # gloo tag of the chain's point-to-point messages
-DEFAULT_WINDOW = 4
 IN_FLIGHT = 2  # sends in flight per message received ahead (memory bound of a relay)
 
 
-def chain_order(order: Sequence[int] | None, world_size: int) -> tuple[int, ...]:
+def chain_order(
+    order: Sequence[int] | None, world_size: int, key: str = "transport_options['order']"
+) -> tuple[int, ...]:
     """The workers in relay order (default ``1..K``); :class:`UsageError` unless a permutation."""
     workers = tuple(range(1, world_size))
     if order is None or len(order) == 0:
         return workers
     got = tuple(int(r) for r in order)
     if sorted(got) != list(workers):
-        raise UsageError(
-            f"dist.chain.order={list(got)} must list every worker rank 1..{world_size - 1} once"
-        )
+        raise UsageError(f"{key}={list(got)} must list every worker rank 1..{world_size - 1} once")
     return got
+
+
+@dataclass
+class ChainOptions:
+    """``dist.chain`` / ``CodedShuffle(transport_options=...)`` of ``chain``."""
+
+    order: list[int] | None = None
+    """Worker ranks in relay order; null = 1, 2, ..., workers."""
+    window: int = 4
+    """Messages every relay receives ahead, >= 1."""
+
+    def check(self, world_size: int, name: KeyName) -> None:
+        if int(self.window) < 1:
+            raise UsageError(f"{name('window')}={self.window} out of range (must be >= 1)")
+        chain_order(self.order, world_size, name("order"))
 
 
 class Chain(Transport):
@@ -44,26 +59,16 @@ class Chain(Transport):
     name = "chain"
     summary = "pipelined relay 0 -> 1 -> ... -> K: the master sends the payload once"
     routing = "broadcast"
+    Options = ChainOptions
 
-    def __init__(
-        self, peer: Peer, order: Sequence[int] | None = None, window: int = DEFAULT_WINDOW
-    ) -> None:
-        super().__init__(peer)
-        self.validate(peer.world_size, order=order, window=window)
-        self.order = chain_order(order, peer.world_size)
-        self.window = window
+    def __init__(self, peer: Peer, options: ChainOptions | None = None) -> None:
+        super().__init__(peer, options)
+        self.order = chain_order(self.options.order, peer.world_size)
+        self.window = int(self.options.window)
         path = (0, *self.order)
         at = path.index(peer.rank)
         self.prev = path[at - 1] if at > 0 else None
         self.next = path[at + 1] if at + 1 < len(path) else None
-
-    @classmethod
-    def validate(
-        cls, world_size: int, order: Sequence[int] | None = None, window: int = DEFAULT_WINDOW
-    ) -> None:
-        if int(window) < 1:
-            raise UsageError(f"dist.chain.window={window} out of range (must be >= 1)")
-        chain_order(order, world_size)
 
     def settings(self) -> dict[str, Any]:
         return {"order": list(self.order), "window": self.window}

@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
+from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.rates import parse_rate
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError
@@ -137,81 +138,73 @@ class _Pacer:
         self.due += self.interval * share
 
 
+@dataclass
+class MulticastOptions:
+    """``dist.multicast`` / ``CodedShuffle(transport_options=...)`` of ``multicast``."""
+
+    rate: str | None = field(default=None, metadata={"required": True})
+    """Required: pacing on the wire, e.g. 380mbit (a little below the slowest NIC)."""
+    group: str = DEFAULT_GROUP
+    """IPv4 multicast group of the job."""
+    port: int = DEFAULT_PORT
+    """UDP port of the job, 1..65535."""
+    datagram_bytes: int | None = None
+    """Stream bytes per datagram, 512..65000; null: about 4 IP fragments (8-32 KiB)."""
+    interface: str | None = None
+    """Default: GLOO_SOCKET_IFNAME, else the kernel's route."""
+    drop: float = 0.0
+    """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
+    grace_seconds: float = 0.02
+    """After "round sent", how long a receiver drains its socket, >= 0."""
+    seed: int = 0
+    """Which datagrams ``drop`` discards."""
+
+    def check(self, world_size: int, name: KeyName) -> None:
+        del world_size
+        if self.rate is None:
+            raise UsageError(
+                f"{name('rate')} is required with multicast: the master paces datagrams to it "
+                "(e.g. 380mbit, a little below the slowest NIC)"
+            )
+        parse_rate(self.rate, name("rate"))
+        try:
+            first = int(socket.inet_aton(str(self.group))[0])
+        except OSError:
+            first = 0
+        if not 224 <= first <= 239:
+            raise UsageError(f"{name('group')}={self.group!r} is not an IPv4 multicast address")
+        if not 1 <= int(self.port) <= 65535:
+            raise UsageError(f"{name('port')}={self.port} out of range 1..65535")
+        if self.datagram_bytes is not None and not 512 <= int(self.datagram_bytes) <= 65000:
+            raise UsageError(
+                f"{name('datagram_bytes')}={self.datagram_bytes} out of range 512..65000"
+            )
+        if not 0.0 <= float(self.drop) < 1.0:
+            raise UsageError(f"{name('drop')}={self.drop} out of range [0, 1)")
+        if float(self.grace_seconds) < 0:
+            raise UsageError(f"{name('grace_seconds')}={self.grace_seconds} must be >= 0")
+
+
 class Multicast(Transport):
     """Paced UDP multicast from the master, with repair rounds driven by the workers' reports."""
 
     name = "multicast"
     summary = "UDP IP multicast paced to a rate, lost datagrams repaired: the shared link"
     routing = "broadcast"
+    Options = MulticastOptions
 
-    def __init__(
-        self,
-        peer: Peer,
-        rate: int | str | None = None,
-        group: str = DEFAULT_GROUP,
-        port: int = DEFAULT_PORT,
-        datagram_bytes: int | None = None,
-        interface: str | None = None,
-        drop: float = 0.0,
-        grace_seconds: float = 0.02,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(peer)
-        self.validate(
-            peer.world_size,
-            rate=rate,
-            group=group,
-            port=port,
-            datagram_bytes=datagram_bytes,
-            drop=drop,
-            grace_seconds=grace_seconds,
-        )
-        self.rate, self.group, self.port = parse_rate(rate, "dist.multicast.rate"), group, port
-        self.drop, self.grace = drop, grace_seconds
-        self.ifindex, self.mtu = _interface(interface or os.environ.get("GLOO_SOCKET_IFNAME"))
-        self.datagram_bytes = datagram_bytes or default_datagram_bytes(self.mtu)
-        self.rng = np.random.default_rng([seed, peer.rank, 0x6D63])
+    def __init__(self, peer: Peer, options: MulticastOptions | None = None) -> None:
+        super().__init__(peer, options)
+        o = self.options
+        self.rate, self.group, self.port = parse_rate(o.rate, "rate"), o.group, int(o.port)
+        self.drop, self.grace = float(o.drop), float(o.grace_seconds)
+        self.ifindex, self.mtu = _interface(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
+        self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
+        self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
         self.sock = self._open()
         self.session = self._agree_session()
         self.stream_id = 0
         self.rounds = 0  # rounds of the last stream (1: no repair needed)
-
-    @classmethod
-    def validate(
-        cls,
-        world_size: int,
-        rate: int | str | None = None,
-        group: str = DEFAULT_GROUP,
-        port: int = DEFAULT_PORT,
-        datagram_bytes: int | None = None,
-        interface: str | None = None,
-        drop: float = 0.0,
-        grace_seconds: float = 0.02,
-        seed: int = 0,
-    ) -> None:
-        del world_size, interface, seed
-        if rate is None:
-            raise UsageError(
-                "dist.multicast.rate is required with dist.transport=multicast: the master "
-                "paces datagrams to it (e.g. 380mbit, a little below the slowest NIC)"
-            )
-        parse_rate(rate, "dist.multicast.rate")
-        try:
-            first = int(socket.inet_aton(str(group))[0])
-        except OSError:
-            first = 0
-        if not 224 <= first <= 239:
-            raise UsageError(f"dist.multicast.group={group!r} is not an IPv4 multicast address")
-        if not 1 <= int(port) <= 65535:
-            raise UsageError(f"dist.multicast.port={port} out of range 1..65535")
-        if datagram_bytes is not None and not 512 <= int(datagram_bytes) <= 65000:
-            raise UsageError(
-                f"dist.multicast.datagram_bytes={datagram_bytes} out of range 512..65000"
-            )
-        if not 0.0 <= float(drop) < 1.0:
-            raise UsageError(f"dist.multicast.drop={drop} out of range [0, 1)")
-        if float(grace_seconds) < 0:
-            raise UsageError(f"dist.multicast.grace_seconds={grace_seconds} must be >= 0")
 
     # ---------------------------------------------------------------- set-up
 

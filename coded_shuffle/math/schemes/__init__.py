@@ -12,16 +12,21 @@ from coded_shuffle.math.schemes.elmahdy_mohajer import ElmahdyMohajer
 from coded_shuffle.math.schemes.uncoded import Uncoded
 from coded_shuffle.math.state import CacheState
 
-REGISTRY: dict[str, type[Scheme]] = {
-    cls.name: cls for cls in (Uncoded, AttiaTandon, Cycles, AttiaTandonExcess, ElmahdyMohajer, Best)
-}
-Best.registry = REGISTRY  # best chooses among the registered schemes
+REGISTRY: dict[str, type[Scheme]] = {}
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:
-    """Adds a scheme class to the registry (usable as a decorator)."""
+    """Adds a scheme class to the registry (usable as a decorator); a name can be registered
+    once, as with transports."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"scheme {cls.name!r} is registered already")
     REGISTRY[cls.name] = cls
     return cls
+
+
+for _cls in (Uncoded, AttiaTandon, Cycles, AttiaTandonExcess, ElmahdyMohajer, Best):
+    register(_cls)
+Best.registry = REGISTRY  # best chooses among the registered schemes
 
 
 def get_scheme(name: str, point_bytes: int | None = None) -> Scheme:
