@@ -41,7 +41,7 @@ from coded_shuffle.elastic.product_runner import (
     make_product_problem,
     simulate_products,
 )
-from coded_shuffle.elastic.runner import make_settings
+from coded_shuffle.elastic.settings import make_settings
 from coded_shuffle.errors import UsageError
 
 PAPER = (30000, 10000)  # Yang et al. 2018, sec. 4: A is 30000 x 10000, P = 6, L = 3

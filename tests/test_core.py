@@ -303,3 +303,22 @@ def test_kernel_matches_numpy_in_every_mode(rows, width, mode, runs, seed):
     want[t_rows] = want[t_rows] ^ value if mode in (kernel.ACC, kernel.ACC_XOR) else value
     kernel.gather_xor(dst, t_idx, t0, a, a_idx, a0, b, b_idx, b0, mode, rows)
     assert np.array_equal(dst, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 7), u=st.integers(1, 7), seed=st.integers(0, 2**16))
+def test_gauss_jordan_over_gf2_keeps_its_row_combinations(m, u, seed):
+    """Every reduced row is the XOR of the original rows ``combo`` names; pivot columns are
+    zero outside their row; the rank is numpy's rank of the matrix over GF(2) (checked by
+    brute force over every combination of rows for these small sizes)."""
+    from coded_shuffle.math.gf2 import gauss_jordan
+
+    a = np.random.default_rng(seed).random((m, u)) < 0.4
+    reduced, combo, rank = gauss_jordan(a)
+    assert np.array_equal((combo.astype(int) @ a.astype(int)) % 2 == 1, reduced)
+    for r in range(rank):
+        col = int(np.flatnonzero(reduced[r])[0])
+        assert reduced[:, col].sum() == 1
+    assert not reduced[rank:].any()
+    span = {tuple((np.array(c, dtype=int) @ a.astype(int)) % 2) for c in np.ndindex(*(2,) * m)}
+    assert len(span) == 2**rank

@@ -32,7 +32,8 @@ from coded_shuffle.elastic.cyclic import worker_backward, worker_forward
 from coded_shuffle.elastic.membership import Event, initial_holdings
 from coded_shuffle.elastic.peers import ring_bytes, simulate_peers
 from coded_shuffle.elastic.protocol import LocalChannel
-from coded_shuffle.elastic.runner import ElasticMaster, ListSink, MemoryCheckpoint
+from coded_shuffle.elastic.runner import ElasticMaster
+from coded_shuffle.elastic.sinks import ListSink, MemoryCheckpoint
 from coded_shuffle.errors import UsageError
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,7 +16,7 @@ from coded_shuffle.elastic.product_runner import (
     make_product_problem,
     simulate_products,
 )
-from coded_shuffle.elastic.runner import make_settings
+from coded_shuffle.elastic.settings import make_settings
 from coded_shuffle.errors import UsageError
 
 KEYS = {

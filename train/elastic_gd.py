@@ -34,14 +34,9 @@ from coded_shuffle.codec.blockstore import BlockStore
 from coded_shuffle.elastic.generator import systematic_generator
 from coded_shuffle.elastic.problem import Problem, make_problem
 from coded_shuffle.elastic.protocol import HEADER_INTS, Message, Op, WorkerLost, WorkerNode
-from coded_shuffle.elastic.runner import (
-    METHODS,
-    ElasticMaster,
-    FileCheckpoint,
-    JsonlSink,
-    Settings,
-    make_settings,
-)
+from coded_shuffle.elastic.runner import ElasticMaster
+from coded_shuffle.elastic.settings import METHODS, Settings, make_settings
+from coded_shuffle.elastic.sinks import FileCheckpoint, JsonlSink
 from coded_shuffle.errors import UsageError
 
 from . import elastic_peers

@@ -23,7 +23,8 @@ from coded_shuffle.elastic.product_runner import (
     make_product_problem,
     run_products,
 )
-from coded_shuffle.elastic.runner import JsonlSink, Settings
+from coded_shuffle.elastic.settings import Settings
+from coded_shuffle.elastic.sinks import JsonlSink
 from coded_shuffle.errors import UsageError
 
 from .dist import setup

@@ -28,7 +28,7 @@ from coded_shuffle.elastic.membership import Event, Membership
 from coded_shuffle.elastic.peers import peer_code, peer_gradient, ring_bytes
 from coded_shuffle.elastic.problem import Problem
 from coded_shuffle.elastic.protocol import Message, Op, WorkerNode
-from coded_shuffle.elastic.runner import CODED, Settings
+from coded_shuffle.elastic.settings import CODED, Settings
 from coded_shuffle.errors import UsageError
 
 REPORT = 3  # floats after w and the sum in the leader's report: step, compute, decode (ns)

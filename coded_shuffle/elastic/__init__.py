@@ -15,7 +15,8 @@ from coded_shuffle.elastic.generator import (
 )
 from coded_shuffle.elastic.membership import Event, Membership, parse_events, rebalance
 from coded_shuffle.elastic.problem import Problem, make_problem
-from coded_shuffle.elastic.runner import METHODS, ElasticMaster, Settings, make_settings, simulate
+from coded_shuffle.elastic.runner import ElasticMaster, simulate
+from coded_shuffle.elastic.settings import METHODS, Settings, make_settings
 
 __all__ = [
     "METHODS",

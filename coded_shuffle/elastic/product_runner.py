@@ -38,7 +38,9 @@ from coded_shuffle.elastic.products import (
     right_factors,
 )
 from coded_shuffle.elastic.protocol import Message, Op, WorkerChannel
-from coded_shuffle.elastic.runner import ListSink, Rounds, Settings, Sink
+from coded_shuffle.elastic.rounds import Rounds
+from coded_shuffle.elastic.settings import Settings
+from coded_shuffle.elastic.sinks import ListSink, Sink
 from coded_shuffle.errors import UsageError
 
 PRODUCT_METHODS = ("coded", "uncoded", "nonadaptive")

@@ -17,6 +17,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from coded_shuffle.errors import UndecodableError
+from coded_shuffle.math.gf2 import gauss_jordan
 from coded_shuffle.math.plan import DeliveryPlan, XorBlock, ranges, subpoints_of
 
 MAX_ELIMINATION_UNKNOWNS = 4096
@@ -162,7 +163,7 @@ def decode_plan(plan: DeliveryPlan) -> list[WorkerProgram]:
 def decode_worker(plan: DeliveryPlan, worker: int, index: PlanIndex | None = None) -> WorkerProgram:
     """Peeling + GF(2) elimination for one worker, using only that worker's cache."""
     index = index or PlanIndex(plan)
-    state = _DecodeState(index, plan.caches[worker])
+    state = WorkerDecode(index, plan.caches[worker])
     demands = plan.demands(worker)
     reached = state.reachable(demands)
     ready = reached[state.unknown[reached] == 1]
@@ -181,7 +182,7 @@ def decode_worker(plan: DeliveryPlan, worker: int, index: PlanIndex | None = Non
     return state.program(plan, worker, demands)
 
 
-class _DecodeState:
+class WorkerDecode:
     """Mutable bookkeeping of one worker's decode: what is known, and the steps taken."""
 
     def __init__(self, index: PlanIndex, cache: np.ndarray) -> None:
@@ -284,33 +285,14 @@ class _DecodeState:
     def _solve_component(
         self, symbols: np.ndarray, subs: np.ndarray, rows: np.ndarray, cols: np.ndarray
     ) -> np.ndarray:
-        """Gauss-Jordan over GF(2): ``A x = b`` with ``A`` (symbols x unknowns)."""
-        m, u = symbols.size, subs.size
-        a = np.zeros((m, u), dtype=bool)
+        """One stalled component's unknowns that GF(2) elimination resolves, as steps."""
+        a = np.zeros((symbols.size, subs.size), dtype=bool)
         a[rows, cols] = True
-        combo = np.eye(m, dtype=bool)
-        rank = 0
-        pivots = []
-        for col in range(u):
-            nz = np.flatnonzero(a[rank:, col])
-            if nz.size == 0:
-                continue
-            r = rank + int(nz[0])
-            if r != rank:
-                a[[rank, r]] = a[[r, rank]]
-                combo[[rank, r]] = combo[[r, rank]]
-            others = np.flatnonzero(a[:, col])
-            others = others[others != rank]
-            a[others] ^= a[rank]
-            combo[others] ^= combo[rank]
-            pivots.append(col)
-            rank += 1
-            if rank == m:
-                break
-        solved_rows = np.flatnonzero(a[:rank].sum(axis=1) == 1)
+        reduced, combo, rank = gauss_jordan(a)
+        solved_rows = np.flatnonzero(reduced[:rank].sum(axis=1) == 1)
         targets = []
         for r in solved_rows:
-            target = subs[int(np.flatnonzero(a[r])[0])]
+            target = subs[int(np.flatnonzero(reduced[r])[0])]
             used = symbols[combo[r]]
             known_terms = self._known_terms_odd(used)
             sources = np.concatenate([-(used + 1), known_terms])[None, :]
@@ -327,40 +309,54 @@ class _DecodeState:
         return values[counts % 2 == 1]
 
     def program(self, plan: DeliveryPlan, worker: int, demands: np.ndarray) -> WorkerProgram:
-        """Prunes the steps to those the demands need and maps everything to rows."""
+        """The steps the demands need, as a program over rows (:func:`steps_program`)."""
         steps = _prune(self.steps, demands, self.index.num_subpoints)
-        used = [-s[s < 0] - 1 for _, s in steps]
-        num_symbols = self.index.num_symbols
-        symbol_ids = distinct(np.concatenate(used), num_symbols) if used else np.zeros(0, np.int64)
-        m, n_cache = symbol_ids.size, self.cache.size
-        position = np.zeros(num_symbols, dtype=np.int64)
-        position[symbol_ids] = np.arange(m, dtype=np.int64)
-        row_of = np.full(self.index.num_subpoints, -1, dtype=np.int64)
-        row_of[self.cache] = m + np.arange(n_cache, dtype=np.int64)
-        decoded = np.concatenate([t for t, _ in steps]) if steps else np.zeros(0, np.int64)
-        row_of[decoded] = m + n_cache + np.arange(decoded.size, dtype=np.int64)
-        blocks = []
-        for targets, sources in steps:
-            mapped = np.where(
-                sources < 0,
-                position[np.maximum(-sources - 1, 0)],
-                row_of[np.maximum(sources, 0)],
-            )
-            blocks.append(XorBlock(row_of[targets], mapped))
-        batch_rows = row_of[subpoints_of(plan.new_batches[worker], plan.splits)]
-        if np.any(batch_rows < 0):
-            raise UndecodableError(f"{plan.scheme}: worker {worker} lacks part of its new batch")
-        return WorkerProgram(
-            worker=worker,
-            symbol_ids=symbol_ids,
-            num_cache=n_cache,
-            num_rows=m + n_cache + decoded.size,
-            blocks=tuple(blocks),
-            batch_rows=batch_rows.reshape(-1, plan.splits),
-            cache_ids=self.cache,
-            decoded_ids=decoded,
-            eliminated=self.eliminated,
+        return steps_program(steps, plan, worker, self.cache, self.index.num_symbols,
+                             self.index.num_subpoints, self.eliminated)  # fmt: skip
+
+
+def steps_program(
+    steps: list[tuple[np.ndarray, np.ndarray]],
+    plan: DeliveryPlan,
+    worker: int,
+    cache: np.ndarray,
+    num_symbols: int,
+    num_subpoints: int,
+    eliminated: int,
+) -> WorkerProgram:
+    """Decode steps (targets, sources; a symbol ``s`` as ``-(s + 1)``) mapped to rows: the
+    kept symbols first, then the cache, then every decoded sub-point once."""
+    used = [-s[s < 0] - 1 for _, s in steps]
+    symbol_ids = distinct(np.concatenate(used), num_symbols) if used else np.zeros(0, np.int64)
+    m, n_cache = symbol_ids.size, cache.size
+    position = np.zeros(num_symbols, dtype=np.int64)
+    position[symbol_ids] = np.arange(m, dtype=np.int64)
+    row_of = np.full(num_subpoints, -1, dtype=np.int64)
+    row_of[cache] = m + np.arange(n_cache, dtype=np.int64)
+    decoded = np.concatenate([t for t, _ in steps]) if steps else np.zeros(0, np.int64)
+    row_of[decoded] = m + n_cache + np.arange(decoded.size, dtype=np.int64)
+    blocks = []
+    for targets, sources in steps:
+        mapped = np.where(
+            sources < 0,
+            position[np.maximum(-sources - 1, 0)],
+            row_of[np.maximum(sources, 0)],
         )
+        blocks.append(XorBlock(row_of[targets], mapped))
+    batch_rows = row_of[subpoints_of(plan.new_batches[worker], plan.splits)]
+    if np.any(batch_rows < 0):
+        raise UndecodableError(f"{plan.scheme}: worker {worker} lacks part of its new batch")
+    return WorkerProgram(
+        worker=worker,
+        symbol_ids=symbol_ids,
+        num_cache=n_cache,
+        num_rows=m + n_cache + decoded.size,
+        blocks=tuple(blocks),
+        batch_rows=batch_rows.reshape(-1, plan.splits),
+        cache_ids=cache,
+        decoded_ids=decoded,
+        eliminated=eliminated,
+    )
 
 
 def _per_symbol(flags: np.ndarray, degrees: np.ndarray) -> np.ndarray:
