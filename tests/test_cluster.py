@@ -212,6 +212,34 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
 
 
 @ROOT_ONLY
+@pytest.mark.distributed
+def test_an_own_loop_with_a_cut_host_ends_on_every_host_naming_it(tmp_path):
+    """``examples/own_loop.py`` on 3 hosts (no training job, no checkpoint): host 2's link
+    goes down mid-run. Every host ends through the library's watchdog within ``--timeout``
+    and a few seconds (the cluster's own grace, 60 s, is far longer), each naming rank 2 and
+    its address, or, on the cut host, the store it lost."""
+    before = our_namespaces()
+    logs = tmp_path / "logs"
+    script = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
+    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "60", "--cut", "2@30",
+            "--logs", str(logs), "--script", str(script), "--",
+            "--epochs", "2000", "--points", "2000", "--timeout", "8"]  # fmt: skip
+    out = run_cluster(args, tmp_path)
+    assert out.returncode == 1, out.stderr[-2000:]
+    record = json.loads((logs / "cluster.json").read_text())
+    cut_at = record["faults"][0]["done_at"]
+    assert cut_at is not None and record["faults"][0]["kind"] == "cut"
+    assert all(h["exit_code"] for h in record["hosts"])  # every host ended, none finished
+    assert record["wall_seconds"] - cut_at < 8 + 12, record  # timeout, heartbeats, exit
+    lost = r"rank 2 \(worker 1\) on 10\.77\.0\.3 at '[^']*' lost: no heartbeat for \d+ s"
+    for host in (0, 1):
+        assert re.search(lost, (logs / f"h{host}.log").read_text()), host
+    cut_off = (logs / "h2.log").read_text()
+    assert "rank 2 (worker 1): lost contact with the job: its store at 10.77.0.1" in cut_off
+    assert our_namespaces() == before
+
+
+@ROOT_ONLY
 @pytest.mark.slow
 def test_an_interrupted_cluster_leaves_nothing(tmp_path):
     before = our_namespaces()
