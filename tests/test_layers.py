@@ -193,3 +193,33 @@ def test_both_registries_refuse_a_name_twice():
     with pytest.raises(ValueError, match="transport 'chain' is registered already"):
         register_transport(type("Again", (TRANSPORTS["chain"],), {}))
     assert (dict(SCHEMES), dict(TRANSPORTS)) == before
+
+
+def test_the_jobs_import_each_other_without_circles():
+    """``train/``'s modules (relative imports, at the top or in a function): no circle (the
+    launcher and the per-rank entry share :mod:`train.compose`)."""
+    root = PACKAGE.parent / "train"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:
+                    deps |= {a.name for a in node.names}
+        graph[path.stem] = deps - {path.stem}
+    assert {"entry", "launch", "compose"} <= set(graph)
+    done: set[str] = set()
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        if node in path:
+            raise AssertionError("import circle: " + " -> ".join([*path, node]))
+        if node in done or node not in graph:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, (*path, node))
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, ())

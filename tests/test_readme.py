@@ -152,7 +152,8 @@ def test_the_sweep_and_compare_recipe_runs_as_written(workdir):
 def test_every_training_command_has_a_valid_config():
     """The README's other training commands: their overrides compose and validate (what
     the launcher checks before any process starts)."""
-    from train.entry import compose_argv, validate
+    from train.compose import compose_argv
+    from train.entry import validate
 
     found = [c for c in commands(README) if c.startswith("coded-shuffle-train")]
     assert len(found) >= 6

@@ -25,7 +25,7 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes import get_scheme
 from train import checkpoint, data, shuffle_sgd
-from train.entry import CONF_DIR
+from train.compose import CONF_DIR
 from train.metrics import EPOCH_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from train.launch import register_configs
+    from train.compose import register_configs
 
     register_configs()  # the typed schemas the YAMLs name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -29,12 +29,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from coded_shuffle.distributed.liveness import first_line, is_peer_loss
 from coded_shuffle.errors import UsageError
 
+from .compose import available_jobs, check_group_overrides, compose_argv, config_error_line
 from .dist import (
     PEER_LOSS_GRACE_SECONDS,
     deterministic,
@@ -43,16 +44,11 @@ from .dist import (
     teardown,
 )
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("train")
 
 
 class CollectiveFailed(RuntimeError):
     """A collective failed because another rank died or stalled."""
-
-
-def available_jobs() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "job").glob("*.yaml"))
 
 
 def job_module(name: str) -> ModuleType:
@@ -141,36 +137,6 @@ def rank_main(cfg_yaml: str, run_dir: str) -> None:
     run_rank(OmegaConf.create(cfg_yaml), run_dir)
 
 
-def compose_argv(argv: list[str]) -> tuple[DictConfig, str]:
-    """The job's config from Hydra overrides, outside a Hydra app; and its run directory."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.utils import setup_globals
-
-    from .launch import register_configs
-
-    setup_globals()
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
-        cfg = compose("config", overrides=argv, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    run_dir = str(cfg.hydra.run.dir)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, run_dir
-
-
-def config_error_line(exc: BaseException) -> str:
-    """One line for a composition error: the key and what is wrong with its value (Hydra
-    wraps OmegaConf's typed-schema error, which names the key, in its own)."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
-    if not lines:
-        return type(exc).__name__
-    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
-    return f"{key}: {lines[0]}" if key and not lines[0].startswith(key) else lines[0]
-
-
 def _config_error(exc: BaseException) -> None:
     print(f"python -m train: error: {config_error_line(exc)}", file=sys.stderr, flush=True)
     raise SystemExit(2) from None
@@ -178,8 +144,6 @@ def _config_error(exc: BaseException) -> None:
 
 def check_main(argv: list[str]) -> None:
     """``python -m train --check [overrides]``: compose and validate, nothing else."""
-    from .launch import check_group_overrides
-
     check_group_overrides(argv)
     try:
         cfg, _ = compose_argv(argv)

@@ -17,19 +17,23 @@ import uuid
 from typing import Any
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from coded_shuffle.errors import UsageError
-from coded_shuffle.math.schemes import REGISTRY
 
-from .config import SchemeConf, register_schemas
-from .dist import rank_label
-from .entry import (
+from .compose import (
     CONF_DIR,
     available_jobs,
+    check_group_overrides,
+    compose_argv,
+    config_error_line,
+    fail,
+    register_configs,
+)
+from .dist import rank_label
+from .entry import (
     max_restarts,
     num_processes,
     rank_main,
@@ -38,47 +42,7 @@ from .entry import (
     write_config,
 )
 
-PROG = "coded-shuffle-train"
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
-
-
-def fail(message: str, code: int) -> None:
-    """One line on stderr, then exit (no traceback)."""
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
-
-
-def register_configs() -> None:
-    """The typed schemas (:mod:`train.config`), and every registered scheme as a ``scheme=``
-    option, even without a conf/scheme YAML."""
-    register_schemas()
-    store = ConfigStore.instance()
-    for name in REGISTRY:
-        if not (CONF_DIR / "scheme" / f"{name}.yaml").exists():
-            store.store(group="scheme", name=name, node=SchemeConf(name=name))
-
-
-GROUPS = ("scheme", "data", "model", "optim", "job")
-
-
-def group_options(group: str) -> list[str]:
-    """Valid ``group=`` values: the YAML files in ``conf/<group>`` (and registered schemes)."""
-    names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
-    if group == "scheme":
-        names = set(REGISTRY)  # a scheme YAML without a registered scheme is not valid
-    return sorted(names)
-
-
-def check_group_overrides(argv: list[str]) -> None:
-    """Unknown ``scheme=``/``data=``/... values fail in one line (Hydra's own spans many)."""
-    for arg in argv:
-        m = re.fullmatch(r"[+~]?(\w+)=(.*)", arg)
-        if not m or m.group(1) not in GROUPS or re.search(r"[()\[\]{}*$]", m.group(2)):
-            continue
-        valid = group_options(m.group(1))
-        for name in filter(None, m.group(2).split(",")):
-            if name not in valid:
-                fail(f"unknown {m.group(1)} {name!r}; valid: {', '.join(valid)}", 2)
 
 
 def failure_line(exc: Any) -> str:
@@ -190,8 +154,6 @@ def sweep_choices(argv: list[str]) -> list[list[str]]:
 def check_overrides(argv: list[str]) -> None:
     """Every override composes against the typed schema (:mod:`train.config`); a mistyped
     value fails in one line naming the key, before Hydra starts the app."""
-    from .entry import compose_argv, config_error_line
-
     for choice in sweep_choices(argv):
         try:
             compose_argv(choice)
