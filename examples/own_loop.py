@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--points", type=int, default=4000)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds (the watchdog)")
+    parser.add_argument("--shuffle", default="full", help="full | partial | none")
+    parser.add_argument("--fraction", type=float, default=0.25, help="Q of --shuffle partial")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -55,6 +57,8 @@ def main() -> None:
         seed=0,
         transport=args.transport,
         epochs=args.epochs,
+        shuffle=args.shuffle,
+        fraction=args.fraction,
         timeout=timedelta(seconds=args.timeout),
     )
 

@@ -131,9 +131,12 @@ def test_items_of_mixed_shapes_or_types_are_named():
 # --- CodedShuffle in real process groups -------------------------------------------------------
 
 
-def own_loop(rank, world, scheme, transport, epochs, points, ahead=True, stream=True):
+def own_loop(
+    rank, world, scheme, transport, epochs, points, ahead=True, stream=True, policy=("full", 1.0)
+):
     """A user's loop: the master passes a TensorDataset, workers train on what they get.
-    ``ahead``: the master knows the epochs (encodes each ahead), else ``stream`` decides."""
+    ``ahead``: the master knows the epochs (encodes each ahead), else ``stream`` decides;
+    ``policy``: the shuffle policy and its fraction."""
     from coded_shuffle import CodedShuffle
 
     gen = torch.Generator().manual_seed(3)
@@ -147,6 +150,8 @@ def own_loop(rank, world, scheme, transport, epochs, points, ahead=True, stream=
         epochs=epochs if ahead else None,
         chunk_bytes=512,  # many messages per epoch
         stream=stream,
+        shuffle=policy[0],
+        fraction=policy[1],
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
@@ -192,6 +197,31 @@ def test_coded_and_uncoded_deliveries_train_the_same_model():
     coded = sum(r["broadcast_bytes"] for r in runs["cycles"][0][1:])
     uncoded = sum(r["broadcast_bytes"] for r in runs["uncoded"][0][1:])
     assert coded < 0.75 * uncoded
+
+
+@pytest.mark.distributed
+def test_partial_and_no_reshuffle_move_what_their_policy_says():
+    """``partial`` (``Q = 0.25``): every epoch verified, each worker's batch is the policy's
+    (derived here independently of the library's chain), and about a quarter of ``full``'s
+    bytes move; ``none``: no byte after the placement."""
+    from coded_shuffle.math.assignment import batches
+    from coded_shuffle.math.policies import ShufflePolicy, full_assignment
+
+    part = run_ranks(4, own_loop, "cycles", "chain", 4, 300, True, True, ("partial", 0.25))
+    reports, workers = part[0], part[1:]
+    assert all(r["verified"] and r["shuffle"] == "partial" for r in reports)
+    policy, current = ShufflePolicy("partial", 0.25), full_assignment(11, 1, 300, 3)
+    for epoch in range(1, 5):
+        if epoch > 1:
+            current = policy.next_assignment(current, 11, epoch, 3)
+        for k, (_, seen) in enumerate(workers):
+            assert seen[epoch - 1] == batches(current, 3)[k].tolist()
+    moved = [r["uncoded_points"] for r in reports[1:]]
+    assert all(0 < m <= 3 * 25 for m in moved)  # at most the freed points cross
+    assert all(r["load_points"] <= r["uncoded_points"] for r in reports[1:])
+    none = run_ranks(4, own_loop, "cycles", "chain", 3, 300, True, True, ("none", 1.0))
+    assert [r["broadcast_bytes"] for r in none[0][1:]] == [0, 0]
+    assert none[1][1][0] == none[1][1][1] == none[1][1][2]  # the same batch every epoch
 
 
 def bad_use(rank, world, case):

@@ -144,6 +144,9 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
         (["dist.transport=multicast"], "dist.multicast.rate is required"),
         (["dist.transport=multicast", "dist.multicast.rate=9x"], "rate '9x' cannot be parsed"),
         (["dist.chain.order=[1,2,2,3]"], "must list every worker rank 1..4 once"),
+        (["shuffle=partial", "shuffle.fraction=0"], "shuffle.fraction=0.0 out of range (0, 1]"),
+        (["shuffle=partial", "shuffle.fraction=1.5"], "shuffle.fraction=1.5 out of range"),
+        (["shuffle.name=sometimes"], "shuffle='sometimes' unknown; valid: full, partial, none"),
     ],
 )
 def test_invalid_configs_raise_one_usage_error(overrides, message):

@@ -41,7 +41,7 @@ def register_configs() -> None:
             store.store(group="scheme", name=name, node=SchemeConf(name=name))
 
 
-GROUPS = ("scheme", "data", "model", "optim", "job")
+GROUPS = ("scheme", "shuffle", "data", "model", "optim", "job")
 
 
 def group_options(group: str) -> list[str]:

@@ -107,6 +107,14 @@ class SGDConf:
 
 
 @dataclass
+class ShufflePolicyConf:
+    name: str = "full"
+    """full | partial | none (coded_shuffle/math/policies.py)."""
+    fraction: float = 1.0
+    """Q in (0, 1]: the share of every worker's points ``partial`` moves each epoch."""
+
+
+@dataclass
 class ShuffleJobConf:
     name: str = "shuffle_sgd"
     """Random-reshuffling SGD with coded epoch delivery (train/shuffle_sgd.py)."""
@@ -194,6 +202,7 @@ class DebugConf:
 class Config:
     job: Any = MISSING
     scheme: SchemeConf = MISSING
+    shuffle: ShufflePolicyConf = MISSING
     data: Any = MISSING
     model: Any = MISSING
     optim: SGDConf = MISSING
@@ -223,6 +232,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "elastic_matmul": ElasticMatmulConf,
     },
     "scheme": {"base": SchemeConf},
+    "shuffle": {"policy": ShufflePolicyConf},
 }
 
 

@@ -32,6 +32,7 @@ from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.distributed.shuffle import check_transport
 from coded_shuffle.distributed.transports import JOB_NAMES
 from coded_shuffle.errors import UsageError, VerificationError
+from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.math.schemes import get_scheme
 
 from . import checkpoint, data, models
@@ -86,6 +87,12 @@ def transport_options(cfg: Any) -> dict[str, Any]:
     return dict(OmegaConf.to_container(node, resolve=True)) if node is not None else {}
 
 
+def policy(cfg: Any) -> ShufflePolicy:
+    """The shuffle policy of ``shuffle=`` (``shuffle.fraction`` for ``partial``)."""
+    node = cfg.get("shuffle") or {}
+    return ShufflePolicy(str(node.get("name", "full")), float(node.get("fraction", 1.0)))
+
+
 def validate(cfg: Any) -> None:
     """Everything that can be checked before a process starts (raises :class:`UsageError`)."""
     workers, epochs = int(cfg.workers), int(cfg.epochs)
@@ -93,6 +100,7 @@ def validate(cfg: Any) -> None:
         raise UsageError(f"workers={workers} out of range (must be >= 1)")
     if epochs < 1:
         raise UsageError(f"epochs={epochs} out of range (must be >= 1)")
+    policy(cfg).check("shuffle", "shuffle.fraction")
     info = data.describe(cfg.data)
     if info.train_points < workers:
         raise UsageError(
@@ -151,6 +159,8 @@ class _Rank:
             scheme=str(self.cfg.scheme.name),
             storage=self.storage,
             seed=self.seed,
+            shuffle=policy(self.cfg).name,
+            fraction=policy(self.cfg).fraction,
             transport=str(self.cfg.dist.transport),
             transport_options=transport_options(self.cfg),
             chunk_bytes=int(self.cfg.dist.chunk_bytes),
@@ -216,7 +226,13 @@ class Master(_Rank):
         self.steps = math.ceil(self.n // self.workers / int(self.cfg.optim.batch_size))
         log.info(
             f"shuffle_sgd: scheme {self.cs.scheme.name}, transport "
-            f"{self.cs.link.transport.name}, {self.workers} workers, storage {self.storage:g}, "
+            f"{self.cs.link.transport.name}, shuffle {self.cs.policy.name}"
+            + (
+                f" (fraction {self.cs.policy.fraction:g})"
+                if self.cs.policy.name == "partial"
+                else ""
+            )
+            + f", {self.workers} workers, storage {self.storage:g}, "
             f"N = {self.n} records of {self.b} bytes, {self.epochs} epochs"
         )
         if abs(self.cs.storage_used - self.storage) > 1e-9:
@@ -319,6 +335,8 @@ class Master(_Rank):
                 "scheme": self.cs.scheme.name,
                 "workers": self.workers,
                 "storage": self.storage,
+                "shuffle": self.cs.policy.name,
+                "fraction": self.cs.policy.fraction,
                 "seed": self.seed,
                 "points": self.n,
                 "point_bytes": self.b,

@@ -17,16 +17,16 @@ import torch
 from coded_shuffle.codec import programs as codec
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.transports import Routes
-from coded_shuffle.math.assignment import random_assignment
 from coded_shuffle.math.plan import DeliveryPlan, Plan, direct_routes
+from coded_shuffle.math.policies import ShufflePolicy, full_assignment
 from coded_shuffle.math.schemes import Scheme
 from coded_shuffle.math.state import CacheState, part_states
 
 
 def assignment(seed: int, epoch: int, num_points: int, num_workers: int) -> np.ndarray:
-    """Epoch ``epoch``'s uniformly random balanced assignment (random reshuffling)."""
-    rng = np.random.default_rng([seed, 0, epoch])
-    return random_assignment(num_points, num_workers, rng)
+    """Epoch ``epoch``'s uniformly random balanced assignment (random reshuffling; the first
+    assignment under every policy)."""
+    return full_assignment(seed, epoch, num_points, num_workers)
 
 
 @dataclass(frozen=True)
@@ -49,18 +49,25 @@ class EpochChain:
     """Epoch 1's placement, then one :class:`Transition` per later epoch, from the seed."""
 
     def __init__(
-        self, scheme: Scheme, num_points: int, num_workers: int, storage: float, seed: int
+        self,
+        scheme: Scheme,
+        num_points: int,
+        num_workers: int,
+        storage: float,
+        seed: int,
+        policy: ShufflePolicy | None = None,
     ) -> None:
         self.scheme, self.num_points, self.num_workers = scheme, num_points, num_workers
-        self.seed = seed
+        self.seed, self.policy = seed, policy or ShufflePolicy()
         self.first = assignment(seed, 1, num_points, num_workers)
         self.initial = scheme.initial_state(self.first, num_workers, storage)
 
     def transitions(self, epochs: int) -> Iterator[Transition]:
         """Transitions of epochs ``2..epochs`` (lazily; each plan from the previous state)."""
-        state = self.initial
+        state, current = self.initial, self.first
         for epoch in range(2, epochs + 1):
-            new = assignment(self.seed, epoch, self.num_points, self.num_workers)
+            new = self.policy.next_assignment(current, self.seed, epoch, self.num_workers)
+            current = new
             t0 = time.perf_counter()
             plan = self.scheme.plan(state, new)
             next_state = self.scheme.next_state(state, plan, new)

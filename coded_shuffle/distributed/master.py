@@ -193,6 +193,8 @@ class MasterSide:
             "workers": ctx.workers,
             "storage": ctx.settings.storage,
             "storage_used": ctx.storage_used,
+            "shuffle": ctx.chain.policy.name,
+            "fraction": ctx.chain.policy.fraction,
             "points": ctx.settings.num_points,
             "point_bytes": b,
             "dropped_points": ctx.settings.dropped,

@@ -46,6 +46,7 @@ from coded_shuffle.distributed.transports.framing import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.worker import WorkerSide
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
+from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.math.schemes import Scheme, get_scheme
 from coded_shuffle.math.schemes.memory_sharing import storage_used
 
@@ -94,6 +95,10 @@ class CodedShuffle:
     scheme : a registered scheme (``coded-shuffle schemes``); ``"uncoded"`` for the baseline.
     storage : ``T``, what every worker stores, in batches (``1 <= T <= K``).
     seed : every epoch's assignment is drawn from ``(seed, epoch)`` on every rank.
+    shuffle : the shuffle policy: ``"full"`` (a uniformly random assignment every epoch),
+        ``"partial"`` (every worker gives up a random ``fraction`` of its points, dealt to
+        the workers at random) or ``"none"`` (the placement stays; 0 bytes after it).
+    fraction : ``Q`` in ``(0, 1]``, the share ``"partial"`` moves (ignored otherwise).
     transport : a registered transport (``coded-shuffle transports``); ``transport_options``
         its own settings.
     chunk_bytes : the largest message payload on the link.
@@ -137,6 +142,8 @@ class CodedShuffle:
         scheme: str = "cycles",
         storage: float = 1.0,
         seed: int = 0,
+        shuffle: str = "full",
+        fraction: float = 1.0,
         transport: str = "chain",
         transport_options: Mapping[str, Any] | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -157,11 +164,16 @@ class CodedShuffle:
         self.workers, self.epochs = world - 1, epochs
         if epochs is not None and epochs < 1:
             raise UsageError(f"epochs={epochs} out of range (must be >= 1)")
+        self.policy = ShufflePolicy(shuffle, float(fraction))
+        self.policy.check()
         if heartbeat < 0:
             raise UsageError(f"heartbeat={heartbeat} out of range (seconds >= 0; 0: no watchdog)")
         deadline = timeout or DEFAULT_TIMEOUT
         if deadline.total_seconds() <= 0:
             raise UsageError(f"timeout={deadline} out of range (must be > 0)")
+        # the codec's kernel loaded (compiled, on a fresh install) before any heartbeat can
+        # be missed: the compiler holds the interpreter for a while
+        kernel.warm()
         self.liveness, self._owns_liveness = liveness, False
         if liveness is None and heartbeat > 0:
             prefix = (
@@ -184,14 +196,13 @@ class CodedShuffle:
         self.scheme.check_point_bytes(self.workers, storage)
         self.storage_used = storage_used(self.scheme, self.workers, storage)
         check_transport(transport, self.scheme, self.workers, options)
-        kernel.warm()  # the codec's kernel loaded before the first deadline
         self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
         dist.barrier()  # every worker joined its group before any rank can fail and leave
         peer = Peer(self.rank, world, wait)
         self.link = Link(
             build_transport(transport, peer, options), chunk_bytes, self._progress(on_progress)
         )
-        self.chain = EpochChain(self.scheme, num_points, self.workers, storage, seed)
+        self.chain = EpochChain(self.scheme, num_points, self.workers, storage, seed, self.policy)
         transitions = self.chain.transitions(epochs if epochs is not None else sys.maxsize)
         self._ctx = EpochContext(
             self.rank, self.settings, self.scheme, self.link, self.chain, transitions, epochs,
