@@ -260,6 +260,9 @@ def test_every_epoch_is_verified_and_recorded(runs, scheme):
         assert row["lower_bound_bytes"] <= row["payload_bytes"]
         check_host_bytes(row)
         assert np.isfinite(row["train_loss"]) and 0 <= row["test_accuracy"] <= 1
+    elapsed = [r["elapsed_seconds"] for r in rows]
+    assert all(r["epoch_seconds"] > 0 for r in rows) and elapsed == sorted(elapsed)
+    assert elapsed[-1] >= sum(r["epoch_seconds"] for r in rows) - 1e-6  # epochs in sequence
     first = rows[0]
     assert first["broadcast_bytes"] == first["uncoded_bytes"]  # the placement is uncoded
     assert first["payload_bytes"] >= first["points"] * first["point_bytes"]
@@ -383,6 +386,10 @@ def test_a_restarted_job_resumes_with_every_store_and_the_same_parameters(runs, 
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[2]["resumed_after_epoch"] == 2 and rows[2]["attempt"] == 1
     assert rows[2]["replaced_workers"] == [] and rows[2]["replacement_bytes"] == 0
+    # the restarted attempt's clock continues the first's, the restart's own seconds included
+    gap = rows[2]["elapsed_seconds"] - rows[1]["elapsed_seconds"]
+    assert abs(gap - (rows[2]["time"] - rows[1]["time"])) < 0.5, rows
+    assert gap > rows[2]["epoch_seconds"]
     summary = _summary(tmp_path)
     assert summary["final_params_sha256"] == _summary(runs["cycles"])["final_params_sha256"]
 
@@ -398,3 +405,32 @@ def test_a_wrong_decode_fails_loudly(tmp_path):
     assert "failed: VerificationError: epoch 2: worker" in last, out.stderr
     assert "the master's is" in last
     assert [r["epoch"] for r in _metrics(tmp_path)] == [1]
+
+
+def test_local_sgd_averages_every_h_steps_and_at_the_epochs_end():
+    assert shuffle_sgd.averaging_steps(10, 0) == []
+    assert shuffle_sgd.averaging_steps(10, 3) == [3, 6, 9, 10]
+    assert shuffle_sgd.averaging_steps(9, 3) == [3, 6, 9]
+    assert shuffle_sgd.averaging_steps(2, 5) == [2]
+    with pytest.raises(UsageError, match=r"optim\.average_every=-1 out of range"):
+        shuffle_sgd.validate(compose("optim.average_every=-1"))
+
+
+@pytest.mark.distributed
+def test_local_sgd_trains_the_same_model_whatever_the_scheme(tmp_path):
+    """``optim.average_every=5`` on a partial reshuffle: coded and uncoded delivery end with
+    the same parameters; the all-reduce carries the parameters and momentum per averaging."""
+    shas = {}
+    for scheme in ("cycles", "uncoded"):
+        run_dir = tmp_path / scheme
+        args = [f"scheme={scheme}", *JOB, "optim.average_every=5", "shuffle=partial"]
+        out = _run([*args, "shuffle.fraction=0.5", f"hydra.run.dir={run_dir}"], tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows, summary = _metrics(run_dir), _summary(run_dir)
+        assert summary["average_every"] == 5 and summary["shuffle"] == "partial"
+        steps = -(-(rows[0]["points"] // 4) // 16)  # batch_size 16 per worker
+        model = rows[0]["param_bytes"] - 16  # the flat parameters (the loss pair is 16 bytes)
+        averagings = len(shuffle_sgd.averaging_steps(steps, 5))
+        assert all(r["allreduce_payload_bytes"] == averagings * 2 * model for r in rows)
+        shas[scheme] = summary["final_params_sha256"]
+    assert shas["cycles"] == shas["uncoded"]

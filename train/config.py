@@ -104,6 +104,9 @@ class SGDConf:
     weight_decay: float = 0.0
     batch_size: int = 16
     """Minibatch per worker, >= 1 (the global minibatch is workers * batch_size)."""
+    average_every: int = 0
+    """0: gradients averaged every step; H >= 1: local SGD, the workers' models (and momentum
+    buffers) averaged every H steps and at every epoch's end."""
 
 
 @dataclass

@@ -13,6 +13,8 @@ log = logging.getLogger("train")
 # Keys every epoch object carries (docs/training.md explains each one).
 EPOCH_KEYS = (
     "epoch",
+    "epoch_seconds",
+    "elapsed_seconds",
     "phase",
     "scheme",
     "workers",

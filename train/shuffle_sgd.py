@@ -46,6 +46,15 @@ DIGEST_BYTES = 32
 META_FIELDS = 4  # features, classes, dropped points, epochs already done (int64 each)
 
 
+def averaging_steps(steps: int, every: int) -> list[int]:
+    """The steps (1-based) after which local SGD averages the workers' models: every
+    ``every`` steps and after the epoch's last (``every = 0``: none; gradients are averaged at
+    every step instead)."""
+    if every <= 0:
+        return []
+    return sorted({*range(every, steps + 1, every), steps})
+
+
 def minibatch_order(seed: int, epoch: int, worker: int, batch: int) -> np.ndarray:
     """The order in which ``worker`` visits its batch in ``epoch`` (scheme-independent)."""
     return np.random.default_rng([seed, 1, epoch, worker]).permutation(batch)
@@ -116,6 +125,11 @@ def validate(cfg: Any) -> None:
     models.check(cfg.model, info.features)
     if float(cfg.optim.lr) <= 0:
         raise UsageError(f"optim.lr={cfg.optim.lr} out of range (must be > 0)")
+    if int(cfg.optim.get("average_every", 0)) < 0:
+        raise UsageError(
+            f"optim.average_every={cfg.optim.average_every} out of range (must be >= 0; 0: "
+            "gradients averaged every step, H >= 1: local SGD, models averaged every H steps)"
+        )
     if int(cfg.optim.batch_size) < 1:
         raise UsageError(f"optim.batch_size={cfg.optim.batch_size} out of range (must be >= 1)")
     if int(cfg.dist.chunk_bytes) < 1:
@@ -232,6 +246,11 @@ class Master(_Rank):
                 if self.cs.policy.name == "partial"
                 else ""
             )
+            + (
+                f", local SGD (models averaged every {every} steps)"
+                if (every := int(self.cfg.optim.get("average_every", 0)))
+                else ""
+            )
             + f", {self.workers} workers, storage {self.storage:g}, "
             f"N = {self.n} records of {self.b} bytes, {self.epochs} epochs"
         )
@@ -244,8 +263,17 @@ class Master(_Rank):
         self.momentum_flat = torch.zeros(0)
         if saved:
             restart = self.resume(saved)
+        # seconds since the first epoch began, restarts included: the last record's, the time
+        # between it and now (the restart), then this attempt's
+        first = time.perf_counter()
+        before = 0.0
+        if saved:
+            last = saved["rows"][-1]
+            since = time.time() - float(last.get("time", time.time()))  # older records: 0
+            before = float(last.get("elapsed_seconds", 0.0)) + max(0.0, since)
         try:
             for epoch in range(done + 1, self.epochs + 1):
+                began = time.perf_counter()
                 self.begin(epoch)
                 self.cs.epoch(epoch)  # then prepares the next while the workers train
                 mark(f"epoch {epoch} delivered")
@@ -256,7 +284,8 @@ class Master(_Rank):
                         "dropped_points": self.dropped,
                         "attempt": attempt,
                         **restart,
-                    }
+                    },
+                    clock=(began, first, before),
                 )
                 restart = {}
                 if self.checkpointing:
@@ -303,8 +332,12 @@ class Master(_Rank):
         symbols[0][0, 0] ^= 0xFF
         log.warning(f"debug: epoch {epoch}: flipped byte 0 of symbol 0 (debug.corrupt_epoch)")
 
-    def finish_epoch(self, row: dict[str, Any]) -> None:
-        """Waits for the workers' parameters, evaluates them, writes the epoch's record."""
+    def finish_epoch(self, row: dict[str, Any], clock: tuple[float, float, float]) -> None:
+        """Waits for the workers' parameters, evaluates them, writes the epoch's record.
+
+        ``clock``: when this epoch and the first epoch of this attempt began (perf_counter),
+        and the seconds elapsed before this attempt (``elapsed_seconds`` of the last record).
+        """
         t0 = time.perf_counter()
         flat = models.flat_params(self.model).clone()
         dist.broadcast(flat, src=1, group=self.pair)
@@ -323,8 +356,22 @@ class Master(_Rank):
             dist.broadcast(self.momentum_flat, src=1, group=self.pair)
         row["train_loss"] = float(loss[0] / loss[1])
         row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
-        row["allreduce_payload_bytes"] = self.steps * flat.numel() * flat.element_size()
+        row["allreduce_payload_bytes"] = self.allreduce_bytes(flat.numel() * flat.element_size())
+        now = time.perf_counter()
+        began, first, before = clock
+        row["epoch_seconds"] = now - began  # delivery, training, evaluation: the wall clock
+        row["elapsed_seconds"] = before + now - first
+        row["time"] = time.time()  # when the record was written (Unix time)
         self.writer.epoch(row)
+
+    def allreduce_bytes(self, model_bytes: int) -> int:
+        """What the workers' all-reduce carries in an epoch (payload): a gradient per step, or
+        with local SGD the parameters and momentum buffers per averaging."""
+        every = int(self.cfg.optim.get("average_every", 0))
+        if not every:
+            return self.steps * model_bytes
+        copies = 2 if self.momentum else 1
+        return len(averaging_steps(self.steps, every)) * copies * model_bytes
 
     def finish(self, wall: float) -> None:
         final = models.params_sha256(self.model)
@@ -337,6 +384,7 @@ class Master(_Rank):
                 "storage": self.storage,
                 "shuffle": self.cs.policy.name,
                 "fraction": self.cs.policy.fraction,
+                "average_every": int(self.cfg.optim.get("average_every", 0)),
                 "seed": self.seed,
                 "points": self.n,
                 "point_bytes": self.b,
@@ -424,6 +472,8 @@ class Worker(_Rank):
         self.model.train()
         loss_sum, count = 0.0, 0
         steps = math.ceil(self.q / size)
+        every = int(self.cfg.optim.get("average_every", 0))
+        average_after = set(averaging_steps(steps, every))
         delay = float((self.cfg.get("debug") or {}).get("step_delay") or 0.0)
         for step, a in enumerate(range(0, self.q, size)):
             tick(f"epoch {epoch} step {step + 1}/{steps}")
@@ -433,8 +483,11 @@ class Worker(_Rank):
             loss = F.cross_entropy(self.model(x[idx]), y[idx])
             self.opt.zero_grad(set_to_none=False)
             loss.backward()
-            self.all_reduce_grads(params)
+            if not every:
+                self.all_reduce_grads(params)
             self.opt.step()
+            if step + 1 in average_after:
+                self.average_models(params)
             loss_sum += float(loss.detach()) * idx.numel()
             count += idx.numel()
         totals = torch.tensor([loss_sum, count], dtype=torch.float64)
@@ -445,6 +498,20 @@ class Worker(_Rank):
             if self.checkpointing and self.momentum:
                 dist.broadcast(self.momentum_buffers(), src=1, group=self.pair)
         mark(f"epoch {epoch} trained")
+
+    def average_models(self, params: list[torch.nn.Parameter]) -> None:
+        """Local SGD: the workers' parameters and momentum buffers replaced by their mean
+        (one flat all-reduce)."""
+        buffers = [self.opt.state[p].get("momentum_buffer") for p in params]
+        tensors = [p.data for p in params] + [b for b in buffers if b is not None]
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.ctx.workers_group)
+        flat /= self.workers
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Averages the gradients over the workers (one flat all-reduce per step)."""
