@@ -132,7 +132,16 @@ def test_items_of_mixed_shapes_or_types_are_named():
 
 
 def own_loop(
-    rank, world, scheme, transport, epochs, points, ahead=True, stream=True, policy=("full", 1.0)
+    rank,
+    world,
+    scheme,
+    transport,
+    epochs,
+    points,
+    ahead=True,
+    stream=True,
+    policy=("full", 1.0),
+    placement="random",
 ):
     """A user's loop: the master passes a TensorDataset, workers train on what they get.
     ``ahead``: the master knows the epochs (encodes each ahead), else ``stream`` decides;
@@ -152,6 +161,7 @@ def own_loop(
         stream=stream,
         shuffle=policy[0],
         fraction=policy[1],
+        placement=placement,
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(5, 3)
@@ -224,6 +234,20 @@ def test_partial_and_no_reshuffle_move_what_their_policy_says():
     assert none[1][1][0] == none[1][1][1] == none[1][1][2]  # the same batch every epoch
 
 
+@pytest.mark.distributed
+def test_a_placement_by_label_deals_skewed_shards():
+    """``placement="by_label"``: worker ``k``'s first batch is the ``k``-th block of the
+    points in label order (3 classes, 3 workers: one class each, nearly)."""
+    runs = run_ranks(4, own_loop, "cycles", "chain", 2, 300, True, True, ("full", 1.0), "by_label")
+    gen = torch.Generator().manual_seed(3)
+    torch.randn(300, 5, generator=gen)
+    labels = torch.randint(0, 3, (300,), generator=gen).numpy()
+    order = np.argsort(labels, kind="stable")
+    for k, (_, seen) in enumerate(runs[1:]):
+        assert seen[0] == sorted(order[100 * k : 100 * (k + 1)].tolist())
+    assert all(r["verified"] for r in runs[0])
+
+
 def bad_use(rank, world, case):
     from coded_shuffle import CodedShuffle
 
@@ -236,6 +260,10 @@ def bad_use(rank, world, case):
             CodedShuffle(ds, drop_last=False)
         elif case == "transport":
             CodedShuffle(ds, scheme="cycles", transport="p2p")
+        elif case == "by_label":
+            CodedShuffle(ds, placement="by_label")
+        elif case == "policy":
+            CodedShuffle(ds, shuffle="partial", fraction=0.0)
     except UsageError as exc:
         return str(exc)
     return None
@@ -248,6 +276,8 @@ def bad_use(rank, world, case):
         ("order", r"epoch\(2\): epochs are delivered in order, next is 1"),
         ("drop", r"7 items do not divide among 3 workers: pass drop_last=True or 6 items"),
         ("transport", r"transport=p2p carries uncoded deliveries only"),
+        ("by_label", r"placement='by_label' needs items whose last field is an integer label"),
+        ("policy", r"fraction=0\.0 out of range \(0, 1\]"),
     ],
 )
 def test_bad_use_fails_on_every_rank_with_one_line(case, message):

@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.errors import UsageError
-from coded_shuffle.math.policies import ShufflePolicy, full_assignment
+from coded_shuffle.math.policies import (
+    ShufflePolicy,
+    by_label_assignment,
+    check_placement,
+    full_assignment,
+)
 
 
 def start(n: int = 120, k: int = 4, seed: int = 1) -> np.ndarray:
@@ -129,3 +134,15 @@ def test_bad_policies_are_one_line(policy, message):
     with pytest.raises(UsageError) as err:
         policy.check()
     assert str(err.value) == message
+
+
+def test_a_placement_by_label_deals_the_points_in_label_order():
+    labels = np.array([2, 0, 1, 0, 2, 1, 1, 0, 2, 2, 0, 1])
+    first = by_label_assignment(labels, 3)
+    assert np.array_equal(np.bincount(first), [4, 4, 4])
+    assert sorted(labels[first == 0]) == [0, 0, 0, 0]  # worker 0: the first class only
+    assert np.array_equal(first[np.argsort(labels, kind="stable")], np.repeat([0, 1, 2], 4))
+    with pytest.raises(
+        UsageError, match=r"^data\.placement='sorted' unknown; valid: random, by_label$"
+    ):
+        check_placement("sorted", "data.placement")

@@ -147,6 +147,7 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
         (["shuffle=partial", "shuffle.fraction=0"], "shuffle.fraction=0.0 out of range (0, 1]"),
         (["shuffle=partial", "shuffle.fraction=1.5"], "shuffle.fraction=1.5 out of range"),
         (["shuffle.name=sometimes"], "shuffle='sometimes' unknown; valid: full, partial, none"),
+        (["data.placement=sorted"], "data.placement='sorted' unknown; valid: random, by_label"),
     ],
 )
 def test_invalid_configs_raise_one_usage_error(overrides, message):

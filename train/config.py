@@ -36,6 +36,9 @@ class DigitsConf:
     """Share of the points the master holds for evaluation, in (0, 1)."""
     normalise: bool = True
     """Per-feature standardisation with the training split's statistics."""
+    placement: str = "random"
+    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
+    shards)."""
 
 
 @dataclass
@@ -55,6 +58,9 @@ class SyntheticConf:
     """Scale of the class means."""
     normalise: bool = True
     """Per-feature standardisation with the training split's statistics."""
+    placement: str = "random"
+    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
+    shards)."""
 
 
 @dataclass
@@ -68,6 +74,9 @@ class FileConf:
     """Share held out for evaluation when the file has no X_test / y_test, in (0, 1)."""
     normalise: bool = True
     """Per-feature standardisation with the training split's statistics."""
+    placement: str = "random"
+    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
+    shards)."""
 
 
 @dataclass

@@ -110,6 +110,7 @@ class Source:
     source: str
     test_fraction: float
     normalise: bool
+    placement: str = "random"  # the first assignment (read by the job, not by the source)
 
     def raw(self, seed: int) -> Arrays:
         raise NotImplementedError

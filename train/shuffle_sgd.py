@@ -32,7 +32,7 @@ from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.distributed.shuffle import check_transport
 from coded_shuffle.distributed.transports import JOB_NAMES
 from coded_shuffle.errors import UsageError, VerificationError
-from coded_shuffle.math.policies import ShufflePolicy
+from coded_shuffle.math.policies import ShufflePolicy, check_placement
 from coded_shuffle.math.schemes import get_scheme
 
 from . import checkpoint, data, models
@@ -102,6 +102,11 @@ def policy(cfg: Any) -> ShufflePolicy:
     return ShufflePolicy(str(node.get("name", "full")), float(node.get("fraction", 1.0)))
 
 
+def placement(cfg: Any) -> str:
+    """``data.placement``: the first assignment, ``random`` or ``by_label``."""
+    return str(cfg.data.get("placement", "random"))
+
+
 def validate(cfg: Any) -> None:
     """Everything that can be checked before a process starts (raises :class:`UsageError`)."""
     workers, epochs = int(cfg.workers), int(cfg.epochs)
@@ -110,6 +115,7 @@ def validate(cfg: Any) -> None:
     if epochs < 1:
         raise UsageError(f"epochs={epochs} out of range (must be >= 1)")
     policy(cfg).check("shuffle", "shuffle.fraction")
+    check_placement(placement(cfg), "data.placement")
     info = data.describe(cfg.data)
     if info.train_points < workers:
         raise UsageError(
@@ -175,6 +181,7 @@ class _Rank:
             seed=self.seed,
             shuffle=policy(self.cfg).name,
             fraction=policy(self.cfg).fraction,
+            placement=placement(self.cfg),
             transport=str(self.cfg.dist.transport),
             transport_options=transport_options(self.cfg),
             chunk_bytes=int(self.cfg.dist.chunk_bytes),
@@ -240,7 +247,8 @@ class Master(_Rank):
         self.steps = math.ceil(self.n // self.workers / int(self.cfg.optim.batch_size))
         log.info(
             f"shuffle_sgd: scheme {self.cs.scheme.name}, transport "
-            f"{self.cs.link.transport.name}, shuffle {self.cs.policy.name}"
+            f"{self.cs.link.transport.name}, placement {self.cs.placement}, "
+            f"shuffle {self.cs.policy.name}"
             + (
                 f" (fraction {self.cs.policy.fraction:g})"
                 if self.cs.policy.name == "partial"
@@ -385,6 +393,7 @@ class Master(_Rank):
                 "shuffle": self.cs.policy.name,
                 "fraction": self.cs.policy.fraction,
                 "average_every": int(self.cfg.optim.get("average_every", 0)),
+                "placement": self.cs.placement,
                 "seed": self.seed,
                 "points": self.n,
                 "point_bytes": self.b,

@@ -123,6 +123,27 @@ class RecordLayout:
         return tuple(out)
 
 
+def check_labels(layout: RecordLayout) -> None:
+    """:class:`UsageError` unless the items' last field is an integer scalar (a class label:
+    what ``placement="by_label"`` sorts by)."""
+    last = layout.fields[-1]
+    integer = not last.torch_dtype.is_floating_point and not last.torch_dtype.is_complex
+    if layout.single or last.shape != () or not integer or last.dtype == "bool":
+        raise UsageError(
+            f"placement='by_label' needs items whose last field is an integer label; this data "
+            f"set's last field is {last.dtype} of shape {last.shape}"
+            + (" (items are bare tensors)" if layout.single else "")
+        )
+
+
+def item_labels(dataset: Any, num_items: int) -> np.ndarray:
+    """The first ``num_items`` items' labels (their last field) as int64."""
+    columns = getattr(dataset, "tensors", None)
+    if isinstance(columns, Sequence) and columns:
+        return columns[-1][:num_items].numpy().astype(np.int64)
+    return np.array([int(dataset[i][-1]) for i in range(num_items)], dtype=np.int64)
+
+
 def _fields(item: Any, index: int) -> tuple[torch.Tensor, ...]:
     """An item's tensors; :class:`UsageError` naming the item and field otherwise."""
     fields = (item,) if isinstance(item, torch.Tensor) else item

@@ -56,10 +56,11 @@ class EpochChain:
         storage: float,
         seed: int,
         policy: ShufflePolicy | None = None,
+        first: np.ndarray | None = None,
     ) -> None:
         self.scheme, self.num_points, self.num_workers = scheme, num_points, num_workers
         self.seed, self.policy = seed, policy or ShufflePolicy()
-        self.first = assignment(seed, 1, num_points, num_workers)
+        self.first = assignment(seed, 1, num_points, num_workers) if first is None else first
         self.initial = scheme.initial_state(self.first, num_workers, storage)
 
     def transitions(self, epochs: int) -> Iterator[Transition]:

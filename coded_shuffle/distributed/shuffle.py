@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.codec import kernel
-from coded_shuffle.codec.records import LocalBatch, RecordLayout
+from coded_shuffle.codec.records import LocalBatch, RecordLayout, check_labels, item_labels
 from coded_shuffle.distributed.context import EpochContext, ShuffleSettings
 from coded_shuffle.distributed.epochs import EpochChain, placement_points
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, is_peer_loss
@@ -46,7 +46,7 @@ from coded_shuffle.distributed.transports.framing import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.worker import WorkerSide
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
-from coded_shuffle.math.policies import ShufflePolicy
+from coded_shuffle.math.policies import ShufflePolicy, by_label_assignment, check_placement
 from coded_shuffle.math.schemes import Scheme, get_scheme
 from coded_shuffle.math.schemes.memory_sharing import storage_used
 
@@ -99,6 +99,9 @@ class CodedShuffle:
         ``"partial"`` (every worker gives up a random ``fraction`` of its points, dealt to
         the workers at random) or ``"none"`` (the placement stays; 0 bytes after it).
     fraction : ``Q`` in ``(0, 1]``, the share ``"partial"`` moves (ignored otherwise).
+    placement : the first assignment: ``"random"`` (drawn from the seed), or ``"by_label"``
+        (the points dealt in order of their label, the items' last field, an integer scalar:
+        skewed shards; the master sends every rank the assignment, ``8 N`` bytes).
     transport : a registered transport (``coded-shuffle transports``); ``transport_options``
         its own settings.
     chunk_bytes : the largest message payload on the link.
@@ -144,6 +147,7 @@ class CodedShuffle:
         seed: int = 0,
         shuffle: str = "full",
         fraction: float = 1.0,
+        placement: str = "random",
         transport: str = "chain",
         transport_options: Mapping[str, Any] | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -166,6 +170,8 @@ class CodedShuffle:
             raise UsageError(f"epochs={epochs} out of range (must be >= 1)")
         self.policy = ShufflePolicy(shuffle, float(fraction))
         self.policy.check()
+        check_placement(placement)
+        self.placement = placement
         if heartbeat < 0:
             raise UsageError(f"heartbeat={heartbeat} out of range (seconds >= 0; 0: no watchdog)")
         deadline = timeout or DEFAULT_TIMEOUT
@@ -187,7 +193,7 @@ class CodedShuffle:
             self._owns_liveness = True
         wait = WATCHED_WAIT if self.liveness is not None else deadline
         options = dict(transport_options or {})
-        layout, num_points, dropped = self._describe(dataset, drop_last)
+        layout, num_points, dropped = self._describe(dataset, drop_last, placement)
         self.settings = ShuffleSettings(layout, num_points, dropped, self.workers, storage, seed)
         self.scheme = get_scheme(scheme, layout.record_bytes)
         if not 1 <= storage <= self.workers:
@@ -202,7 +208,10 @@ class CodedShuffle:
         self.link = Link(
             build_transport(transport, peer, options), chunk_bytes, self._progress(on_progress)
         )
-        self.chain = EpochChain(self.scheme, num_points, self.workers, storage, seed, self.policy)
+        first = self._first_assignment(dataset, num_points) if placement == "by_label" else None
+        self.chain = EpochChain(
+            self.scheme, num_points, self.workers, storage, seed, self.policy, first
+        )
         transitions = self.chain.transitions(epochs if epochs is not None else sys.maxsize)
         self._ctx = EpochContext(
             self.rank, self.settings, self.scheme, self.link, self.chain, transitions, epochs,
@@ -250,13 +259,27 @@ class CodedShuffle:
 
     # -- the data set, from the master to every rank -----------------------------------------
 
-    def _describe(self, dataset: Any | None, drop_last: bool) -> tuple[RecordLayout, int, int]:
+    def _first_assignment(self, dataset: Any | None, num_points: int) -> np.ndarray:
+        """``by_label``: the master deals its points in label order and sends every rank the
+        assignment (control bytes, before the placement)."""
+        first = torch.zeros(num_points, dtype=torch.int64)
+        if self.rank == 0:
+            labels = item_labels(dataset, num_points)
+            first = torch.from_numpy(by_label_assignment(labels, self.workers))
+        dist.broadcast(first, src=0)
+        return first.numpy()
+
+    def _describe(
+        self, dataset: Any | None, drop_last: bool, placement: str = "random"
+    ) -> tuple[RecordLayout, int, int]:
         """The master checks its data set and tells every rank its layout and size (or the
         error, so that every rank fails with the same line)."""
         message: list[Any] = [None]
         if self.rank == 0:
             try:
                 message[0] = self._check_dataset(dataset, drop_last)
+                if placement == "by_label":
+                    check_labels(RecordLayout.from_json(message[0][0]))
             except UsageError as exc:
                 message[0] = str(exc)
         elif dataset is not None:

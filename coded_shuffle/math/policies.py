@@ -22,12 +22,28 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import random_assignment
 
 POLICIES = ("full", "partial", "none")
+PLACEMENTS = ("random", "by_label")
 
 
 def full_assignment(seed: int, epoch: int, num_points: int, num_workers: int) -> np.ndarray:
     """Epoch ``epoch``'s uniformly random balanced assignment (random reshuffling)."""
     rng = np.random.default_rng([seed, 0, epoch])
     return random_assignment(num_points, num_workers, rng)
+
+
+def by_label_assignment(labels: np.ndarray, num_workers: int) -> np.ndarray:
+    """The first assignment dealt in label order: the points sorted by label (stably), the
+    first ``q`` to worker 0, the next ``q`` to worker 1, ...: every worker starts with a few
+    classes only (skewed shards)."""
+    n = labels.size
+    first = np.empty(n, dtype=np.int64)
+    first[np.argsort(labels, kind="stable")] = np.arange(n, dtype=np.int64) // (n // num_workers)
+    return first
+
+
+def check_placement(name: str, key: str = "placement") -> None:
+    if name not in PLACEMENTS:
+        raise UsageError(f"{key}={name!r} unknown; valid: {', '.join(PLACEMENTS)}")
 
 
 @dataclass(frozen=True)
