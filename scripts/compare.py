@@ -6,9 +6,12 @@ it (a Hydra sweep directory); anything else a shell glob brings along (Hydra's
 ``multirun.yaml``, a directory without runs) is skipped with one line. Writes ``loss.png``
 (train/test loss and test accuracy against epoch), ``bytes.png`` (bytes on the shared link per
 epoch: coded, uncoded, lower bound), ``cumulative.png`` (the same, summed over epochs),
-``seconds.png`` (delivery seconds per epoch) and ``hosts.png`` (bytes every host sent and
-received over the coded epochs), one line or bar group per run, labelled
-``scheme/transport``; prints a one-line summary per run.
+``seconds.png`` (delivery seconds per epoch), ``hosts.png`` (bytes every host sent and
+received over the coded epochs), ``time.png`` (test accuracy and test loss against the
+seconds since the first epoch began) and ``traffic.png`` (the same against the cumulative
+shuffle bytes on the network and out of the master), one line or bar group per run, labelled
+``policy/scheme/transport``; prints a one-line summary per run, and with
+``--target-accuracy A`` a table of the epochs, seconds and bytes each run took to reach ``A``.
 """
 
 from __future__ import annotations
@@ -69,12 +72,27 @@ def find_runs(paths: list[str]) -> list[Run]:
     return runs
 
 
+def policy_of(run: Run) -> str:
+    """``full``, ``partial0.25`` or ``none`` (runs from before the policies: ``full``)."""
+    first = run.rows[0]
+    name = first.get("shuffle", "full")
+    return f"partial{first.get('fraction', 1.0):g}" if name == "partial" else name
+
+
+def run_summary(run: Run) -> dict:
+    path = run.path / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def label_runs(runs: list[Run]) -> None:
-    """``scheme/transport``; storage, workers and run directory added where needed."""
+    """``policy/scheme/transport``; local SGD, storage, workers and run directory added where
+    needed."""
     for run in runs:
         first = run.rows[0]
-        run.label = f"{first['scheme']}/{first.get('transport', 'tree')}"
+        run.label = f"{policy_of(run)}/{first['scheme']}/{first.get('transport', 'tree')}"
     for extra in (
+        lambda r: f"H={run_summary(r).get('average_every', 0)}",
+        lambda r: run_summary(r).get("placement", "random"),
         lambda r: f"T={r.rows[0]['storage']:g}",
         lambda r: f"K={r.rows[0]['workers']}",
         lambda r: r.path.name,
@@ -233,6 +251,90 @@ def plot_hosts(runs: list[Run], out: Path) -> Path:
     return save(fig, out / "hosts.png")
 
 
+def cumulative(run: Run, key: str) -> np.ndarray:
+    return np.cumsum(np.nan_to_num(run.series(key)))
+
+
+def plot_time(runs: list[Run], out: Path) -> Path:
+    """Test accuracy and test loss against ``elapsed_seconds``."""
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for run, st in zip(runs, styles(len(runs)), strict=True):
+        t = run.series("elapsed_seconds")
+        ax_acc.plot(t, 100 * run.series("test_accuracy"), "-", **st, label=run.label)
+        ax_loss.plot(t, run.series("test_loss"), "-", **st, label=run.label)
+    ax_acc.set(xlabel="seconds since the first epoch began", ylabel="test accuracy (%)")
+    ax_loss.set(xlabel="seconds since the first epoch began", ylabel="test loss")
+    ax_loss.set_yscale("log")
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save(fig, out / "time.png")
+
+
+def plot_traffic(runs: list[Run], out: Path) -> Path:
+    """Test accuracy and test loss against the cumulative shuffle bytes: on the network (every
+    host's egress) and out of the master."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    keys = (("network_bytes", "on the network"), ("master_egress_bytes", "out of the master"))
+    scale, unit = byte_unit([float(cumulative(r, k)[-1]) for r in runs for k, _ in keys])
+    for run, st in zip(runs, styles(len(runs)), strict=True):
+        for col, (key, _) in enumerate(keys):
+            x = cumulative(run, key) / scale
+            axes[0, col].plot(x, 100 * run.series("test_accuracy"), "-", **st, label=run.label)
+            axes[1, col].plot(x, run.series("test_loss"), "-", **st, label=run.label)
+    for col, (_, where) in enumerate(keys):
+        axes[0, col].set(ylabel="test accuracy (%)", title=f"shuffle bytes {where}")
+        axes[1, col].set(xlabel=f"cumulative {unit} {where}", ylabel="test loss")
+        axes[1, col].set_yscale("log")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, out / "traffic.png")
+
+
+@dataclass
+class ToTarget:
+    """What a run took to reach a test accuracy: epochs, seconds, shuffle bytes (or not)."""
+
+    epochs: int | None
+    seconds: float = float("nan")
+    network_bytes: int = 0
+    master_bytes: int = 0
+
+
+def to_target(run: Run, accuracy: float) -> ToTarget:
+    acc = run.series("test_accuracy")
+    reached = np.flatnonzero(acc >= accuracy)
+    if reached.size == 0:
+        return ToTarget(None)
+    i = int(reached[0])
+    return ToTarget(
+        epochs=int(run.epochs[i]),
+        seconds=float(run.series("elapsed_seconds")[i]),
+        network_bytes=int(cumulative(run, "network_bytes")[i]),
+        master_bytes=int(cumulative(run, "master_egress_bytes")[i]),
+    )
+
+
+def target_table(runs: list[Run], accuracy: float) -> list[str]:
+    """One line per run: epochs, seconds and bytes to ``accuracy``, or ``not reached``."""
+    lines = [
+        f"to test accuracy {accuracy:g}:",
+        f"{'run':34s} {'epochs':>6s} {'seconds':>9s} {'network bytes':>15s} {'master bytes':>15s}",
+    ]
+    for run in runs:
+        t = to_target(run, accuracy)
+        if t.epochs is None:
+            best = float(np.nanmax(run.series("test_accuracy")))
+            lines.append(f"{run.label:34s} not reached (best {best:.3f})")
+            continue
+        lines.append(
+            f"{run.label:34s} {t.epochs:6d} {t.seconds:9.2f} {t.network_bytes:15,d} "
+            f"{t.master_bytes:15,d}"
+        )
+    return lines
+
+
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -258,7 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="PATH", help="run or sweep directories")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs")
+    parser.add_argument(
+        "--target-accuracy",
+        type=float,
+        metavar="A",
+        help="print the epochs, seconds and bytes every run took to reach test accuracy A",
+    )
     args = parser.parse_args(argv)
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        parser.error(f"--target-accuracy {args.target_accuracy} out of range (0, 1]")
     runs = find_runs(args.runs)
     label_runs(runs)
     out = Path(args.out)
@@ -269,9 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         plot_bytes(runs, out, True),
         plot_seconds(runs, out),
         plot_hosts(runs, out),
+        plot_time(runs, out),
+        plot_traffic(runs, out),
     ]
     for run in runs:
         print(summary_line(run))
+    if args.target_accuracy is not None:
+        print("\n".join(target_table(runs, args.target_accuracy)))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -330,9 +331,54 @@ def test_compare_script_writes_the_plots(runs, tmp_path):
     sys.modules["compare"] = compare  # dataclasses look their module up
     spec.loader.exec_module(compare)
     assert compare.main([*(str(p) for p in runs.values()), "--out", str(tmp_path)]) == 0
-    for name in ("loss.png", "bytes.png", "cumulative.png"):
+    for name in ("loss.png", "bytes.png", "cumulative.png", "time.png", "traffic.png"):
         png = (tmp_path / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_compare_tables_what_each_run_took_to_reach_a_target(tmp_path, capsys):
+    """The time-to-target table from metrics written here: the first epoch at or above the
+    target, its elapsed seconds, the shuffle bytes summed up to it; or ``not reached``."""
+    spec = spec_from_file_location("compare", REPO / "scripts" / "compare.py")
+    compare = module_from_spec(spec)
+    sys.modules["compare"] = compare
+    spec.loader.exec_module(compare)
+    acc = {"fast": [0.5, 0.91, 0.95], "slow": [0.4, 0.6, 0.7]}
+    for name, accuracies in acc.items():
+        (tmp_path / name).mkdir()
+        rows = [
+            {
+                "epoch": e + 1,
+                "scheme": "cycles",
+                "transport": "chain",
+                "shuffle": "partial",
+                "fraction": 0.25,
+                "test_accuracy": a,
+                "test_loss": 1 - a,
+                "train_loss": 1 - a,
+                "elapsed_seconds": 10.0 * (e + 1),
+                "network_bytes": 1000 * (e + 1),
+                "master_egress_bytes": 100,
+                "broadcast_bytes": 1,
+                "uncoded_bytes": 2,
+                "lower_bound_bytes": 1,
+                "delivery_seconds": 0.1,
+                "phase": "coded",
+                "storage": 1,
+                "workers": 4,
+                "verified": True,
+            }
+            for e, a in enumerate(accuracies)
+        ]
+        text = "\n".join(json.dumps(r) for r in rows)
+        (tmp_path / name / "metrics.jsonl").write_text(text)
+    args = [str(tmp_path / "fast"), str(tmp_path / "slow"), "--out", str(tmp_path / "plots")]
+    assert compare.main([*args, "--target-accuracy", "0.9"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("to test accuracy 0.9:")[1].splitlines()
+    fast = next(ln for ln in table if ln.startswith("partial0.25/cycles/chain fast"))
+    assert fast.split()[2:] == ["2", "20.00", "3,000", "200"]  # epoch 2: 1000 + 2000 bytes
+    assert re.search(r"partial0\.25/cycles/chain slow +not reached \(best 0\.700\)", out)
 
 
 @pytest.mark.distributed
