@@ -12,6 +12,9 @@ parameters (the last line prints their SHA-256).
 ``CodedShuffle`` watches every rank (heartbeats through the job's store): a rank that dies, is
 stopped or loses its link ends every rank within ``--timeout`` seconds, with one line naming
 it and its address (in the delivery, and in the training inside ``cs.watched()``).
+``--shuffle partial|none`` (``--fraction Q``) picks the shuffle policy; ``--average-every H``
+runs local SGD (models averaged every ``H`` steps and at every epoch's end) instead of
+averaging the gradients at every step.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ def make_dataset(points: int, features: int, classes: int) -> TensorDataset:
     return TensorDataset(x, labels)
 
 
+def average(tensors: list[torch.Tensor], group: dist.ProcessGroup, workers: int) -> None:
+    """Every tensor replaced by its mean over the workers (in place)."""
+    for t in tensors:
+        dist.all_reduce(t, group=group)
+        t /= workers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scheme", default="cycles")
@@ -46,6 +56,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds (the watchdog)")
     parser.add_argument("--shuffle", default="full", help="full | partial | none")
     parser.add_argument("--fraction", type=float, default=0.25, help="Q of --shuffle partial")
+    parser.add_argument(
+        "--average-every", type=int, default=0, help="0: average gradients; H: local SGD"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -82,13 +95,15 @@ def main() -> None:
             local, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(epoch)
         )
         with cs.watched():  # a lost peer: one line naming it on every rank, not a traceback
-            for x, y in loader:
+            for step, (x, y) in enumerate(loader, start=1):
                 opt.zero_grad()
                 nn.functional.cross_entropy(model(x), y).backward()
-                for p in model.parameters():  # synchronous SGD: average the workers' gradients
-                    dist.all_reduce(p.grad, group=cs.workers_group)
-                    p.grad /= workers
+                if not args.average_every:  # synchronous SGD: average the workers' gradients
+                    average([p.grad for p in model.parameters()], cs.workers_group, workers)
                 opt.step()
+                if args.average_every and (step % args.average_every == 0 or step == len(loader)):
+                    # local SGD: the workers' models averaged every H steps and at the end
+                    average([p.data for p in model.parameters()], cs.workers_group, workers)
 
     if rank == 1:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

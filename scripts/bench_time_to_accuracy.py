@@ -82,7 +82,8 @@ def run_one(args: argparse.Namespace, every: int, policy: str, scheme: str, tran
     overrides = [
         f"scheme={scheme}", f"dist.transport={transport}", f"shuffle={policy}",
         f"data.placement={args.placement}", f"optim.average_every={every}",
-        f"epochs={args.epochs}", f"seed={args.seed}", f"hydra.run.dir={run_dir}", *args.set,
+        f"epochs={args.epochs}", f"seed={args.seed}", f"dist.chunk_bytes={args.chunk_bytes}",
+        f"hydra.run.dir={run_dir}", *args.set,
     ]  # fmt: skip
     if policy == "partial":
         overrides.append(f"shuffle.fraction={args.fraction}")
@@ -188,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", default="4mbit", help="every NIC's rate (tc units)")
     parser.add_argument("--multicast-rate", default="3800kbit", help="multicast's pacing")
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument(
+        "--chunk-bytes", type=int, default=8192,
+        help="message payload: small enough that a relay pipelines an epoch of ~100 KiB",
+    )  # fmt: skip
     parser.add_argument("--target", type=float, default=0.96, help="test accuracy to reach")
     parser.add_argument("--fraction", type=float, default=0.25, help="Q of the partial runs")
     parser.add_argument("--placement", default="by_label")
@@ -202,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"emulated cluster: {args.workers} workers + master, NICs {args.rate} both ways; the "
         f"default job (digits, MLP) with placement {args.placement}, {args.epochs} epochs, "
-        f"target test accuracy {args.target:g}; every epoch verified",
+        f"messages of {args.chunk_bytes} bytes, target test accuracy {args.target:g}; every "
+        "epoch verified",
         flush=True,
     )
     results = []

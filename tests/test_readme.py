@@ -269,3 +269,42 @@ def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
 def test_bench_transport_documents_its_options(workdir):
     bench = next(c for c in commands(README) if c.startswith("python scripts/bench_transport.py"))
     run(bench.split(" --")[0] + " --help", workdir)
+
+
+def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
+    """The README's time-to-accuracy benchmark (it needs root and builds a cluster for every
+    run): here its options, and its table on records written here, without a cluster."""
+    import importlib.util
+
+    bench = next(c for c in commands(README) if "scripts/bench_time_to_accuracy.py" in c)
+    run(bench.split(" --")[0] + " --help", workdir)
+    spec = importlib.util.spec_from_file_location(
+        "bench_tta", REPO / "scripts" / "bench_time_to_accuracy.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_tta"] = mod
+    spec.loader.exec_module(mod)
+
+    def rows(acc, seconds, load):
+        return [
+            {
+                "test_accuracy": a,
+                "elapsed_seconds": t,
+                "network_bytes": 1e6,
+                "epoch_seconds": 1.0,
+                "master_egress_bytes": 5e5,
+                "delivery_seconds": 0.5,
+                "uncoded_points": 100.0,
+                "load_points": load,
+            }
+            for a, t in zip(acc, seconds, strict=True)
+        ]
+
+    base = mod.Result(1000, "full", "uncoded", "unicast", rows([0.5, 0.97], [1, 4], 100.0))
+    coded = mod.Result(1000, "full", "cycles", "chain", rows([0.5, 0.97], [1, 3], 50.0))
+    never = mod.Result(1000, "none", "uncoded", "unicast", rows([0.5, 0.9], [1, 2], 0.0))
+    lines = mod.table([base, coded, never], 0.96, 0.25)
+    chain = next(ln for ln in lines if "full/cycles/chain" in ln).split()
+    assert chain[2:8] == ["0.970", "2", "3.00", "0.75", "2.00", "1.00"]  # 3 s / 4 s
+    assert chain[-1] == "0.500"
+    assert "not reached" in next(ln for ln in lines if "none/uncoded" in ln)
