@@ -265,7 +265,10 @@ def bad_use(rank, world, case):
         elif case == "policy":
             CodedShuffle(ds, shuffle="partial", fraction=0.0)
     except UsageError as exc:
-        return str(exc)
+        import threading
+
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("liveness")]
+        return str(exc) if not alive else f"watchdog left running: {alive}"
     return None
 
 

@@ -191,47 +191,54 @@ class CodedShuffle:
                 deadline, heartbeat, prefix, on_progress=on_line, watch_progress=False
             ).start()
             self._owns_liveness = True
-        wait = WATCHED_WAIT if self.liveness is not None else deadline
-        options = dict(transport_options or {})
-        layout, num_points, dropped = self._describe(dataset, drop_last, placement)
-        self.settings = ShuffleSettings(layout, num_points, dropped, self.workers, storage, seed)
-        self.scheme = get_scheme(scheme, layout.record_bytes)
-        if not 1 <= storage <= self.workers:
-            raise UsageError(f"storage={storage} out of range 1..{self.workers} (workers)")
-        self.scheme.check(num_points, self.workers, storage)
-        self.scheme.check_point_bytes(self.workers, storage)
-        self.storage_used = storage_used(self.scheme, self.workers, storage)
-        check_transport(transport, self.scheme, self.workers, options)
-        self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
-        dist.barrier()  # every worker joined its group before any rank can fail and leave
-        peer = Peer(self.rank, world, wait)
-        self.link = Link(
-            build_transport(transport, peer, options), chunk_bytes, self._progress(on_progress)
-        )
-        first = self._first_assignment(dataset, num_points) if placement == "by_label" else None
-        self.chain = EpochChain(
-            self.scheme, num_points, self.workers, storage, seed, self.policy, first
-        )
-        transitions = self.chain.transitions(epochs if epochs is not None else sys.maxsize)
-        self._ctx = EpochContext(
-            self.rank, self.settings, self.scheme, self.link, self.chain, transitions, epochs,
-            self.storage_used, self.liveness,
-        )  # fmt: skip
-        self.report: dict[str, Any] = {}
-        self.indices = np.zeros(0, dtype=np.int64)
-        self._next = 1
-        self._master: MasterSide | None = None
-        self._worker: WorkerSide | None = None
-        if self.rank == 0:
-            records = layout.pack(dataset, num_points)
-            self._master = MasterSide(self._ctx, records, stream)
-        else:
-            persistence = None
-            if store_dir is not None:
-                persistence = StorePersistence(
-                    store_dir, self.rank - 1, self.settings, self.scheme.name
-                )
-            self._worker = WorkerSide(self._ctx, persistence)
+        try:
+            wait = WATCHED_WAIT if self.liveness is not None else deadline
+            options = dict(transport_options or {})
+            layout, num_points, dropped = self._describe(dataset, drop_last, placement)
+            self.settings = ShuffleSettings(
+                layout, num_points, dropped, self.workers, storage, seed
+            )
+            self.scheme = get_scheme(scheme, layout.record_bytes)
+            if not 1 <= storage <= self.workers:
+                raise UsageError(f"storage={storage} out of range 1..{self.workers} (workers)")
+            self.scheme.check(num_points, self.workers, storage)
+            self.scheme.check_point_bytes(self.workers, storage)
+            self.storage_used = storage_used(self.scheme, self.workers, storage)
+            check_transport(transport, self.scheme, self.workers, options)
+            self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
+            dist.barrier()  # every worker joined its group before any rank can fail and leave
+            peer = Peer(self.rank, world, wait)
+            self.link = Link(
+                build_transport(transport, peer, options), chunk_bytes, self._progress(on_progress)
+            )
+            first = self._first_assignment(dataset, num_points) if placement == "by_label" else None
+            self.chain = EpochChain(
+                self.scheme, num_points, self.workers, storage, seed, self.policy, first
+            )
+            transitions = self.chain.transitions(epochs if epochs is not None else sys.maxsize)
+            self._ctx = EpochContext(
+                self.rank, self.settings, self.scheme, self.link, self.chain, transitions, epochs,
+                self.storage_used, self.liveness,
+            )  # fmt: skip
+            self.report: dict[str, Any] = {}
+            self.indices = np.zeros(0, dtype=np.int64)
+            self._next = 1
+            self._master: MasterSide | None = None
+            self._worker: WorkerSide | None = None
+            if self.rank == 0:
+                records = layout.pack(dataset, num_points)
+                self._master = MasterSide(self._ctx, records, stream)
+            else:
+                persistence = None
+                if store_dir is not None:
+                    persistence = StorePersistence(
+                        store_dir, self.rank - 1, self.settings, self.scheme.name
+                    )
+                self._worker = WorkerSide(self._ctx, persistence)
+        except BaseException:
+            if self._owns_liveness and self.liveness is not None:
+                self.liveness.stop()  # a failed set-up leaves no watchdog behind
+            raise
 
     @property
     def before_send(self) -> Callable[[int, list[torch.Tensor]], None] | None:
