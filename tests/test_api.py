@@ -255,7 +255,10 @@ def bad_use(rank, world, case):
     try:
         if case == "order":
             cs = CodedShuffle(ds, scheme="cycles")
-            cs.epoch(2)
+            try:
+                cs.epoch(2)
+            finally:
+                cs.close()  # stops its watchdog
         elif case == "drop":
             CodedShuffle(ds, drop_last=False)
         elif case == "transport":
