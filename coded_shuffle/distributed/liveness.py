@@ -220,28 +220,35 @@ class Liveness:
         return dist.PrefixStore(self.prefix, store)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            now = time.monotonic()
-            try:
-                if self._store is None:
-                    self._store = self._connect()
-                self.record.beat += 1
-                self._store.set(f"hb/{self.rank}", self.record.pack())
-                self._read_all(now)
-                self.reached = now
-            except Exception:  # the store is unreachable: this host may be cut off
-                self._store = None
-                self._check_contact(now)
-                # a rank whose heartbeat stopped while we still reached the store is lost
-                # (the store may have gone with the master once it named that rank)
-                verdict = self.verdict(now, before=self.reached - 2 * self.interval)
-                if verdict:
-                    self._fail(verdict)
-                continue
-            verdict = self.verdict(now)
+        """A heartbeat at once (a rank that dies early is still known by its address), then
+        one every ``interval`` until :meth:`stop`."""
+        while True:
+            self._beat(time.monotonic())
+            if self._stop.wait(self.interval):
+                return
+
+    def _beat(self, now: float) -> None:
+        """Publishes this rank's record, reads everyone's, ends the job on a verdict."""
+        try:
+            if self._store is None:
+                self._store = self._connect()
+            self.record.beat += 1
+            self._store.set(f"hb/{self.rank}", self.record.pack())
+            self._read_all(now)
+            self.reached = now
+        except Exception:  # the store is unreachable: this host may be cut off
+            self._store = None
+            self._check_contact(now)
+            # a rank whose heartbeat stopped while we still reached the store is lost (the
+            # store may have gone with the master once it named that rank)
+            verdict = self.verdict(now, before=self.reached - 2 * self.interval)
             if verdict:
                 self._fail(verdict)
-            self._progress_line(now)
+            return
+        verdict = self.verdict(now)
+        if verdict:
+            self._fail(verdict)
+        self._progress_line(now)
 
     def _check_contact(self, now: float) -> None:
         """Ends this process when the store has been out of reach for longer than the deadline
