@@ -172,6 +172,8 @@ class _Rank:
         self.cfg, self.ctx, self.pair = cfg, ctx, pair
         self.workers, self.epochs, self.seed = int(cfg.workers), int(cfg.epochs), int(cfg.seed)
         self.storage = float(cfg.storage)
+        self.average_every = int(cfg.optim.get("average_every", 0))  # 0: gradients every step
+        self.cs_policy = policy(cfg)
 
     def coded_shuffle(self, dataset: TensorDataset | None) -> CodedShuffle:
         return CodedShuffle(
@@ -179,8 +181,8 @@ class _Rank:
             scheme=str(self.cfg.scheme.name),
             storage=self.storage,
             seed=self.seed,
-            shuffle=policy(self.cfg).name,
-            fraction=policy(self.cfg).fraction,
+            shuffle=self.cs_policy.name,
+            fraction=self.cs_policy.fraction,
             placement=placement(self.cfg),
             transport=str(self.cfg.dist.transport),
             transport_options=transport_options(self.cfg),
@@ -256,7 +258,7 @@ class Master(_Rank):
             )
             + (
                 f", local SGD (models averaged every {every} steps)"
-                if (every := int(self.cfg.optim.get("average_every", 0)))
+                if (every := self.average_every)
                 else ""
             )
             + f", {self.workers} workers, storage {self.storage:g}, "
@@ -375,11 +377,10 @@ class Master(_Rank):
     def allreduce_bytes(self, model_bytes: int) -> int:
         """What the workers' all-reduce carries in an epoch (payload): a gradient per step, or
         with local SGD the parameters and momentum buffers per averaging."""
-        every = int(self.cfg.optim.get("average_every", 0))
-        if not every:
+        if not self.average_every:
             return self.steps * model_bytes
         copies = 2 if self.momentum else 1
-        return len(averaging_steps(self.steps, every)) * copies * model_bytes
+        return len(averaging_steps(self.steps, self.average_every)) * copies * model_bytes
 
     def finish(self, wall: float) -> None:
         final = models.params_sha256(self.model)
@@ -392,7 +393,7 @@ class Master(_Rank):
                 "storage": self.storage,
                 "shuffle": self.cs.policy.name,
                 "fraction": self.cs.policy.fraction,
-                "average_every": int(self.cfg.optim.get("average_every", 0)),
+                "average_every": self.average_every,
                 "placement": self.cs.placement,
                 "seed": self.seed,
                 "points": self.n,
@@ -481,7 +482,7 @@ class Worker(_Rank):
         self.model.train()
         loss_sum, count = 0.0, 0
         steps = math.ceil(self.q / size)
-        every = int(self.cfg.optim.get("average_every", 0))
+        every = self.average_every
         average_after = set(averaging_steps(steps, every))
         delay = float((self.cfg.get("debug") or {}).get("step_delay") or 0.0)
         for step, a in enumerate(range(0, self.q, size)):

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.distributed.epochs import EpochChain, Transition
-from coded_shuffle.distributed.liveness import Liveness
 from coded_shuffle.distributed.transports import Link
 from coded_shuffle.math.schemes import Scheme
 
@@ -37,7 +36,6 @@ class EpochContext:
     transitions: Iterator[Transition]  # epochs 2, 3, ... (the same on every rank)
     epochs: int | None  # the number of epochs, if known
     storage_used: float
-    liveness: Liveness | None
 
     @property
     def workers(self) -> int:
@@ -50,7 +48,3 @@ class EpochContext:
     def pending(self, epoch: int) -> bool:
         """Whether an epoch follows ``epoch`` (a store is needed after it)."""
         return self.epochs is None or epoch < self.epochs
-
-    def mark(self, stage: str) -> None:
-        if self.liveness is not None:
-            self.liveness.mark(stage)

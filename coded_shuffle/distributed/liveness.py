@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
 import threading
@@ -56,8 +57,6 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 def first_line(exc: BaseException) -> str:
     """An error's first line without gloo's source location."""
-    import re
-
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", first)
 

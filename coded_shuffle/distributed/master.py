@@ -232,9 +232,9 @@ class MasterSide:
             state = next(self.ctx.transitions).next_state
         return state
 
-    def replace(self, completed: int, needs: dict[int, np.ndarray]) -> None:
-        """The points of every broken worker's store (``needs``), uncoded, to that worker."""
-        union = np.unique(np.concatenate(list(needs.values())))
+    def replace(self, completed: int, needs: dict[int, np.ndarray], union: np.ndarray) -> None:
+        """The points of every broken worker's store (``needs``; ``union``: all of them,
+        sorted), uncoded, to that worker."""
         empty = np.zeros(0, dtype=np.int64)
         routes = Routes(
             tuple(

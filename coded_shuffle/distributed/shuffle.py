@@ -218,7 +218,7 @@ class CodedShuffle:
             transitions = self.chain.transitions(epochs if epochs is not None else sys.maxsize)
             self._ctx = EpochContext(
                 self.rank, self.settings, self.scheme, self.link, self.chain, transitions, epochs,
-                self.storage_used, self.liveness,
+                self.storage_used,
             )  # fmt: skip
             self.report: dict[str, Any] = {}
             self.indices = np.zeros(0, dtype=np.int64)
@@ -284,9 +284,7 @@ class CodedShuffle:
         message: list[Any] = [None]
         if self.rank == 0:
             try:
-                message[0] = self._check_dataset(dataset, drop_last)
-                if placement == "by_label":
-                    check_labels(RecordLayout.from_json(message[0][0]))
+                message[0] = self._check_dataset(dataset, drop_last, placement)
             except UsageError as exc:
                 message[0] = str(exc)
         elif dataset is not None:
@@ -297,7 +295,9 @@ class CodedShuffle:
         layout, n, dropped = message[0]
         return RecordLayout.from_json(layout), int(n), int(dropped)
 
-    def _check_dataset(self, dataset: Any | None, drop_last: bool) -> tuple[str, int, int]:
+    def _check_dataset(
+        self, dataset: Any | None, drop_last: bool, placement: str
+    ) -> tuple[str, int, int]:
         if dataset is None:
             raise UsageError("rank 0 (the master) must pass the dataset to CodedShuffle")
         size = len(dataset)
@@ -311,7 +311,10 @@ class CodedShuffle:
             raise UsageError(
                 f"{size} items for {self.workers} workers: every worker needs at least one"
             )
-        return RecordLayout.of(dataset).to_json(), size - dropped, dropped
+        layout = RecordLayout.of(dataset)
+        if placement == "by_label":
+            check_labels(layout)
+        return layout.to_json(), size - dropped, dropped
 
     # -- the epoch ---------------------------------------------------------------------------
 
@@ -326,8 +329,8 @@ class CodedShuffle:
         if self.epochs is not None and epoch > self.epochs:
             raise UsageError(f"epoch({epoch}) out of range 1..{self.epochs} (epochs=)")
         self._next += 1
-        if self._owns_liveness:
-            self._ctx.mark(f"epoch {epoch} delivery")
+        if self._owns_liveness and self.liveness is not None:
+            self.liveness.mark(f"epoch {epoch} delivery")
         if self._master is not None:
             self.report = self._watched(self._master.epoch, epoch)
             return None
@@ -384,7 +387,8 @@ class CodedShuffle:
         dist.all_gather(every, intact)
         broken = [k for k in range(self.workers) if not int(every[k + 1])]
         if broken and self._ctx.pending(completed):
-            side.replace(completed, {k: placement_points(self.scheme, state, k) for k in broken})
+            needs = {k: placement_points(self.scheme, state, k) for k in broken}
+            side.replace(completed, needs, np.unique(np.concatenate(list(needs.values()))))
         counts, _ = self.link.take_counts()
         self._next = completed + 1
         self.report = {

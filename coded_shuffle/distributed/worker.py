@@ -157,10 +157,10 @@ class WorkerSide:
         self.plan_ahead()
         return state
 
-    def replace(self, completed: int, needs: dict[int, np.ndarray]) -> None:
-        """Receives its store's points again when it is among the broken (``needs``)."""
+    def replace(self, completed: int, needs: dict[int, np.ndarray], union: np.ndarray) -> None:
+        """Receives its store's points again when it is among the broken (``needs``; ``union``:
+        every broken store's points, sorted: the stream's rows)."""
         k = self.worker
-        union = np.unique(np.concatenate(list(needs.values())))
         mine = np.searchsorted(union, needs[k]) if k in needs else np.zeros(0, dtype=np.int64)
         rows = self.ctx.link.deliver(
             epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
