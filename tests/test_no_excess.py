@@ -25,7 +25,7 @@ from coded_shuffle.math.schemes.attia_tandon import ignored_worker, theorem1_loa
 from coded_shuffle.math.schemes.best import PROBE_SEED, Best, probe_reshuffle
 from coded_shuffle.math.schemes.cycle_plan import (
     Cycle,
-    cycle_arcs,
+    CycleSet,
     cycle_symbols,
     greedy_cycles,
     pair_cycles,
@@ -147,12 +147,12 @@ def test_leftover_cycles_are_opened_only_at_the_ignored_worker():
     shuffle = shuffle_matrix(old, new, 6)
     pairs, rest = get_scheme("attia-tandon").decompose(shuffle)
     u = ignored_worker(leftover_matrix(shuffle))
-    for cycle in rest:
+    for cycle in rest.cycles():
         assert len(set(cycle.workers)) == len(cycle.workers)  # simple
         assert cycle.opened == (u in cycle.workers)
         if cycle.opened:
             assert cycle.workers[0] == u
-    assert np.array_equal(cycle_arcs(pairs + rest, 6), shuffle - np.diag(np.diag(shuffle)))
+    assert np.array_equal((pairs + rest).covered(6), shuffle - np.diag(np.diag(shuffle)))
 
 
 def test_cycle_symbols_need_an_exact_cover():
@@ -164,6 +164,7 @@ def test_cycle_symbols_need_an_exact_cover():
     symbols = cycle_symbols(pairs + greedy_cycles(omega), points, offsets, 3)
     assert symbols.shape == (6, 2)
     assert Cycle((0, 1, 2), 2, opened=False).symbols == 6
+    assert CycleSet.of([Cycle((0, 1, 2), 2, opened=False), Cycle((1, 0), 3)]).symbols == 9
 
 
 def test_greedy_cycles_refuses_a_non_eulerian_matrix():

@@ -3,8 +3,9 @@
 Theorem 2: for every ordering ``sigma`` of the workers,
 ``R* >= sum_{i<j} S[sigma_i][sigma_j]`` (off-diagonal entries only). The best ordering is a
 maximum *linear ordering* of the shuffle matrix: exact by dynamic programming over subsets for
-``K <= EXACT_MAX_WORKERS``, local search above (then the value is a valid bound that may not be
-the best one, and ``exact`` is False).
+``K <= EXACT_MAX_WORKERS``, an iterated local search with a work budget that grows like
+``K^2`` above (then the value is a valid bound that may not be the best one, and ``exact`` is
+False; :func:`ordering_bound` says which was used).
 
 Theorem 3: the worst case over all shuffles is ``(K-1) N / K``.
 """
@@ -15,6 +16,7 @@ import numpy as np
 
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batch_size
+from coded_shuffle.math.jit import lazy_jit
 
 EXACT_MAX_WORKERS = 16
 
@@ -114,65 +116,19 @@ def max_linear_ordering(gains: np.ndarray) -> tuple[float, np.ndarray]:
     return best[full], np.array(order[::-1], dtype=np.int64)
 
 
-def exact_window(s: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """The best reordering of ``order`` (a window of workers): arcs to the outside are fixed."""
-    sub = s[np.ix_(order, order)]
-    return order[_exact_ordering(sub)]
+# --- heuristic: iterated local search --------------------------------------------------------
+
+# The search's work, in matrix cells read: SEARCH_WORK_PER_CELL per cell of S, at least
+# SEARCH_WORK_MIN (about 0.2 s at K <= 128, a second or two at K = 1,024). A work budget, not
+# a clock: the bound is the same on every machine and every run.
+SEARCH_WORK_PER_CELL = 300
+SEARCH_WORK_MIN = 100_000_000
+SEARCH_SEED = 0x5EED
 
 
-# --- heuristic: local search ----------------------------------------------------------------
-
-SEARCH_STARTS = 8
-WINDOW = 10
-PERTURBATIONS = 60
-
-
-def _insertion_pass(s: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, bool]:
-    """One best-improvement insertion move (remove a worker, insert it elsewhere)."""
-    k = order.size
-    p = s[np.ix_(order, order)]
-    diff = p - p.T  # diff[a, b] > 0: a before b is worth diff[a, b] over b before a
-    best_gain, best_move = 0, None
-    for i in range(k):
-        # moving position i to j > i puts i after order[i+1..j]: gain sum diff[x, i]
-        right = np.cumsum(diff[i + 1 :, i])
-        # moving to j < i puts i before order[j..i-1]: gain sum diff[i, x]
-        left = np.cumsum(diff[i, :i][::-1])
-        if right.size and right.max() > best_gain:
-            best_gain, best_move = int(right.max()), (i, i + 1 + int(right.argmax()))
-        if left.size and left.max() > best_gain:
-            best_gain, best_move = int(left.max()), (i, i - 1 - int(left.argmax()))
-    if best_move is None:
-        return order, False
-    i, j = best_move
-    rest = np.delete(order, i)
-    return np.insert(rest, j, order[i]), True
-
-
-def _windows_pass(s: np.ndarray, order: np.ndarray, window: int) -> tuple[np.ndarray, bool]:
-    """Exact DP on every window of ``window`` consecutive workers (half-overlapping)."""
-    improved = False
-    k = order.size
-    step = max(1, window // 2)
-    for start in range(0, max(1, k - window + step), step):
-        stop = min(k, start + window)
-        seg = order[start:stop]
-        new = exact_window(s, seg)
-        if ordering_value(s, new) > ordering_value(s, seg):
-            order = np.concatenate([order[:start], new, order[stop:]])
-            improved = True
-    return order, improved
-
-
-def _local_search(s: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Insertion moves and exact windows until neither improves."""
-    while True:
-        moved = True
-        while moved:
-            order, moved = _insertion_pass(s, order)
-        order, improved = _windows_pass(s, order, min(WINDOW, order.size))
-        if not improved:
-            return order
+def search_work(num_workers: int) -> int:
+    """Cells the ordering search may read at ``K`` workers (grows like ``K^2``)."""
+    return max(SEARCH_WORK_MIN, SEARCH_WORK_PER_CELL * num_workers**2)
 
 
 def _greedy_start(s: np.ndarray) -> np.ndarray:
@@ -189,25 +145,68 @@ def _greedy_start(s: np.ndarray) -> np.ndarray:
     return order
 
 
-def _search_ordering(s: np.ndarray) -> np.ndarray:
-    """Iterated local search from several deterministic starts (seeded, reproducible)."""
-    k = s.shape[0]
-    rng = np.random.default_rng(0x5EED)
-    starts = [_greedy_start(s), np.arange(k, dtype=np.int64)]
-    starts += [rng.permutation(k) for _ in range(SEARCH_STARTS - len(starts))]
-    best, best_value = starts[0], -1
-    for start in starts:
-        order = _local_search(s, start)
-        value = ordering_value(s, order)
-        if value > best_value:
-            best, best_value = order, value
-    # perturb the best: reverse a random segment, search again, keep improvements
-    for _ in range(PERTURBATIONS):
-        a, b = np.sort(rng.choice(k + 1, size=2, replace=False))
-        trial = best.copy()
-        trial[a:b] = trial[a:b][rng.permutation(b - a)]
-        trial = _local_search(s, trial)
-        value = ordering_value(s, trial)
-        if value > best_value:
-            best, best_value = trial, value
+@lazy_jit
+def _iterated_insertion(s: np.ndarray, order: np.ndarray, work: int, seed: int) -> np.ndarray:
+    """Insertion local search (every worker moved to its best position, first improvement,
+    until none improves), then rounds of: shuffle a random segment of the best ordering, search
+    again, keep the result if it is at least as good; until ``work`` cells have been read."""
+    np.random.seed(seed)
+    k = order.size
+    best = order.copy()
+    best_value = -1
+    trial = order.copy()
+    pos = np.empty(k, dtype=np.int64)
+    used = 0
+    first = True
+    while first or used < work:
+        if not first:
+            trial[:] = best
+            seg = min(k, 4 + np.random.randint(max(1, k // 8)))
+            a = np.random.randint(k - seg + 1)
+            part = trial[a : a + seg].copy()
+            np.random.shuffle(part)
+            trial[a : a + seg] = part
+        first = False
+        for i in range(k):
+            pos[trial[i]] = i
+        moved = True
+        while moved and used < work:
+            moved = False
+            for v in range(k):
+                i = pos[v]
+                gain, to, g = 0, i, 0
+                for j in range(i + 1, k):  # v after trial[i+1..j]
+                    g += s[trial[j], v] - s[v, trial[j]]
+                    if g > gain:
+                        gain, to = g, j
+                g = 0
+                for j in range(i - 1, -1, -1):  # v before trial[j..i-1]
+                    g += s[v, trial[j]] - s[trial[j], v]
+                    if g > gain:
+                        gain, to = g, j
+                used += k
+                if to == i:
+                    continue
+                moved = True
+                step = 1 if to > i else -1
+                for j in range(i, to, step):
+                    trial[j] = trial[j + step]
+                    pos[trial[j]] = j
+                trial[to] = v
+                pos[v] = to
+        value = 0
+        for a in range(k):
+            for b in range(a + 1, k):
+                value += s[trial[a], trial[b]]
+        used += k * k // 2
+        if value >= best_value:
+            best[:] = trial
+            best_value = value
     return best
+
+
+def _search_ordering(s: np.ndarray) -> np.ndarray:
+    """Iterated local search from the greedy insertion order, within :func:`search_work`
+    (seeded: the same ordering on every run)."""
+    start = _greedy_start(s)
+    return _iterated_insertion(s, start, search_work(s.shape[0]), SEARCH_SEED)

@@ -9,12 +9,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from coded_shuffle.errors import UndecodableError, UsageError, VerificationError
 from coded_shuffle.math.schemes import REGISTRY
-from coded_shuffle.tools.evaluate import EpochReport, Evaluation, run
+
+if TYPE_CHECKING:  # the commands import what they run: `--help` and `schemes` load no torch
+    from coded_shuffle.tools.evaluate import EpochReport, Evaluation
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,6 +115,7 @@ def _load_assignment(path: Path, name: str) -> np.ndarray:
 def evaluation_from_args(args: argparse.Namespace) -> Evaluation:
     """Turns parsed arguments into an :class:`Evaluation` (validated user assignments)."""
     from coded_shuffle.math.assignment import batch_size, validate_assignment
+    from coded_shuffle.tools.evaluate import Evaluation
 
     old = new = None
     if (args.old is None) != (args.new is None):
@@ -165,6 +169,8 @@ def _human_line(r: EpochReport) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from coded_shuffle.tools.evaluate import run
+
     ok = True
     for report in run(evaluation_from_args(args)):
         ok &= report.verified
@@ -201,8 +207,13 @@ def cmd_transports(_: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     from coded_shuffle.tools.cluster.command import run_cluster_command
+    from coded_shuffle.tools.cluster.netns import ClusterError
 
-    return run_cluster_command(args)
+    try:
+        return run_cluster_command(args)
+    except ClusterError as exc:
+        print(f"coded-shuffle: error: {exc}", file=sys.stderr)
+        return 2
 
 
 COMMANDS = {
@@ -214,14 +225,9 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from coded_shuffle.tools.cluster.netns import ClusterError
-
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
-    except ClusterError as exc:
-        print(f"coded-shuffle: error: {exc}", file=sys.stderr)
-        return 2
     except (UsageError, UndecodableError, VerificationError) as exc:
         print(f"coded-shuffle: error: {exc}", file=sys.stderr)
         return 2

@@ -23,8 +23,8 @@ import numpy as np
 from coded_shuffle.math.assignment import leftover_matrix
 from coded_shuffle.math.bounds import off_diagonal
 from coded_shuffle.math.schemes.cycle_plan import (
-    Cycle,
     CycleScheme,
+    CycleSet,
     greedy_cycles,
     open_at,
     pair_cycles,
@@ -42,15 +42,9 @@ def ignored_worker(omega: np.ndarray) -> int:
     return int(np.argmax(omega.sum(axis=1)))
 
 
-def leftover_cycles(omega: np.ndarray, ignored: int) -> list[Cycle]:
+def leftover_cycles(omega: np.ndarray, ignored: int) -> CycleSet:
     """``Omega`` as simple cycles: opened at ``ignored`` when they pass through it, else closed."""
-    out = []
-    for cycle in greedy_cycles(omega):
-        if ignored in cycle.workers:
-            out.append(open_at(cycle, ignored))
-        else:
-            out.append(cycle._replace(opened=False))
-    return out
+    return open_at(greedy_cycles(omega), ignored)
 
 
 class AttiaTandon(CycleScheme):
@@ -61,6 +55,6 @@ class AttiaTandon(CycleScheme):
         "no excess storage: pairwise XORs, then leftover combining (Attia & Tandon 2016, Theorem 1)"
     )
 
-    def decompose(self, shuffle: np.ndarray) -> tuple[list[Cycle], list[Cycle]]:
+    def decompose(self, shuffle: np.ndarray) -> tuple[CycleSet, CycleSet]:
         pairs, omega = pair_cycles(shuffle)
         return pairs, leftover_cycles(omega, ignored_worker(omega))

@@ -20,6 +20,7 @@ class Scheme(ABC):
     summary: ClassVar[str] = ""
     coded: ClassVar[bool] = True  # False: every symbol is one sub-point (point-to-point ok)
     placement: ClassVar[str | None] = None  # family name; None: derived by placement_family
+    max_workers: ClassVar[int | None] = None  # the largest K it plans for (None: any)
 
     def __init__(self, point_bytes: int | None = None) -> None:
         """``point_bytes``: the size of the points it will carry, if known (schemes that cut
@@ -50,6 +51,12 @@ class Scheme(ABC):
 
     def check(self, num_points: int, num_workers: int, storage: float) -> None:
         """Raises :class:`UsageError` unless the scheme supports these parameters."""
+        if self.max_workers is not None and num_workers > self.max_workers:
+            raise UsageError(
+                f"{self.name}: K={num_workers} workers is above the {self.max_workers} it plans "
+                "for (its placement and plans grow too fast beyond); use cycles, attia-tandon "
+                "or best"
+            )
         if not 1 <= storage <= num_workers:
             raise UsageError(f"storage T={storage} out of range 1..{num_workers} (workers)")
 

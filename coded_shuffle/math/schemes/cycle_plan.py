@@ -9,12 +9,18 @@ the incoming point with the outgoing one and sends ``x(v_{a-1} -> v_a) XOR x(v_a
 steps, to its incoming point. A *closed* cycle pairs at every node (``L`` symbols).
 
 Everything here works on the ``K x K`` counts; points are only touched in
-:func:`cycle_symbols`, vectorised over all cycles at once.
+:func:`cycle_symbols`, vectorised over all cycles at once. A decomposition is carried as a
+:class:`CycleSet` (flat arrays), so that the hundreds of thousands of cycles of a
+``K = 1,024`` shuffle never become Python objects. Up to :data:`SMALL_MAX_WORKERS` workers the
+shortest cycle is found by all-pairs distances, as it always was (the plans there are
+unchanged); above, by the length classes of
+:func:`~coded_shuffle.math.schemes.cycle_search.shortest_first`.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -28,9 +34,11 @@ from coded_shuffle.math.assignment import (
 from coded_shuffle.math.bounds import off_diagonal
 from coded_shuffle.math.plan import DeliveryPlan, ranges, symbol_blocks
 from coded_shuffle.math.schemes.base import Scheme, batch_plan_fields
+from coded_shuffle.math.schemes.cycle_search import shortest_first
 from coded_shuffle.math.state import CacheState
 
 UNREACHABLE = np.iinfo(np.int64).max // 4
+SMALL_MAX_WORKERS = 32  # all-pairs shortest cycles up to here; length classes above
 
 
 class Cycle(NamedTuple):
@@ -46,6 +54,77 @@ class Cycle(NamedTuple):
         return self.multiplicity * (len(self.workers) - self.opened)
 
 
+@dataclass(frozen=True)
+class CycleSet:
+    """Cycles as flat arrays: the workers of cycle ``c`` are
+    ``workers[starts[c] : starts[c] + lengths[c]]``; ``opened[c]`` as in :class:`Cycle`."""
+
+    workers: np.ndarray
+    lengths: np.ndarray
+    multiplicity: np.ndarray
+    opened: np.ndarray
+
+    @classmethod
+    def of(cls, cycles: list[Cycle]) -> CycleSet:
+        lengths = np.array([len(c.workers) for c in cycles], dtype=np.int64)
+        workers = [w for c in cycles for w in c.workers]
+        return cls(
+            np.array(workers, dtype=np.int64),
+            lengths,
+            np.array([c.multiplicity for c in cycles], dtype=np.int64),
+            np.array([c.opened for c in cycles], dtype=bool),
+        )
+
+    @classmethod
+    def opened_at_first(
+        cls, workers: np.ndarray, lengths: np.ndarray, multiplicity: np.ndarray
+    ) -> CycleSet:
+        return cls(workers, lengths, multiplicity, np.ones(lengths.size, dtype=bool))
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    def __add__(self, other: CycleSet) -> CycleSet:
+        return CycleSet(
+            *(np.concatenate([a, b]) for a, b in zip(self.arrays(), other.arrays(), strict=True))
+        )
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.workers, self.lengths, self.multiplicity, self.opened
+
+    @property
+    def starts(self) -> np.ndarray:
+        return (np.cumsum(self.lengths) - self.lengths).astype(np.int64)
+
+    @property
+    def symbols(self) -> int:
+        """Symbols they cost: ``sum m (L - opened)``."""
+        return int((self.multiplicity * (self.lengths - self.opened)).sum())
+
+    def cycles(self) -> list[Cycle]:
+        """As :class:`Cycle` objects (small sets: tests, the E-M split)."""
+        return [
+            Cycle(tuple(int(v) for v in self.workers[a : a + n]), int(m), bool(o))
+            for a, n, m, o in zip(
+                self.starts, self.lengths, self.multiplicity, self.opened, strict=True
+            )
+        ]
+
+    def arcs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tail, head and multiplicity of every arc of every cycle (the last one closes it)."""
+        starts = self.starts
+        heads = np.roll(self.workers, -1)
+        if len(self):
+            heads[starts + self.lengths - 1] = self.workers[starts]
+        return self.workers, heads, np.repeat(self.multiplicity, self.lengths)
+
+    def covered(self, num_workers: int) -> np.ndarray:
+        """The ``K x K`` arc counts the cycles cover (to check a decomposition)."""
+        tails, heads, mult = self.arcs()
+        flat = np.bincount(tails * num_workers + heads, mult, minlength=num_workers**2)
+        return flat.astype(np.int64).reshape(num_workers, num_workers)
+
+
 def arcs_of(workers: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Tails and heads of the arcs ``v_a -> v_{a+1}`` of a cycle (the last one closes it)."""
     tails = np.asarray(workers, dtype=np.int64)
@@ -58,16 +137,7 @@ def subtract(weights: np.ndarray, cycle: Cycle) -> None:
     weights[tails, heads] -= cycle.multiplicity
 
 
-def cycle_arcs(cycles: list[Cycle], num_workers: int) -> np.ndarray:
-    """The ``K x K`` arc counts that ``cycles`` cover (to check a decomposition)."""
-    covered = np.zeros((num_workers, num_workers), dtype=np.int64)
-    for cycle in cycles:
-        tails, heads = arcs_of(cycle.workers)
-        np.add.at(covered, (tails, heads), cycle.multiplicity)
-    return covered
-
-
-def pair_cycles(shuffle: np.ndarray) -> tuple[list[Cycle], np.ndarray]:
+def pair_cycles(shuffle: np.ndarray) -> tuple[CycleSet, np.ndarray]:
     """All 2-cycles ``min(S_ij, S_ji)`` (Attia & Tandon 2016, phase 1) and
     the leftover matrix ``Omega``.
 
@@ -77,12 +147,11 @@ def pair_cycles(shuffle: np.ndarray) -> tuple[list[Cycle], np.ndarray]:
     replace them, so the count does not drop.
     """
     s = off_diagonal(shuffle)
-    both = np.minimum(s, s.T)
-    cycles = [
-        Cycle((int(i), int(j)), int(both[i, j]))
-        for i, j in zip(*np.nonzero(np.triu(both, 1)), strict=True)
-    ]
-    return cycles, leftover_matrix(s)
+    both = np.triu(np.minimum(s, s.T), 1)
+    i, j = np.nonzero(both)
+    workers = np.stack([i, j], axis=1).reshape(-1).astype(np.int64)
+    pairs = CycleSet.opened_at_first(workers, np.full(i.size, 2, dtype=np.int64), both[i, j])
+    return pairs, leftover_matrix(s)
 
 
 def all_pairs_hops(adjacency: np.ndarray) -> np.ndarray:
@@ -126,8 +195,16 @@ def shortest_cycle(weights: np.ndarray) -> Cycle | None:
     return Cycle(workers, int(weights[tails, heads].min()))
 
 
-def greedy_cycles(weights: np.ndarray) -> list[Cycle]:
-    """Decomposes an Eulerian multigraph into simple cycles, shortest cycle first."""
+def greedy_cycles(weights: np.ndarray) -> CycleSet:
+    """Decomposes an Eulerian multigraph into simple cycles, shortest cycle first (all-pairs
+    distances up to :data:`SMALL_MAX_WORKERS` workers, length classes above)."""
+    if np.shape(weights)[0] > SMALL_MAX_WORKERS:
+        return CycleSet.opened_at_first(*shortest_first(weights))
+    return CycleSet.of(all_pairs_greedy(weights))
+
+
+def all_pairs_greedy(weights: np.ndarray) -> list[Cycle]:
+    """Shortest cycle first by :func:`shortest_cycle` (``K^3`` work per cycle: small ``K``)."""
     w = np.array(weights, dtype=np.int64)
     cycles = []
     while (cycle := shortest_cycle(w)) is not None:
@@ -138,14 +215,23 @@ def greedy_cycles(weights: np.ndarray) -> list[Cycle]:
     return cycles
 
 
-def open_at(cycle: Cycle, worker: int) -> Cycle:
-    """The same cycle rotated to start at ``worker`` and opened there."""
-    a = cycle.workers.index(worker)
-    return Cycle(cycle.workers[a:] + cycle.workers[:a], cycle.multiplicity, True)
+def open_at(cycles: CycleSet, worker: int) -> CycleSet:
+    """Cycles through ``worker`` rotated to start there and opened; the others closed."""
+    starts = np.repeat(cycles.starts, cycles.lengths)
+    lengths = np.repeat(cycles.lengths, cycles.lengths)
+    at = cycles.workers == worker
+    owner = np.repeat(np.arange(len(cycles)), cycles.lengths)
+    shift = np.zeros(len(cycles), dtype=np.int64)
+    shift[owner[at]] = np.flatnonzero(at) - starts[at]  # a simple cycle meets it once
+    index = np.arange(cycles.workers.size) - starts + np.repeat(shift, cycles.lengths)
+    rotated = cycles.workers[starts + index % lengths]
+    through = np.zeros(len(cycles), dtype=bool)
+    through[owner[at]] = True
+    return CycleSet(rotated, cycles.lengths, cycles.multiplicity, through)
 
 
 def cycle_symbols(
-    cycles: list[Cycle], points: np.ndarray, offsets: np.ndarray, num_workers: int
+    cycles: CycleSet, points: np.ndarray, offsets: np.ndarray, num_workers: int
 ) -> np.ndarray:
     """The ``(n, 2)`` XOR symbols ``(incoming point, outgoing point)`` of all cycles.
 
@@ -153,15 +239,10 @@ def cycle_symbols(
     arc of every cycle takes the next ``m`` unused points of its worker pair; the cycles must
     cover every moving point exactly once. Vectorised: one gather for all points of all arcs.
     """
-    if not cycles:
+    if not len(cycles):
         return np.zeros((0, 2), dtype=np.int64)
-    lengths = np.array([len(c.workers) for c in cycles], dtype=np.int64)
-    mult = np.array([c.multiplicity for c in cycles], dtype=np.int64)
-    tails = np.concatenate([np.asarray(c.workers, dtype=np.int64) for c in cycles])
-    first = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    heads = np.roll(tails, -1)
-    heads[first + lengths - 1] = tails[first]
-    arc_mult = np.repeat(mult, lengths)
+    lengths, first = cycles.lengths, cycles.starts
+    tails, heads, arc_mult = cycles.arcs()
     pair = tails * num_workers + heads
     # the points of every arc: its pair's next unused points, in cycle order
     order = np.argsort(pair, kind="stable")
@@ -180,9 +261,8 @@ def cycle_symbols(
     # one symbol group per paired node: (incoming arc, outgoing arc) of that node
     node_in = np.arange(tails.size, dtype=np.int64) - 1
     node_in[first] = first + lengths - 1
-    opened = np.array([c.opened for c in cycles], dtype=bool)
     paired = np.ones(tails.size, dtype=bool)
-    paired[first[opened]] = False
+    paired[first[cycles.opened]] = False
     incoming, outgoing = node_in[paired], np.flatnonzero(paired)
     m = arc_mult[outgoing]
     return np.stack(
@@ -208,7 +288,7 @@ class CycleScheme(Scheme):
         super().check(num_points, num_workers, storage)
 
     @abstractmethod
-    def decompose(self, shuffle: np.ndarray) -> tuple[list[Cycle], list[Cycle]]:
+    def decompose(self, shuffle: np.ndarray) -> tuple[CycleSet, CycleSet]:
         """``(2-cycles, other cycles)`` covering the off-diagonal of ``shuffle`` exactly."""
 
     def plan(self, state: CacheState, new_assignment: np.ndarray) -> DeliveryPlan:
@@ -217,7 +297,7 @@ class CycleScheme(Scheme):
         pairs, rest = self.decompose(shuffle_matrix(state.assignment, new_assignment, k))
         points, offsets = points_by_pair(state.assignment, new_assignment, k)
         symbols = cycle_symbols(pairs + rest, points, offsets, k)
-        num_pairs = sum(c.symbols for c in pairs)
+        num_pairs = pairs.symbols
         return DeliveryPlan(
             scheme=self.name,
             symbols=symbol_blocks([expand_subpoints(symbols, state.splits)]),

@@ -13,6 +13,13 @@ The off-diagonal shuffle multigraph is split into directed cycles, every cycle d
    cycles; the packing takes as many 3-cycles as the counts allow;
 3. the rest, shortest cycle first (greedy, always simple cycles).
 
+Above :data:`~coded_shuffle.math.schemes.cycle_plan.SMALL_MAX_WORKERS` workers the triangle types
+run into the millions, so step 2 is a greedy packing improved by a local search with a work
+budget (:func:`~coded_shuffle.math.schemes.cycle_search.triangle_packing`) and step 3 runs by
+length classes (:func:`~coded_shuffle.math.schemes.cycle_search.shortest_first`); on random
+shuffles at ``K = 64`` and ``128`` this takes more cycles than the integer program and the
+all-pairs greedy did (``scripts/bench_scale.py``).
+
 Never worse than Attia-Tandon (Theorem 1 of Attia & Tandon 2016): all decompositions here consist
 of the 2-cycles and *simple* cycles of ``Omega``. A simple cycle leaves
 any worker ``u`` at most once,
@@ -33,17 +40,24 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
 from coded_shuffle.math.schemes.cycle_plan import (
+    SMALL_MAX_WORKERS,
     Cycle,
     CycleScheme,
+    CycleSet,
     greedy_cycles,
     pair_cycles,
     subtract,
 )
+from coded_shuffle.math.schemes.cycle_search import triangle_packing
 
 MAX_TRIANGLE_TYPES = 20_000  # above: skip the integer program, greedy only
 # A node limit, not a time limit: every rank of a training job re-derives the plan on its own,
 # so the packing must not depend on how busy the machine is.
 MILP_OPTIONS = {"node_limit": 200, "mip_rel_gap": 0.01}
+# The local search's work above SMALL_MAX_WORKERS: about this many triangles taken out and put
+# back in all (a pass takes out every packed triangle once), between these many passes.
+SEARCH_WORK = 4_000_000
+SEARCH_PASSES = (3, 100)
 
 
 def triangle_types(weights: np.ndarray) -> np.ndarray:
@@ -52,6 +66,12 @@ def triangle_types(weights: np.ndarray) -> np.ndarray:
     a, b, c = np.nonzero(adj[:, :, None] & adj[None, :, :] & adj.T[:, None, :])
     keep = (a < b) & (a < c)
     return np.stack([a[keep], b[keep], c[keep]], axis=1).astype(np.int64)
+
+
+def search_passes(weights: np.ndarray) -> int:
+    """Passes of the local search for these arc counts (:data:`SEARCH_WORK`)."""
+    lo, hi = SEARCH_PASSES
+    return int(np.clip(SEARCH_WORK // max(1, int(weights.sum()) // 3), lo, hi))
 
 
 def pack_triangles(weights: np.ndarray) -> list[Cycle]:
@@ -93,10 +113,18 @@ class Cycles(CycleScheme):
     name = "cycles"
     summary = "no excess storage: decomposition into directed cycles, L-1 symbols per cycle"
 
-    def decompose(self, shuffle: np.ndarray) -> tuple[list[Cycle], list[Cycle]]:
+    def decompose(self, shuffle: np.ndarray) -> tuple[CycleSet, CycleSet]:
         pairs, omega = pair_cycles(shuffle)
-        triangles = pack_triangles(omega)
+        if omega.shape[0] > SMALL_MAX_WORKERS:
+            found, rest = triangle_packing(omega, search_passes(omega))
+            triangles = CycleSet.opened_at_first(
+                found.reshape(-1),
+                np.full(found.shape[0], 3, dtype=np.int64),
+                np.ones(found.shape[0], dtype=np.int64),
+            )
+            return pairs, triangles + greedy_cycles(rest)
+        packed = pack_triangles(omega)
         rest = omega.copy()
-        for cycle in triangles:
+        for cycle in packed:
             subtract(rest, cycle)
-        return pairs, triangles + greedy_cycles(rest)
+        return pairs, CycleSet.of(packed) + greedy_cycles(rest)

@@ -125,7 +125,9 @@ def cycles_of(sigma: np.ndarray) -> list[list[int]]:
 def cycle_decomposition(shuffle: np.ndarray) -> list[tuple[list[int], int]]:
     """Off-diagonal arcs as directed cycles with multiplicities, shortest first (docs/schemes.md,
     cycles; the decomposition of :func:`~coded_shuffle.math.schemes.cycle_plan.greedy_cycles`)."""
-    return [(list(c.workers), c.multiplicity) for c in greedy_cycles(off_diagonal(shuffle))]
+    return [
+        (list(c.workers), c.multiplicity) for c in greedy_cycles(off_diagonal(shuffle)).cycles()
+    ]
 
 
 def _first_fit(k: int, q: int, cycles: list[tuple[list[int], int]]) -> np.ndarray | None:

@@ -1,0 +1,255 @@
+"""Cycle decompositions of an Eulerian multigraph at hundreds of workers.
+
+:func:`~coded_shuffle.math.schemes.cycle_plan.shortest_cycle` recomputes all-pairs distances
+(``K^3`` work) for every cycle it takes, which is fine at ``K <= 32`` and hopeless at
+``K = 1,024``. Here the decomposition runs by *length classes* instead: for ``L = 2, 3, ...``
+every arc ``u -> v`` in turn takes cycles of length ``L`` through it while a path of
+``L - 1`` arcs leads from ``v`` back to ``u`` (a breadth-first search from ``v``, at most
+``L - 2`` levels deep, over the arcs still left). Removing arcs never shortens a path, so
+once class ``L`` is done no cycle of ``L`` arcs or fewer is left: every cycle taken is a
+shortest cycle through its first arc and of the shortest length left in the whole graph (the
+rule of the small-``K`` greedy; only the order within a length class differs). A cycle found
+by a shortest path is simple.
+
+Cost: class ``L = 3`` checks, for every arc ``u -> v``, the out-neighbours ``w`` of ``v`` for
+an arc ``w -> u`` (``O(sum_v indeg(v) outdeg(v))``); longer classes run on what triangles left,
+which is sparse on random shuffles. Memory: the ``K x K`` counts plus ``O(arcs)``.
+
+:func:`triangle_packing` packs directed triangles first, where the small-``K`` scheme solves an
+integer program (:func:`~coded_shuffle.math.schemes.cycles.pack_triangles`), by a greedy pass and
+an iterated local search: every triangle in turn is taken out and triangles through its three
+arcs are put in from the free arcs, two for one (a gain) or one for one (a plateau move, the
+new one drawn at random so that the search walks instead of cycling). A work budget, not a
+clock, bounds it, so that every rank derives the same packing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from coded_shuffle.math.jit import lazy_jit
+
+
+@lazy_jit
+def _pack(weights: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
+    """Triangles ``(n, 3)`` packed into the arc counts ``weights`` (left with the free arcs)."""
+    k = weights.shape[0]
+    np.random.seed(seed)
+    # the free arcs of every worker: fout[fptr[x] : fptr[x] + fcnt[x]], pos[x, y] its index
+    fptr = np.zeros(k + 1, dtype=np.int64)
+    for a in range(k):
+        fptr[a + 1] = fptr[a] + np.count_nonzero(weights[a] > 0)
+    fout = np.empty(fptr[k], dtype=np.int64)
+    fcnt = np.zeros(k, dtype=np.int64)
+    pos = np.full((k, k), -1, dtype=np.int64)
+    for a in range(k):
+        for b in np.flatnonzero(weights[a] > 0):
+            pos[a, b] = fcnt[a]
+            fout[fptr[a] + fcnt[a]] = b
+            fcnt[a] += 1
+    cap = weights.sum() // 3 + 1
+    tri = np.empty((cap, 3), dtype=np.int64)
+    alive = np.zeros(cap, dtype=np.bool_)
+    spare = np.empty(cap, dtype=np.int64)
+    nspare, n, count = 0, 0, 0
+    cand = np.empty(k, dtype=np.int64)
+    new = np.empty((3, 3), dtype=np.int64)
+    sweep = -1  # the greedy pass, then `sweeps` passes of the local search
+    while sweep < sweeps:
+        order = np.arange(k) if sweep < 0 else np.random.permutation(n)
+        for i in order:
+            if sweep < 0:
+                arcs = np.empty((fcnt[i], 2), dtype=np.int64)
+                arcs[:, 0] = i
+                arcs[:, 1] = np.sort(fout[fptr[i] : fptr[i] + fcnt[i]])
+                third = -1
+            else:
+                if not alive[i]:
+                    continue
+                arcs = np.empty((3, 2), dtype=np.int64)
+                start = np.random.randint(3)
+                for r in range(3):
+                    arcs[r, 0] = tri[i, (start + r) % 3]
+                    arcs[r, 1] = tri[i, (start + r + 1) % 3]
+                alive[i] = False
+                third = -2
+            added = 0
+            for r in range(arcs.shape[0]):
+                x, y = arcs[r, 0], arcs[r, 1]
+                if third != -1:
+                    # put back the arc of the triangle taken out
+                    weights[x, y] += 1
+                    if weights[x, y] == 1:
+                        pos[x, y] = fcnt[x]
+                        fout[fptr[x] + fcnt[x]] = y
+                        fcnt[x] += 1
+            for r in range(arcs.shape[0]):
+                x, y = arcs[r, 0], arcs[r, 1]
+                while weights[x, y] > 0:
+                    nc = 0
+                    for f in range(fptr[y], fptr[y] + fcnt[y]):
+                        z = fout[f]
+                        if z != x and weights[z, x] > 0:
+                            if third == -2 and z == arcs[(r + 2) % 3, 0]:
+                                continue  # the triangle just taken out
+                            cand[nc] = z
+                            nc += 1
+                    if nc == 0:
+                        break
+                    z = cand[0] if third == -1 else cand[np.random.randint(nc)]
+                    for a, b in ((x, y), (y, z), (z, x)):
+                        weights[a, b] -= 1
+                        if weights[a, b] == 0:  # drop b from a's free arcs
+                            last = fout[fptr[a] + fcnt[a] - 1]
+                            fout[fptr[a] + pos[a, b]] = last
+                            pos[a, last] = pos[a, b]
+                            pos[a, b] = -1
+                            fcnt[a] -= 1
+                    if third == -1:
+                        s = n
+                        n += 1
+                    else:
+                        new[added, 0], new[added, 1], new[added, 2] = x, y, z
+                        added += 1
+                        break  # one triangle through each arc of the one taken out
+                    tri[s, 0], tri[s, 1], tri[s, 2] = x, y, z
+                    alive[s] = True
+                    count += 1
+            if third == -1:
+                continue
+            if added == 0:  # nothing fits: the triangle goes back
+                for r in range(3):
+                    x, y = arcs[r, 0], arcs[r, 1]
+                    weights[x, y] -= 1
+                    if weights[x, y] == 0:
+                        last = fout[fptr[x] + fcnt[x] - 1]
+                        fout[fptr[x] + pos[x, y]] = last
+                        pos[x, last] = pos[x, y]
+                        pos[x, y] = -1
+                        fcnt[x] -= 1
+                alive[i] = True
+                continue
+            for j in range(added):
+                if j == 0:
+                    s = i
+                elif nspare > 0:
+                    nspare -= 1
+                    s = spare[nspare]
+                else:
+                    s = n
+                    n += 1
+                tri[s, 0], tri[s, 1], tri[s, 2] = new[j, 0], new[j, 1], new[j, 2]
+                alive[s] = True
+            count += added - 1
+        sweep += 1
+    return tri[:n][alive[:n]]
+
+
+@lazy_jit
+def _decompose(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.int64]:
+    """``(workers, lengths, multiplicities, arcs left)``; ``weights`` is used up in place."""
+    k = weights.shape[0]
+    ptr = np.zeros(k + 1, dtype=np.int64)
+    for a in range(k):
+        ptr[a + 1] = ptr[a] + np.count_nonzero(weights[a] > 0)
+    heads = np.empty(ptr[k], dtype=np.int64)
+    for a in range(k):
+        heads[ptr[a] : ptr[a + 1]] = np.flatnonzero(weights[a] > 0)
+    left = weights.sum()
+    workers = np.empty(left, dtype=np.int64)  # a cycle of L arcs removes at least L arc units
+    lengths = np.empty(left, dtype=np.int64)
+    mults = np.empty(left, dtype=np.int64)
+    seen = np.zeros(k, dtype=np.int64)
+    parent = np.empty(k, dtype=np.int64)
+    depth = np.empty(k, dtype=np.int64)
+    queue = np.empty(k, dtype=np.int64)
+    path = np.empty(k, dtype=np.int64)
+    stamp, ncyc, nwork = 0, 0, 0
+    for length in range(2, k + 1):
+        if left == 0:
+            break
+        last = length - 2  # depth of the path's last worker below v
+        for u in range(k):
+            for e in range(ptr[u], ptr[u + 1]):
+                v = heads[e]
+                while weights[u, v] > 0:
+                    # breadth first from v, at most `last` arcs deep, never through u
+                    stamp += 1
+                    seen[v] = stamp
+                    parent[v] = -1
+                    depth[v] = 0
+                    found = v if last == 0 and weights[v, u] > 0 else -1
+                    qh, qt = 0, 1
+                    queue[0] = v
+                    while found < 0 and qh < qt and last > 0:
+                        x = queue[qh]
+                        qh += 1
+                        for f in range(ptr[x], ptr[x + 1]):
+                            y = heads[f]
+                            if y == u or seen[y] == stamp or weights[x, y] <= 0:
+                                continue
+                            seen[y] = stamp
+                            parent[y] = x
+                            depth[y] = depth[x] + 1
+                            if depth[y] == last:
+                                if weights[y, u] > 0:
+                                    found = y
+                                    break
+                            else:
+                                queue[qt] = y
+                                qt += 1
+                    if found < 0:
+                        break
+                    # the cycle u -> v -> ... -> found -> u
+                    n = 0
+                    x = found
+                    while x >= 0:
+                        path[n] = x
+                        n += 1
+                        x = parent[x]
+                    workers[nwork] = u
+                    for i in range(n):
+                        workers[nwork + 1 + i] = path[n - 1 - i]
+                    m = weights[found, u]
+                    for i in range(n):
+                        a = workers[nwork + i]
+                        b = workers[nwork + i + 1]
+                        m = min(m, weights[a, b])
+                    for i in range(n):
+                        weights[workers[nwork + i], workers[nwork + i + 1]] -= m
+                    weights[found, u] -= m
+                    left -= m * (n + 1)
+                    lengths[ncyc] = n + 1
+                    mults[ncyc] = m
+                    ncyc += 1
+                    nwork += n + 1
+    return workers[:nwork], lengths[:ncyc], mults[:ncyc], left
+
+
+def shortest_first(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(workers, lengths, multiplicities)`` of simple cycles that cover the arc counts
+    ``weights`` exactly, shortest length class first (module docstring); ``workers`` is the
+    cycles' workers one after another, each cycle from the worker of its first arc.
+
+    Raises ValueError when the counts are not Eulerian (in-degree differs from out-degree).
+    """
+    w = np.array(weights, dtype=np.int64)
+    if w.ndim != 2 or w.shape[0] != w.shape[1] or (w < 0).any():
+        raise ValueError(f"arc counts must be a square non-negative matrix, got shape {w.shape}")
+    np.fill_diagonal(w, 0)
+    workers, lengths, mults, left = _decompose(w)
+    if left:
+        raise ValueError("arc counts are not Eulerian: in-degree differs from out-degree")
+    return workers, lengths, mults
+
+
+def triangle_packing(
+    weights: np.ndarray, sweeps: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(triangles (n, 3), free arc counts)``: a greedy packing of directed triangles into the
+    arc counts improved by ``sweeps`` passes of the local search (module docstring); every
+    triangle is one unit of its three arcs. Deterministic for given arguments."""
+    w = np.array(weights, dtype=np.int64)
+    np.fill_diagonal(w, 0)
+    triangles = _pack(w, int(sweeps), int(seed))
+    return triangles, w
