@@ -31,14 +31,20 @@ from coded_shuffle.math.jit import lazy_jit
 
 
 @lazy_jit
-def _pack(weights: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
-    """Triangles ``(n, 3)`` packed into the arc counts ``weights`` (left with the free arcs)."""
+def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
+    """Triangles ``(n, 3)`` packed into the arc counts ``weights`` (left with the free arcs),
+    starting from the ``given`` triangles (already taken out of ``weights``)."""
     k = weights.shape[0]
     np.random.seed(seed)
-    # the free arcs of every worker: fout[fptr[x] : fptr[x] + fcnt[x]], pos[x, y] its index
+    # the free arcs of every worker: fout[fptr[x] : fptr[x] + fcnt[x]], pos[x, y] its index;
+    # room for every arc that is or may become free
+    room = weights > 0
+    for t in range(given.shape[0]):
+        for r in range(3):
+            room[given[t, r], given[t, (r + 1) % 3]] = True
     fptr = np.zeros(k + 1, dtype=np.int64)
     for a in range(k):
-        fptr[a + 1] = fptr[a] + np.count_nonzero(weights[a] > 0)
+        fptr[a + 1] = fptr[a] + np.count_nonzero(room[a])
     fout = np.empty(fptr[k], dtype=np.int64)
     fcnt = np.zeros(k, dtype=np.int64)
     pos = np.full((k, k), -1, dtype=np.int64)
@@ -47,11 +53,14 @@ def _pack(weights: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
             pos[a, b] = fcnt[a]
             fout[fptr[a] + fcnt[a]] = b
             fcnt[a] += 1
-    cap = weights.sum() // 3 + 1
+    n = given.shape[0]
+    cap = weights.sum() // 3 + n + 1
     tri = np.empty((cap, 3), dtype=np.int64)
+    tri[:n] = given
     alive = np.zeros(cap, dtype=np.bool_)
+    alive[:n] = True
     spare = np.empty(cap, dtype=np.int64)
-    nspare, n, count = 0, 0, 0
+    nspare, count = 0, n
     cand = np.empty(k, dtype=np.int64)
     new = np.empty((3, 3), dtype=np.int64)
     sweep = -1  # the greedy pass, then `sweeps` passes of the local search
@@ -243,13 +252,47 @@ def shortest_first(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return workers, lengths, mults
 
 
+PASSES = (3, 100)  # passes of the local search per start
+RESTART_SHARE = 0.1  # a restart keeps the best packing but this share of its triangles
+MAX_RESTARTS = 200
+
+
 def triangle_packing(
-    weights: np.ndarray, sweeps: int, seed: int = 0
+    weights: np.ndarray, work: int, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(triangles (n, 3), free arc counts)``: a greedy packing of directed triangles into the
-    arc counts improved by ``sweeps`` passes of the local search (module docstring); every
-    triangle is one unit of its three arcs. Deterministic for given arguments."""
-    w = np.array(weights, dtype=np.int64)
-    np.fill_diagonal(w, 0)
-    triangles = _pack(w, int(sweeps), int(seed))
-    return triangles, w
+    """``(triangles (n, 3), free arc counts)``: directed triangles packed into the arc counts,
+    each one unit of its three arcs (module docstring), then what they leave decomposed.
+
+    ``work`` bounds the triangles taken out and put back in all: a greedy pass and up to
+    ``PASSES[1]`` passes of the local search, then, while work is left, restarts from the
+    best packing found with a random ``RESTART_SHARE`` of its triangles taken out (iterated
+    local search; a restart is kept when its packing and the shortest-first cycles of its free
+    arcs make at least as many cycles). Deterministic for given arguments.
+    """
+    omega = np.array(weights, dtype=np.int64)
+    np.fill_diagonal(omega, 0)
+    units = max(1, int(omega.sum()) // 3)
+    passes = int(np.clip(work // units, *PASSES))
+    rng = np.random.default_rng(seed)
+    best = _pack(omega.copy(), np.zeros((0, 3), dtype=np.int64), passes, seed)
+    best_cycles = best.shape[0] + _leftover_cycles(omega, best)
+    restarts = min(MAX_RESTARTS, max(0, work - passes * units) // (PASSES[1] * units))
+    for restart in range(restarts):
+        kept = best[rng.random(best.shape[0]) >= RESTART_SHARE]
+        trial = _pack(free_arcs(omega, kept), kept, PASSES[1], seed + 1 + restart)
+        cycles = trial.shape[0] + _leftover_cycles(omega, trial)
+        if cycles >= best_cycles:
+            best, best_cycles = trial, cycles
+    return best, free_arcs(omega, best)
+
+
+def free_arcs(weights: np.ndarray, triangles: np.ndarray) -> np.ndarray:
+    """The arc counts less one unit of every arc of every triangle."""
+    free = np.array(weights, dtype=np.int64)
+    for a, b in ((0, 1), (1, 2), (2, 0)):
+        np.subtract.at(free, (triangles[:, a], triangles[:, b]), 1)
+    return free
+
+
+def _leftover_cycles(weights: np.ndarray, triangles: np.ndarray) -> int:
+    return int(shortest_first(free_arcs(weights, triangles))[2].sum())

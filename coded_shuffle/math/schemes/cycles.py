@@ -55,9 +55,8 @@ MAX_TRIANGLE_TYPES = 20_000  # above: skip the integer program, greedy only
 # so the packing must not depend on how busy the machine is.
 MILP_OPTIONS = {"node_limit": 200, "mip_rel_gap": 0.01}
 # The local search's work above SMALL_MAX_WORKERS: about this many triangles taken out and put
-# back in all (a pass takes out every packed triangle once), between these many passes.
-SEARCH_WORK = 4_000_000
-SEARCH_PASSES = (3, 100)
+# back in all (a pass takes out every packed triangle once; cycle_search.triangle_packing).
+SEARCH_WORK = 3_000_000
 
 
 def triangle_types(weights: np.ndarray) -> np.ndarray:
@@ -66,12 +65,6 @@ def triangle_types(weights: np.ndarray) -> np.ndarray:
     a, b, c = np.nonzero(adj[:, :, None] & adj[None, :, :] & adj.T[:, None, :])
     keep = (a < b) & (a < c)
     return np.stack([a[keep], b[keep], c[keep]], axis=1).astype(np.int64)
-
-
-def search_passes(weights: np.ndarray) -> int:
-    """Passes of the local search for these arc counts (:data:`SEARCH_WORK`)."""
-    lo, hi = SEARCH_PASSES
-    return int(np.clip(SEARCH_WORK // max(1, int(weights.sum()) // 3), lo, hi))
 
 
 def pack_triangles(weights: np.ndarray) -> list[Cycle]:
@@ -116,7 +109,7 @@ class Cycles(CycleScheme):
     def decompose(self, shuffle: np.ndarray) -> tuple[CycleSet, CycleSet]:
         pairs, omega = pair_cycles(shuffle)
         if omega.shape[0] > SMALL_MAX_WORKERS:
-            found, rest = triangle_packing(omega, search_passes(omega))
+            found, rest = triangle_packing(omega, SEARCH_WORK)
             triangles = CycleSet.opened_at_first(
                 found.reshape(-1),
                 np.full(found.shape[0], 3, dtype=np.int64),
