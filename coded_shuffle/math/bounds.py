@@ -124,6 +124,10 @@ def max_linear_ordering(gains: np.ndarray) -> tuple[float, np.ndarray]:
 SEARCH_WORK_PER_CELL = 300
 SEARCH_WORK_MIN = 100_000_000
 SEARCH_SEED = 0x5EED
+# Where the budget is many times what one search needs (small K), it is shared between up to
+# SEARCH_STARTS searches of different seeds: about one per SEARCH_WORK_PER_START * K^2 cells.
+SEARCH_STARTS = 4
+SEARCH_WORK_PER_START = 10_000
 
 
 def search_work(num_workers: int) -> int:
@@ -207,6 +211,12 @@ def _iterated_insertion(s: np.ndarray, order: np.ndarray, work: int, seed: int) 
 
 def _search_ordering(s: np.ndarray) -> np.ndarray:
     """Iterated local search from the greedy insertion order, within :func:`search_work`
-    (seeded: the same ordering on every run)."""
+    (seeded: the same ordering on every run); the best of a few seeds at small ``K``."""
+    k = s.shape[0]
     start = _greedy_start(s)
-    return _iterated_insertion(s, start, search_work(s.shape[0]), SEARCH_SEED)
+    work = search_work(k)
+    starts = int(np.clip(work // (SEARCH_WORK_PER_START * k * k), 1, SEARCH_STARTS))
+    orders = [
+        _iterated_insertion(s, start, work // starts, SEARCH_SEED + i) for i in range(starts)
+    ]
+    return max(orders, key=lambda order: ordering_value(s, order))
