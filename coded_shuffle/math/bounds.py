@@ -216,7 +216,5 @@ def _search_ordering(s: np.ndarray) -> np.ndarray:
     start = _greedy_start(s)
     work = search_work(k)
     starts = int(np.clip(work // (SEARCH_WORK_PER_START * k * k), 1, SEARCH_STARTS))
-    orders = [
-        _iterated_insertion(s, start, work // starts, SEARCH_SEED + i) for i in range(starts)
-    ]
+    orders = [_iterated_insertion(s, start, work // starts, SEARCH_SEED + i) for i in range(starts)]
     return max(orders, key=lambda order: ordering_value(s, order))

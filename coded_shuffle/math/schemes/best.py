@@ -4,8 +4,8 @@ The candidates come from the registry: every scheme but ``best`` whose
 :meth:`~coded_shuffle.math.schemes.base.Scheme.applicable` accepts ``(N, K, T)``. Schemes can only
 be mixed epoch by epoch when they share a placement (what workers store, and how it is
 updated), so candidates are grouped by
-:meth:`~coded_shuffle.math.schemes.base.Scheme.placement_family`. With one family (``T = 1``:
-uncoded, attia-tandon, cycles, all on whole batches) ``best`` uses it; with several it commits
+:meth:`~coded_shuffle.math.schemes.base.Scheme.placement_family`. At ``T = 1`` it takes the
+whole-batch family (uncoded, attia-tandon, cycles) without a probe; with several it commits
 at the placement to the family whose best member has the lowest load on one probe reshuffle
 (seeded, so the choice is reproducible), because the workers cannot change placement later
 without extra traffic. Each plan's ``scheme`` names the winner, e.g. ``"best:cycles"``.
@@ -40,6 +40,10 @@ def renamed(plan: Plan, scheme: str) -> Plan:
     """The same plan with ``scheme`` as its name (every part of a shared plan)."""
     parts = tuple(dataclasses.replace(p, scheme=scheme) for p in plan.plans)
     return parts[0] if isinstance(plan, DeliveryPlan) else SharedPlan(parts, plan.fractions)
+
+
+def _family(members: dict[str, Scheme]) -> str:
+    return type(next(iter(members.values()))).placement_family()
 
 
 def winner_of(plan: Plan) -> str:
@@ -96,6 +100,12 @@ class Best(Scheme):
         num_points = int(np.asarray(assignment).size)
         self.check(num_points, num_workers, storage)
         families = self.families(num_points, num_workers, storage)
+        if storage == 1:
+            # Every family stores whole batches at T = 1, and the excess-storage ones deliver
+            # the lower of their code and `cycles`: they won none of 180 random probes
+            # (K <= 32, N/K <= 30), while probing them costs 130 s and 5 GB at N = 10^7
+            # (scripts/bench_scale.py). The batch family is taken without a probe.
+            families = [f for f in families if _family(f) == "batch"] or families
         states = [
             next(iter(f.values())).initial_state(assignment, num_workers, storage) for f in families
         ]
@@ -123,7 +133,7 @@ class Best(Scheme):
             return {name: self.member(name) for name in state.members}
         if state.splits == 1 and state.labels is None:  # a whole-batch placement
             families = self.families(state.num_points, state.num_workers, 1)
-            return next(f for f in families if next(iter(f.values())).placement_family() == "batch")
+            return next(f for f in families if _family(f) == "batch")
         raise UsageError("best: call initial_state before plan for an excess-storage placement")
 
     def plan(self, state: CacheState, new_assignment: np.ndarray) -> Plan:
