@@ -112,23 +112,19 @@ def _warm() -> None:
 def against_small_k(workers: int, points: int, seed: int) -> dict:
     """The large-K decomposition against the small-K one on the same reshuffle (cycles)."""
     from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
-    from coded_shuffle.math.schemes.cycle_plan import CycleSet, all_pairs_greedy, pair_cycles
-    from coded_shuffle.math.schemes.cycles import Cycles, pack_triangles, subtract
+    from coded_shuffle.math.schemes.cycle_plan import pair_cycles
+    from coded_shuffle.math.schemes.cycles import programmed_cycles, searched_cycles
 
     _warm()
     rng = np.random.default_rng(seed)
     shuffle = shuffle_matrix(
         random_assignment(points, workers, rng), random_assignment(points, workers, rng), workers
     )
+    pairs, omega = pair_cycles(shuffle)
     t0 = time.perf_counter()
-    pairs, rest = Cycles().decompose(shuffle)
+    rest = searched_cycles(omega)
     t1 = time.perf_counter()
-    _, omega = pair_cycles(shuffle)
-    packed = pack_triangles(omega)
-    left = omega.copy()
-    for cycle in packed:
-        subtract(left, cycle)
-    small = CycleSet.of(packed + all_pairs_greedy(left))
+    small = programmed_cycles(omega)
     t2 = time.perf_counter()
     off = int(shuffle.sum() - np.trace(shuffle))
     return {

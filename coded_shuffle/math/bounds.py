@@ -16,7 +16,7 @@ import numpy as np
 
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batch_size
-from coded_shuffle.math.jit import lazy_jit
+from coded_shuffle.math.jit import LazyJit
 
 EXACT_MAX_WORKERS = 16
 
@@ -149,7 +149,7 @@ def _greedy_start(s: np.ndarray) -> np.ndarray:
     return order
 
 
-@lazy_jit
+@LazyJit
 def _iterated_insertion(s: np.ndarray, order: np.ndarray, work: int, seed: int) -> np.ndarray:
     """Insertion local search (every worker moved to its best position, first improvement,
     until none improves), then rounds of: shuffle a random segment of the best ordering, search

@@ -29,8 +29,3 @@ class LazyJit:
 
             self._compiled = numba.njit(cache=True, nogil=True)(self.fn)
         return self._compiled(*args)
-
-
-def lazy_jit(fn: Callable[..., Any]) -> LazyJit:
-    """Decorator: :class:`LazyJit`."""
-    return LazyJit(fn)

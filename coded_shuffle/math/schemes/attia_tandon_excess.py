@@ -300,7 +300,7 @@ class AttiaTandonExcess(CornerScheme):
 
     name = "attia-tandon-excess"
     summary = "excess storage T: A-T structural-invariant placement, memory sharing between corners"
-    # scripts/bench_scale.py: at K = 32, N/K = 100, T = 2 a plan and its proof take ~10 s
+    # at N/K = 20, T = 2 it plans in 0.4 s at K = 32, 13 s at K = 48, overflows int64 at 64
     max_workers = 32
 
     def corners(self, num_workers: int) -> list[tuple[int, float, int, float]]:

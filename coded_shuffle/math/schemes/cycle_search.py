@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from coded_shuffle.math.jit import lazy_jit
+from coded_shuffle.math.jit import LazyJit
 
 
-@lazy_jit
+@LazyJit
 def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
     """Triangles ``(n, 3)`` packed into the arc counts ``weights`` (left with the free arcs),
     starting from the ``given`` triangles (already taken out of ``weights``)."""
@@ -53,45 +53,48 @@ def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.
             pos[a, b] = fcnt[a]
             fout[fptr[a] + fcnt[a]] = b
             fcnt[a] += 1
+
+    def give(a: int, b: int) -> None:
+        """One unit of arc ``a -> b`` back to the free arcs."""
+        weights[a, b] += 1
+        if weights[a, b] == 1:
+            pos[a, b] = fcnt[a]
+            fout[fptr[a] + fcnt[a]] = b
+            fcnt[a] += 1
+
+    def take(a: int, b: int) -> None:
+        """One unit of arc ``a -> b`` out of the free arcs."""
+        weights[a, b] -= 1
+        if weights[a, b] == 0:
+            last = fout[fptr[a] + fcnt[a] - 1]
+            fout[fptr[a] + pos[a, b]] = last
+            pos[a, last] = pos[a, b]
+            pos[a, b] = -1
+            fcnt[a] -= 1
+
     n = given.shape[0]
     cap = weights.sum() // 3 + n + 1
     tri = np.empty((cap, 3), dtype=np.int64)
     tri[:n] = given
-    alive = np.zeros(cap, dtype=np.bool_)
-    alive[:n] = True
-    spare = np.empty(cap, dtype=np.int64)
-    nspare, count = 0, n
     cand = np.empty(k, dtype=np.int64)
     new = np.empty((3, 3), dtype=np.int64)
     sweep = -1  # the greedy pass, then `sweeps` passes of the local search
     while sweep < sweeps:
-        order = np.arange(k) if sweep < 0 else np.random.permutation(n)
+        greedy = sweep < 0
+        order = np.arange(k) if greedy else np.random.permutation(n)
         for i in order:
-            if sweep < 0:
+            if greedy:  # every free arc out of worker i, in order
                 arcs = np.empty((fcnt[i], 2), dtype=np.int64)
                 arcs[:, 0] = i
                 arcs[:, 1] = np.sort(fout[fptr[i] : fptr[i] + fcnt[i]])
-                third = -1
-            else:
-                if not alive[i]:
-                    continue
+            else:  # the arcs of triangle i, taken out, from a random one
                 arcs = np.empty((3, 2), dtype=np.int64)
                 start = np.random.randint(3)
                 for r in range(3):
                     arcs[r, 0] = tri[i, (start + r) % 3]
                     arcs[r, 1] = tri[i, (start + r + 1) % 3]
-                alive[i] = False
-                third = -2
+                    give(arcs[r, 0], arcs[r, 1])
             added = 0
-            for r in range(arcs.shape[0]):
-                x, y = arcs[r, 0], arcs[r, 1]
-                if third != -1:
-                    # put back the arc of the triangle taken out
-                    weights[x, y] += 1
-                    if weights[x, y] == 1:
-                        pos[x, y] = fcnt[x]
-                        fout[fptr[x] + fcnt[x]] = y
-                        fcnt[x] += 1
             for r in range(arcs.shape[0]):
                 x, y = arcs[r, 0], arcs[r, 1]
                 while weights[x, y] > 0:
@@ -99,62 +102,37 @@ def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.
                     for f in range(fptr[y], fptr[y] + fcnt[y]):
                         z = fout[f]
                         if z != x and weights[z, x] > 0:
-                            if third == -2 and z == arcs[(r + 2) % 3, 0]:
+                            if not greedy and z == arcs[(r + 2) % 3, 0]:
                                 continue  # the triangle just taken out
                             cand[nc] = z
                             nc += 1
                     if nc == 0:
                         break
-                    z = cand[0] if third == -1 else cand[np.random.randint(nc)]
-                    for a, b in ((x, y), (y, z), (z, x)):
-                        weights[a, b] -= 1
-                        if weights[a, b] == 0:  # drop b from a's free arcs
-                            last = fout[fptr[a] + fcnt[a] - 1]
-                            fout[fptr[a] + pos[a, b]] = last
-                            pos[a, last] = pos[a, b]
-                            pos[a, b] = -1
-                            fcnt[a] -= 1
-                    if third == -1:
-                        s = n
-                        n += 1
-                    else:
+                    z = cand[0] if greedy else cand[np.random.randint(nc)]
+                    take(x, y)
+                    take(y, z)
+                    take(z, x)
+                    if not greedy:
                         new[added, 0], new[added, 1], new[added, 2] = x, y, z
                         added += 1
                         break  # one triangle through each arc of the one taken out
-                    tri[s, 0], tri[s, 1], tri[s, 2] = x, y, z
-                    alive[s] = True
-                    count += 1
-            if third == -1:
+                    tri[n, 0], tri[n, 1], tri[n, 2] = x, y, z
+                    n += 1
+            if greedy:
                 continue
             if added == 0:  # nothing fits: the triangle goes back
                 for r in range(3):
-                    x, y = arcs[r, 0], arcs[r, 1]
-                    weights[x, y] -= 1
-                    if weights[x, y] == 0:
-                        last = fout[fptr[x] + fcnt[x] - 1]
-                        fout[fptr[x] + pos[x, y]] = last
-                        pos[x, last] = pos[x, y]
-                        pos[x, y] = -1
-                        fcnt[x] -= 1
-                alive[i] = True
+                    take(arcs[r, 0], arcs[r, 1])
                 continue
-            for j in range(added):
-                if j == 0:
-                    s = i
-                elif nspare > 0:
-                    nspare -= 1
-                    s = spare[nspare]
-                else:
-                    s = n
-                    n += 1
-                tri[s, 0], tri[s, 1], tri[s, 2] = new[j, 0], new[j, 1], new[j, 2]
-                alive[s] = True
-            count += added - 1
+            tri[i] = new[0]  # in its slot, the others after the last
+            for j in range(1, added):
+                tri[n] = new[j]
+                n += 1
         sweep += 1
-    return tri[:n][alive[:n]]
+    return tri[:n].copy()
 
 
-@lazy_jit
+@LazyJit
 def _decompose(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.int64]:
     """``(workers, lengths, multiplicities, arcs left)``; ``weights`` is used up in place."""
     k = weights.shape[0]
@@ -257,11 +235,13 @@ RESTART_SHARE = 0.1  # a restart keeps the best packing but this share of its tr
 MAX_RESTARTS = 200
 
 
-def triangle_packing(
-    weights: np.ndarray, work: int, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(triangles (n, 3), free arc counts)``: directed triangles packed into the arc counts,
-    each one unit of its three arcs (module docstring), then what they leave decomposed.
+Cycles = tuple[np.ndarray, np.ndarray, np.ndarray]  # workers, lengths, multiplicities
+
+
+def triangle_packing(weights: np.ndarray, work: int, seed: int = 0) -> tuple[np.ndarray, Cycles]:
+    """``(triangles (n, 3), the rest)``: directed triangles packed into the arc counts, each one
+    unit of its three arcs (module docstring), and the arcs they leave decomposed by
+    :func:`shortest_first`.
 
     ``work`` bounds the triangles taken out and put back in all: a greedy pass and up to
     ``PASSES[1]`` passes of the local search, then, while work is left, restarts from the
@@ -275,15 +255,15 @@ def triangle_packing(
     passes = int(np.clip(work // units, *PASSES))
     rng = np.random.default_rng(seed)
     best = _pack(omega.copy(), np.zeros((0, 3), dtype=np.int64), passes, seed)
-    best_cycles = best.shape[0] + _leftover_cycles(omega, best)
+    best_rest = shortest_first(free_arcs(omega, best))
     restarts = min(MAX_RESTARTS, max(0, work - passes * units) // (PASSES[1] * units))
     for restart in range(restarts):
         kept = best[rng.random(best.shape[0]) >= RESTART_SHARE]
         trial = _pack(free_arcs(omega, kept), kept, PASSES[1], seed + 1 + restart)
-        cycles = trial.shape[0] + _leftover_cycles(omega, trial)
-        if cycles >= best_cycles:
-            best, best_cycles = trial, cycles
-    return best, free_arcs(omega, best)
+        rest = shortest_first(free_arcs(omega, trial))
+        if trial.shape[0] + rest[2].sum() >= best.shape[0] + best_rest[2].sum():
+            best, best_rest = trial, rest
+    return best, best_rest
 
 
 def free_arcs(weights: np.ndarray, triangles: np.ndarray) -> np.ndarray:
@@ -292,7 +272,3 @@ def free_arcs(weights: np.ndarray, triangles: np.ndarray) -> np.ndarray:
     for a, b in ((0, 1), (1, 2), (2, 0)):
         np.subtract.at(free, (triangles[:, a], triangles[:, b]), 1)
     return free
-
-
-def _leftover_cycles(weights: np.ndarray, triangles: np.ndarray) -> int:
-    return int(shortest_first(free_arcs(weights, triangles))[2].sum())

@@ -44,7 +44,7 @@ from coded_shuffle.math.schemes.cycle_plan import (
     Cycle,
     CycleScheme,
     CycleSet,
-    greedy_cycles,
+    all_pairs_greedy,
     pair_cycles,
     subtract,
 )
@@ -109,15 +109,27 @@ class Cycles(CycleScheme):
     def decompose(self, shuffle: np.ndarray) -> tuple[CycleSet, CycleSet]:
         pairs, omega = pair_cycles(shuffle)
         if omega.shape[0] > SMALL_MAX_WORKERS:
-            found, rest = triangle_packing(omega, SEARCH_WORK)
-            triangles = CycleSet.opened_at_first(
-                found.reshape(-1),
-                np.full(found.shape[0], 3, dtype=np.int64),
-                np.ones(found.shape[0], dtype=np.int64),
-            )
-            return pairs, triangles + greedy_cycles(rest)
-        packed = pack_triangles(omega)
-        rest = omega.copy()
-        for cycle in packed:
-            subtract(rest, cycle)
-        return pairs, CycleSet.of(packed) + greedy_cycles(rest)
+            return pairs, searched_cycles(omega)
+        return pairs, programmed_cycles(omega)
+
+
+def programmed_cycles(omega: np.ndarray) -> CycleSet:
+    """Steps 2-3 up to ``SMALL_MAX_WORKERS``: the triangles' integer program, then the
+    all-pairs shortest cycles (callable at any ``K``, for comparison)."""
+    packed = pack_triangles(omega)
+    rest = omega.copy()
+    for cycle in packed:
+        subtract(rest, cycle)
+    return CycleSet.of(packed + all_pairs_greedy(rest))
+
+
+def searched_cycles(omega: np.ndarray) -> CycleSet:
+    """Steps 2-3 above ``SMALL_MAX_WORKERS``: the triangle packing's local search, then the
+    shortest cycles by length classes."""
+    found, rest = triangle_packing(omega, SEARCH_WORK)
+    triangles = CycleSet.opened_at_first(
+        found.reshape(-1),
+        np.full(found.shape[0], 3, dtype=np.int64),
+        np.ones(found.shape[0], dtype=np.int64),
+    )
+    return triangles + CycleSet.opened_at_first(*rest)

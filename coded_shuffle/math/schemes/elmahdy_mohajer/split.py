@@ -106,9 +106,10 @@ def permutation_split(shuffle: np.ndarray) -> list[tuple[np.ndarray, int]]:
     return out
 
 
-def cycles_of(sigma: np.ndarray) -> list[list[int]]:
-    """The cycles of a permutation (fixed points included), each from its smallest worker."""
-    seen = np.zeros(sigma.size, dtype=bool)
+def cycles_of(sigma: np.ndarray, skip: np.ndarray | None = None) -> list[list[int]]:
+    """The cycles of a permutation (fixed points included), each from its smallest worker;
+    none through a worker marked in ``skip``."""
+    seen = np.zeros(sigma.size, dtype=bool) if skip is None else skip.copy()
     cycles = []
     for v in range(sigma.size):
         if seen[v]:
@@ -253,19 +254,9 @@ def _swap_orbits(s1: np.ndarray, s2: np.ndarray) -> list[np.ndarray]:
     permutations (the orbits of ``k -> s1^-1(s2(k))`` where the rows differ)."""
     inv = np.empty_like(s1)
     inv[s1] = np.arange(s1.size)
-    step = inv[s2]
-    seen = s1 == s2
-    orbits = []
-    for v in range(s1.size):
-        if seen[v]:
-            continue
-        orbit, w = [], v
-        while not seen[w]:
-            seen[w] = True
-            orbit.append(w)
-            w = int(step[w])
-        orbits.append(np.array(orbit, dtype=np.int64))
-    return orbits
+    # where the rows agree the step is a fixed point, so no other orbit passes there
+    orbits = cycles_of(inv[s2], skip=s1 == s2)
+    return [np.array(orbit, dtype=np.int64) for orbit in orbits]
 
 
 def improve_split(rows: np.ndarray, t: int, rounds: int = SPLIT_SEARCH_ROUNDS) -> np.ndarray:
