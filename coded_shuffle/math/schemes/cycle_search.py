@@ -29,6 +29,8 @@ import numpy as np
 
 from coded_shuffle.math.jit import LazyJit
 
+CycleArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # workers, lengths, multiplicities
+
 
 @LazyJit
 def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
@@ -213,7 +215,7 @@ def _decompose(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return workers[:nwork], lengths[:ncyc], mults[:ncyc], left
 
 
-def shortest_first(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shortest_first(weights: np.ndarray) -> CycleArrays:
     """``(workers, lengths, multiplicities)`` of simple cycles that cover the arc counts
     ``weights`` exactly, shortest length class first (module docstring); ``workers`` is the
     cycles' workers one after another, each cycle from the worker of its first arc.
@@ -235,10 +237,9 @@ RESTART_SHARE = 0.1  # a restart keeps the best packing but this share of its tr
 MAX_RESTARTS = 200
 
 
-Cycles = tuple[np.ndarray, np.ndarray, np.ndarray]  # workers, lengths, multiplicities
-
-
-def triangle_packing(weights: np.ndarray, work: int, seed: int = 0) -> tuple[np.ndarray, Cycles]:
+def triangle_packing(
+    weights: np.ndarray, work: int, seed: int = 0
+) -> tuple[np.ndarray, CycleArrays]:
     """``(triangles (n, 3), the rest)``: directed triangles packed into the arc counts, each one
     unit of its three arcs (module docstring), and the arcs they leave decomposed by
     :func:`shortest_first`.
