@@ -171,6 +171,10 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
         assert 0 <= feedback < 0.01 * r["broadcast_bytes"], r
     record = json.loads((run_dir / "cluster.json").read_text())
     assert [h["exit_code"] for h in record["hosts"]] == [0, 0, 0]
+    cpu = record["machine_cpu"]  # the machine was busy running the hosts' processes
+    assert 0 < cpu["busy_share"] <= 1 and cpu["cores"] >= 1
+    parts = cpu["user_share"] + cpu["system_share"] + cpu["softirq_share"]
+    assert parts <= cpu["busy_share"] + 1e-9
     assert record["faults"][0]["kind"] == "kill" and record["faults"][0]["restarted"] is True
     counted = sum(r["master_egress_bytes"] for r in rows)
     assert record["hosts"][0]["nic_tx_bytes"] >= counted  # the NIC saw at least what we counted
@@ -270,3 +274,19 @@ def test_an_interrupted_cluster_leaves_nothing(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "coded-shuffle: interrupted"
     assert our_namespaces() == before
+
+
+def test_machine_cpu_use_reads_proc_stat_shares(tmp_path):
+    """Busy share = everything but idle and iowait; softirq and irq counted as network work."""
+    from coded_shuffle.tools.cluster.run import machine_cpu_ticks, machine_cpu_use
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 5 15 0 0 0\ncpu0 1 2 3 4\n")
+    before = machine_cpu_ticks(stat)
+    stat.write_text("cpu  160 20 70 900 30 5 35 0 7 0\ncpu0 1 2 3 4\n")
+    use = machine_cpu_use(before, machine_cpu_ticks(stat))
+    # deltas: user 60 nice 20 system 20 idle 100 iowait 20 irq 0 softirq 20 (guest inside user)
+    assert use["busy_share"] == pytest.approx(120 / 240)
+    assert use["user_share"] == pytest.approx(80 / 240)
+    assert use["softirq_share"] == pytest.approx(20 / 240)
+    assert machine_cpu_use({}, before) == {} and machine_cpu_ticks(tmp_path / "none") == {}

@@ -300,6 +300,18 @@ def check_host_bytes(row: dict) -> None:
     else:  # unicast (and p2p's placement): the master sends each worker its own rows once
         assert ingress[0] == 0 and egress[1:] == [0, 0, 0, 0]
         assert egress[0] >= row["uncoded_points"] * row["point_bytes"]
+    check_host_cpu(row)
+
+
+def check_host_cpu(row: dict) -> None:
+    """Every host's CPU seconds in the delivery: the workers at least decoded and hashed."""
+    busy, system = row["host_cpu_seconds"], row["host_cpu_system_seconds"]
+    assert len(busy) == len(system) == row["workers"] + 1
+    assert all(0 <= s <= b for s, b in zip(system, busy, strict=True))
+    assert all(b > 0 for b in busy[1:])  # a worker's digest alone takes CPU time
+    moved = [sum(b) for b in zip(row["host_egress_bytes"], row["host_ingress_bytes"], strict=True)]
+    worst = max(b / (m / 1e9) for b, m in zip(busy, moved, strict=True) if m)
+    assert row["cpu_seconds_per_gb_max"] == pytest.approx(worst)
 
 
 @pytest.mark.distributed

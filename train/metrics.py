@@ -41,6 +41,8 @@ EPOCH_KEYS = (
     "host_ingress_bytes_max",
     "host_egress_bytes_max",
     "network_bytes",
+    "host_cpu_seconds",
+    "cpu_seconds_per_gb_max",
     "param_bytes",
     "allreduce_payload_bytes",
     "delivery_seconds",

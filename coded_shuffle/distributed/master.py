@@ -16,6 +16,7 @@ from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
 from coded_shuffle.distributed.reports import (
     REPORT,
+    HostCpu,
     batch_digests,
     gather_reports,
     host_metrics,
@@ -79,12 +80,12 @@ class MasterSide:
             placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)
         )
         expected = batch_digests(self.records, batches(ctx.chain.first, ctx.workers))
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), HostCpu.start()
         ctx.link.deliver(
             epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=b,
             routes=Routes(needs), rows=self.records,
         )  # fmt: skip
-        reports = self.reports()
+        reports, cpu = self.reports(), cpu.stop()
         verified = verify_digests(1, [bytes(r) for r in reports["digest"]], expected)
         link_bytes = framed_bytes(n, b, chunk)
         return self.epoch_metrics(
@@ -100,6 +101,7 @@ class MasterSide:
             seconds={"delivery": time.perf_counter() - t0, "plan": 0.0, "encode": 0.0},
             stored=self.scheme.stored_points_max(ctx.chain.initial),
             breakdown={"placement": float(n)},
+            cpu=cpu,
         )
 
     def prepare(self, tr: Transition, stream: bool = False) -> ReadyEpoch:
@@ -130,7 +132,7 @@ class MasterSide:
             self.before_send(tr.epoch, symbols)
         sizes = delivery.symbol_bytes()
         chunk, routing = link.chunk_bytes, link.transport.routing
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), HostCpu.start()
         for part, plan in enumerate(delivery.plans):
             known = {k: delivery.programs[part][k].symbol_ids for k in range(self.ctx.workers)}
             link.deliver(
@@ -138,7 +140,7 @@ class MasterSide:
                 row_bytes=sizes[part], routes=symbol_routes(routing, plan, known),
                 rows=symbols[part],
             )  # fmt: skip
-        reports = self.reports()
+        reports, cpu = self.reports(), cpu.stop()
         verified = verify_digests(tr.epoch, [bytes(r) for r in reports["digest"]], ready.expected)
         return self.epoch_metrics(
             epoch=tr.epoch,
@@ -158,6 +160,7 @@ class MasterSide:
             },
             stored=self.scheme.stored_points_max(tr.next_state),
             breakdown=delivery.breakdown(),
+            cpu=cpu,
         )
 
     def reports(self) -> np.ndarray:
@@ -180,6 +183,7 @@ class MasterSide:
         seconds: dict[str, float],
         stored: float,
         breakdown: dict[str, float],
+        cpu: HostCpu,
     ) -> dict[str, Any]:
         """The epoch's delivery metrics (README: "What the numbers mean")."""
         ctx = self.ctx
@@ -209,7 +213,7 @@ class MasterSide:
             "load_points": float(load_points),
             "uncoded_points": float(uncoded_points),
             "saved_percent": 100.0 * (1 - shared / uncoded_bytes) if uncoded_bytes else 0.0,
-            **host_metrics(ctx.link.transport.name, counts, reports),
+            **host_metrics(ctx.link.transport.name, counts, reports, cpu),
             "transport_settings": ctx.link.transport.settings(),
             "link_seconds": link_seconds,
             "delivery_seconds": seconds["delivery"],

@@ -3,7 +3,9 @@ batch digests (the delivery's verification) and every host's byte counts."""
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,9 +27,38 @@ REPORT = np.dtype(
         ("ingress", "<i8"),
         ("repairs", "<i8"),
         ("control", "<i8"),
+        ("cpu_user_seconds", "<f8"),  # this process's CPU in the delivery (HostCpu)
+        ("cpu_system_seconds", "<f8"),
     ]
 )
 COUNTS = ("egress", "ingress", "repairs", "control")
+
+
+@dataclass
+class HostCpu:
+    """CPU seconds this process (every thread: the transport's, gloo's, the decoder's) spent
+    since :meth:`start`, split into user and kernel (``getrusage(RUSAGE_SELF)``)."""
+
+    user: float = 0.0
+    system: float = 0.0
+
+    @staticmethod
+    def now() -> tuple[float, float]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime, r.ru_stime
+
+    @classmethod
+    def start(cls) -> HostCpu:
+        user, system = cls.now()
+        return cls(-user, -system)
+
+    def stop(self) -> HostCpu:
+        user, system = self.now()
+        return HostCpu(self.user + user, self.system + system)
+
+    @property
+    def total(self) -> float:
+        return self.user + self.system
 
 
 def batch_digests(records: torch.Tensor, new_batches: Sequence[np.ndarray]) -> list[bytes]:
@@ -54,10 +85,13 @@ def verify_digests(epoch: int, reported: Sequence[bytes], expected: Sequence[byt
     return True
 
 
-def host_metrics(name: str, master: HostBytes, reports: np.ndarray) -> dict[str, Any]:
-    """Per-host byte counts of one epoch (rank 0 first) and their summaries."""
+def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu) -> dict[str, Any]:
+    """Per-host byte counts and CPU seconds of one epoch (rank 0 first) and their summaries."""
     egress = [master.egress, *(int(v) for v in reports["egress"])]
     ingress = [master.ingress, *(int(v) for v in reports["ingress"])]
+    user = [cpu.user, *(float(v) for v in reports["cpu_user_seconds"])]
+    system = [cpu.system, *(float(v) for v in reports["cpu_system_seconds"])]
+    busy = [u + s for u, s in zip(user, system, strict=True)]
     row = {
         "transport": name,
         "master_egress_bytes": egress[0],
@@ -68,18 +102,35 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray) -> dict[str,
         "control_bytes": master.control + int(reports["control"].sum()),
         "host_egress_bytes": egress,
         "host_ingress_bytes": ingress,
+        "host_cpu_seconds": busy,
+        "host_cpu_system_seconds": system,
+        "cpu_seconds_per_gb_max": cpu_per_gb(busy, egress, ingress),
     }
     if name == "tree":  # deprecated name of the same figure (README: "What the numbers mean")
         row["gloo_tree_bytes"] = row["network_bytes"]
     return row
 
 
+def cpu_per_gb(busy: Sequence[float], egress: Sequence[int], ingress: Sequence[int]) -> float:
+    """The largest CPU seconds per GB (10^9 bytes) that crossed a host's NIC (both ways), over
+    the hosts that moved any byte: how much CPU the data path costs where it costs most."""
+    rates = [c / ((e + i) / 1e9) for c, e, i in zip(busy, egress, ingress, strict=True) if e + i]
+    return max(rates, default=0.0)
+
+
 def worker_report(
-    batch: torch.Tensor, decode_seconds: float, stored_bytes: int, counts: HostBytes
+    batch: torch.Tensor,
+    decode_seconds: float,
+    stored_bytes: int,
+    counts: HostBytes,
+    cpu: HostCpu,
 ) -> np.ndarray:
-    """A worker's :data:`REPORT` of one delivery."""
+    """A worker's :data:`REPORT` of one delivery; ``cpu`` started with the delivery runs until
+    the batch's digest is computed."""
     mine = np.zeros(1, dtype=REPORT)
     mine["digest"][0] = np.frombuffer(digest(batch), dtype=np.uint8)
+    used = cpu.stop()
+    mine["cpu_user_seconds"], mine["cpu_system_seconds"] = used.user, used.system
     mine["decode_seconds"] = decode_seconds
     mine["stored_bytes"] = stored_bytes
     for key, value in zip(COUNTS, counts.as_list(), strict=True):

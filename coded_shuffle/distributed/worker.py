@@ -20,7 +20,7 @@ from coded_shuffle.distributed.epochs import (
     symbol_routes,
 )
 from coded_shuffle.distributed.persistence import StorePersistence
-from coded_shuffle.distributed.reports import COUNTS, gather_reports, worker_report
+from coded_shuffle.distributed.reports import COUNTS, HostCpu, gather_reports, worker_report
 from coded_shuffle.distributed.transports import Routes
 from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT, KIND_SYMBOLS
 from coded_shuffle.errors import UsageError, VerificationError
@@ -65,6 +65,7 @@ class WorkerSide:
     def placement(self) -> torch.Tensor:
         """Receives the points the placement gives it (its first batch and what it caches)."""
         ctx, k = self.ctx, self.worker
+        cpu = HostCpu.start()
         first = batches(ctx.chain.first, ctx.workers)[k]
         keep = placement_points(ctx.scheme, ctx.chain.initial, k)
         rows = ctx.link.deliver(
@@ -79,13 +80,14 @@ class WorkerSide:
             self.persist(1)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
-        self.send_report(batch, seconds, stored)
+        self.send_report(batch, seconds, stored, cpu)
         return batch
 
     def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
         """Receives the epoch's symbols, decodes with its own store only, reports, updates."""
         store, link, k = self.store, self.ctx.link, self.worker
         assert store is not None
+        cpu = HostCpu.start()
         routing = link.transport.routing
         buffers = [
             torch.empty((delivery.programs[part][k].symbol_ids.size, sub), dtype=torch.uint8)
@@ -114,19 +116,23 @@ class WorkerSide:
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
         if self.ctx.pending(tr.epoch):
             self.persist(tr.epoch)
-        self.send_report(batch, seconds, self.store.stored_bytes())
+        self.send_report(batch, seconds, self.store.stored_bytes(), cpu)
         return batch
 
-    def send_report(self, batch: torch.Tensor, decode_seconds: float, stored_bytes: int) -> None:
-        """The batch digest, timings and this host's transport bytes, gathered at the master."""
+    def send_report(
+        self, batch: torch.Tensor, decode_seconds: float, stored_bytes: int, cpu: HostCpu
+    ) -> None:
+        """The batch digest, timings, this host's transport bytes and the CPU it spent since
+        ``cpu`` started (checks, decode and digest included), gathered at the master."""
         counts, link_seconds = self.ctx.link.take_counts()
-        mine = worker_report(batch, decode_seconds, stored_bytes, counts)
+        mine = worker_report(batch, decode_seconds, stored_bytes, counts, cpu)
         gather_reports(mine, self.ctx.rank, self.ctx.workers)
         self.report = {
             "batch_sha256": bytes(mine["digest"][0]).hex(),
             "decode_seconds": decode_seconds,
             "stored_bytes": stored_bytes,
             "link_seconds": link_seconds,
+            "cpu_seconds": float(mine["cpu_user_seconds"][0] + mine["cpu_system_seconds"][0]),
             **dict(zip(COUNTS, counts.as_list(), strict=True)),
         }
 

@@ -16,6 +16,8 @@ from coded_shuffle.tools.cluster.run import (
     Fault,
     check_training_config,
     last_error,
+    machine_cpu_ticks,
+    machine_cpu_use,
     run_hosts,
     torchrun_argv,
     training_overrides,
@@ -75,12 +77,14 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with cluster:
-            before = cluster.nic_counters()
+            before, ticks = cluster.nic_counters(), machine_cpu_ticks()
             t0 = time.perf_counter()
             results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults)
             wall = time.perf_counter() - t0
+            cpu = machine_cpu_use(ticks, machine_cpu_ticks())
             record.parent.mkdir(parents=True, exist_ok=True)
-            write_record(record, cluster, before, cluster.nic_counters(), results, wall, faults)
+            after = cluster.nic_counters()
+            write_record(record, cluster, before, after, results, wall, faults, cpu)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

@@ -277,6 +277,41 @@ def last_error(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
+# the columns of /proc/stat's "cpu" line (proc(5)), in USER_HZ ticks
+PROC_STAT_FIELDS = (
+    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"
+)  # fmt: skip
+
+
+def machine_cpu_ticks(stat: Path = Path("/proc/stat")) -> dict[str, int]:
+    """The machine's CPU time so far by kind (every core summed; empty where unreadable)."""
+    try:
+        line = stat.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return {}
+    return dict(zip(PROC_STAT_FIELDS, (int(v) for v in line[1:]), strict=False))
+
+
+def machine_cpu_use(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Shares of the machine's CPU time between two samples: ``busy`` (all but idle and
+    iowait; softirq, where the kernel's network stack runs, included), and its parts."""
+    if not before or not after:
+        return {}
+    delta = {k: after[k] - before[k] for k in before if k in after}
+    # guest time is already inside user and nice
+    total = sum(v for k, v in delta.items() if not k.startswith("guest"))
+    if total <= 0:
+        return {}
+    idle = delta.get("idle", 0) + delta.get("iowait", 0)
+    return {
+        "cores": os.cpu_count() or 1,
+        "busy_share": (total - idle) / total,
+        "user_share": (delta.get("user", 0) + delta.get("nice", 0)) / total,
+        "system_share": delta.get("system", 0) / total,
+        "softirq_share": (delta.get("softirq", 0) + delta.get("irq", 0)) / total,
+    }
+
+
 def write_record(
     path: Path,
     cluster: Cluster,
@@ -285,6 +320,7 @@ def write_record(
     results,
     wall: float,
     faults: Sequence[Fault] = (),
+    cpu: dict[str, float] | None = None,
 ) -> None:
     hosts = []
     for i in range(cluster.hosts):
@@ -304,5 +340,6 @@ def write_record(
         "wall_seconds": wall,
         "hosts": hosts,
         "faults": [f.record() for f in faults],
+        "machine_cpu": cpu or {},
     }
     path.write_text(json.dumps(record, indent=2) + "\n")
