@@ -15,19 +15,33 @@ one table row per run:
 * ``model``: the largest deviation of the counted master and network bytes from the
   transport's cost model (transports.md), computed here from the shared-link bytes;
 * ``NIC/count``: what the master's NIC really sent over the whole run (``cluster.json``, IP
-  and TCP headers included) over what the job counted.
+  and TCP headers included) over what the job counted;
+* ``cpu s/GB``: the costliest host's CPU seconds per GB through its NIC (median over the coded
+  epochs; ``cpu_seconds_per_gb_max``);
+* ``cpu use``: the hosts' CPU seconds in the delivery summed, over the delivery's seconds times
+  the machine's cores (1.00: every core busy with the data path); ``bound`` says ``cpu`` where
+  that share, or one host's own, is at least 0.85, else ``net``.
 
-Needs root (network namespaces). ``--plot FILE`` draws the delivery times.
+Needs root (network namespaces). ``--plot FILE`` draws the delivery times. ``--cpu-hog``
+runs a CPU-bound process beside the cluster for every run (the busy-machine case).
+
+``--loopback`` measures the other end: every master-sourced transport without any ``tc``
+limit between 2..5 local processes (``--processes``), beside a plain TCP stream of the same
+bytes between the same processes in the same run (``scripts/loopback_ceiling.py``, run by
+torchrun; no root needed): goodput in GB/s and its ratio to the raw stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +109,30 @@ def nic_ratio(res: Result) -> float:
     return res.cluster["hosts"][0]["nic_tx_bytes"] / counted if counted else math.nan
 
 
+def cpu_use(res: Result) -> tuple[float, float]:
+    """Median over coded epochs of (all hosts' delivery CPU / (seconds x cores), the largest
+    one host's CPU / seconds)."""
+    cores = res.cluster.get("machine_cpu", {}).get("cores") or os.cpu_count() or 1
+    rows = [r for r in res.rows if r["phase"] == "coded"]
+    machine = [sum(r["host_cpu_seconds"]) / (r["delivery_seconds"] * cores) for r in rows]
+    host = [max(r["host_cpu_seconds"]) / r["delivery_seconds"] for r in rows]
+    return float(np.median(machine)), float(np.median(host))
+
+
+@contextlib.contextmanager
+def cpu_hog(on: bool) -> Iterator[None]:
+    """A process spinning on one core while the block runs (``--cpu-hog``)."""
+    if not on:
+        yield
+        return
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
 def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Result:
     run_dir = Path(args.out) / f"K{k}" / f"{scheme}-{transport}"
     if run_dir.exists():
@@ -107,7 +145,8 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
     ]  # fmt: skip
     cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(k + 1),
            "--rate", args.rate, "--mtu", str(args.mtu), "--", *overrides]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    with cpu_hog(args.cpu_hog):
+        out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(
             f"bench_transport.py: error: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}"
@@ -121,7 +160,8 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
 
 HEADER = (
     f"{'K':>3} {'scheme':8s} {'transport':10s} {'load/unc':>8s} {'deliver s':>9s} "
-    f"{'vs unicast':>10s} {'master MB':>9s} {'network MB':>10s} {'model':>7s} {'NIC/count':>9s}"
+    f"{'vs unicast':>10s} {'master MB':>9s} {'network MB':>10s} {'model':>7s} {'NIC/count':>9s} "
+    f"{'cpu s/GB':>8s} {'cpu use':>7s} {'bound':>5s}"
 )
 
 
@@ -133,12 +173,15 @@ def table(results: list[Result]) -> list[str]:
         for r in mine:
             ratio = r.median("load_points") / r.median("uncoded_points")
             seconds = r.median("delivery_seconds")
+            machine, host = cpu_use(r)
+            bound = "cpu" if max(machine, host) >= 0.85 else "net"
             lines.append(
                 f"{k:>3} {r.scheme:8s} {r.transport:10s} {ratio:8.3f} {seconds:9.3f} "
                 f"{seconds / base.median('delivery_seconds'):10.2f} "
                 f"{r.median('master_egress_bytes') / 1e6:9.1f} "
                 f"{r.median('network_bytes') / 1e6:10.1f} {model_deviation(r):6.2f}% "
-                f"{nic_ratio(r):9.3f}"
+                f"{nic_ratio(r):9.3f} {r.median('cpu_seconds_per_gb_max'):8.2f} "
+                f"{machine:7.2f} {bound:>5s}"
             )
     return lines
 
@@ -172,6 +215,46 @@ def plot(results: list[Result], path: Path, rate: str) -> None:
     plt.close(fig)
 
 
+LOOPBACK_HEADER = (
+    f"{'P':>2} {'transport':10s} {'GB/s':>6s} {'raw GB/s':>8s} {'/raw':>5s} "
+    f"{'master cpu s':>12s} {'worker cpu s':>12s}"
+)
+
+
+def loopback(args: argparse.Namespace) -> int:
+    """Every master-sourced transport beside a raw TCP stream, 2..5 local processes."""
+    script = Path(__file__).with_name("loopback_ceiling.py")
+    print(
+        f"loopback: no tc limit, {args.loopback_mbytes:g} MB stream of {args.point_bytes}-byte "
+        f"rows to every worker, median of {args.repeats}; GB/s = bytes every worker received "
+        "(summed) per second; raw = the same bytes over one plain TCP socket per worker",
+        flush=True,
+    )
+    lines = [LOOPBACK_HEADER, "-" * len(LOOPBACK_HEADER)]
+    for p in args.processes:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(p), str(script), "--mbytes", str(args.loopback_mbytes),
+            "--point-bytes", str(args.point_bytes), "--repeats", str(args.repeats),
+        ]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"bench_transport.py: error: loopback P={p}:\n{out.stderr[-2000:]}")
+        rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+        raw = next(r for r in rows if r["transport"] == "raw tcp")
+        raw_rate = raw["delivered_bytes"] / raw["seconds"] / 1e9
+        for r in rows:
+            rate = r["delivered_bytes"] / r["seconds"] / 1e9
+            cpu = r["host_cpu_seconds"]
+            lines.append(
+                f"{p:>2} {r['transport']:10s} {rate:6.2f} {raw_rate:8.2f} {rate / raw_rate:5.2f} "
+                f"{cpu[0]:12.3f} {max(cpu[1:]):12.3f}"
+            )
+        print(f"  P={p}: done", file=sys.stderr, flush=True)
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
@@ -190,14 +273,28 @@ def main(argv: list[str] | None = None) -> int:
         "--combos", nargs="+", metavar="SCHEME/TRANSPORT",
         default=[f"{s}/{t}" for s, t in COMBOS],
     )  # fmt: skip
+    parser.add_argument(
+        "--cpu-hog", action="store_true", help="a CPU-bound process beside the cluster"
+    )
+    parser.add_argument(
+        "--loopback", action="store_true", help="no tc: transports against raw TCP, locally"
+    )
+    parser.add_argument("--processes", type=int, nargs="+", default=[2, 3, 4, 5])
+    parser.add_argument("--loopback-mbytes", type=float, default=200.0)
+    parser.add_argument("--point-bytes", type=int, default=2004, help="loopback row size")
+    parser.add_argument("--repeats", type=int, default=3, help="loopback runs (median)")
     args = parser.parse_args(argv)
+    if args.loopback:
+        if any(not 2 <= p <= 5 for p in args.processes):
+            parser.error(f"--processes {args.processes}: each must be in 2..5")
+        return loopback(args)
     combos = [tuple(c.split("/", 1)) for c in args.combos]
     if ("uncoded", "unicast") not in combos:
         parser.error("the combos must include uncoded/unicast (the baseline of 'vs unicast')")
     print(
         f"emulated cluster: K+1 hosts, NICs {args.rate} both ways, MTU {args.mtu}; "
         f"{args.points} points of {4 * args.features + 4} bytes, {args.epochs - 1} coded epochs "
-        "(median); every epoch verified",
+        f"(median); every epoch verified{'; a CPU-bound process beside' if args.cpu_hog else ''}",
         flush=True,
     )
     results = []

@@ -148,8 +148,8 @@ def test_paper_example_through_the_command(tmp_path, capsys, scheme, load):
     assert row["pairs_only_points"] == 7
     assert row["lower_bound_points"] == 6 and row["lower_bound_exact"] is True
     assert row["verified"] is True
-    # 64-byte points: load * 64 bytes of payload plus one 52-byte frame header
-    assert row["broadcast_bytes"] == load * 64 + 52
+    # 64-byte points: load * 64 bytes of payload plus one 24-byte frame header
+    assert row["broadcast_bytes"] == load * 64 + 24
 
 
 @pytest.mark.parametrize(

@@ -41,9 +41,9 @@ PEER = Peer(0, 2, timedelta(seconds=5))
 
 def framed(rows: int, width: int, chunk: int) -> int:
     """Bytes of ``rows`` rows of ``width`` bytes in messages of at most ``chunk`` payload bytes
-    (at least one row each), each with a 52-byte header: the wire format, derived here."""
+    (at least one row each), each with a 24-byte header: the wire format, derived here."""
     per = max(1, chunk // width)
-    return rows * width + math.ceil(rows / per) * 52
+    return rows * width + math.ceil(rows / per) * 24
 
 
 # --- framing and the header checks, through an in-process wire --------------------------------
@@ -94,10 +94,10 @@ def send_and_receive(
 u32, u16 = st.integers(0, 2**32 - 1), st.integers(0, 2**16 - 1)
 
 
-@given(u32, u16, u16, u32, u32, u32, st.binary(min_size=32, max_size=32))
-def test_header_round_trip(epoch, part, kind, first, count, row_bytes, digest):
-    h = Header(epoch, part, kind, first, count, row_bytes, digest)
-    assert len(h.pack()) == 52 == HEADER_BYTES
+@given(u32, u16, u16, u32, u32, u32, u32)
+def test_header_round_trip(epoch, part, kind, first, count, row_bytes, checksum):
+    h = Header(epoch, part, kind, first, count, row_bytes, checksum)
+    assert len(h.pack()) == 24 == HEADER_BYTES
     assert Header.unpack(h.pack()) == h
 
 
@@ -128,7 +128,7 @@ FIELDS = {  # header field -> (index in HEADER's tuple, a wrong value)
 
 @pytest.mark.parametrize("field", sorted(FIELDS))
 def test_every_header_field_is_checked(field):
-    """A message whose header differs in one field (digest still right) fails loudly."""
+    """A message whose header differs in one field (checksum still right) fails loudly."""
     index, wrong = FIELDS[field]
 
     def tamper(wire):
@@ -143,17 +143,17 @@ def test_every_header_field_is_checked(field):
         send_and_receive(rows, np.arange(4), 20, tamper)
 
 
-def test_a_tampered_payload_fails_its_digest():
+def test_a_tampered_payload_fails_its_checksum():
     def tamper(wire):
         wire[0][HEADER_BYTES + 3] ^= 1
 
     rows = torch.arange(40, dtype=torch.uint8).reshape(4, 10)
-    with pytest.raises(VerificationError, match="payload digest mismatch"):
+    with pytest.raises(VerificationError, match=r"payload checksum \(CRC-32\) mismatch"):
         send_and_receive(rows, np.arange(4), 20, tamper)
 
 
 def test_two_messages_swapped_on_the_wire_fail():
-    """Same sizes, valid digests: only the header's ``first`` tells them apart."""
+    """Same sizes, valid checksums: only the header's ``first`` tells them apart."""
 
     def tamper(wire):
         wire[0], wire[1] = wire[1], wire[0]
@@ -351,7 +351,7 @@ BIG_ROWS, BIG_WIDTH, BIG_CHUNK = 6, 384 * 1024, 384 * 1024  # messages of 384 Ki
 def _relay_big(rank: int, world: int) -> bytes | None:
     """A chain of ``world - 1`` workers, one message received ahead (``window=1``), messages
     far larger than a socket buffer: a relay that forwarded a message before it had fully
-    arrived would pass on a partly filled buffer, and the next worker's digest check fails."""
+    arrived would pass on a partly filled buffer, and the next worker's checksum fails."""
     transport = build_transport("chain", Peer(rank, world, timedelta(seconds=30)), {"window": 1})
     try:
         link = Link(transport, BIG_CHUNK)
@@ -399,3 +399,33 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
         assert control[1:] == (2 * bitmap, bitmap, bitmap)
     else:  # datagrams dropped at the receivers were not counted as received
         assert all(i < egress[0] for i in ingress[1:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 17), st.data())
+def test_copy_rows_equals_fancy_indexing_for_runs_and_gathers(n, w, data):
+    """The receive path's row copy (one memcpy for runs, the kernel otherwise)."""
+    from coded_shuffle.codec.kernel import copy_rows
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    src = rng.integers(0, 256, (n, w), dtype=np.uint8)
+    count = data.draw(st.integers(0, n))
+    run = data.draw(st.booleans())
+    start = data.draw(st.integers(0, n - count))
+    rows = np.arange(start, start + count) if run else np.sort(rng.choice(n, count, False))
+    targets = rng.permutation(count) if data.draw(st.booleans()) else np.arange(count)
+    dst = np.zeros((count, w), dtype=np.uint8)
+    copy_rows(dst, targets.astype(np.int64), src, rows.astype(np.int64))
+    want = np.zeros_like(dst)
+    want[targets] = src[rows]
+    assert np.array_equal(dst, want)
+
+
+def test_picked_rows_frame_only_the_picked_rows():
+    from coded_shuffle.distributed.transports.framing import PickedRows, frame
+
+    rows = torch.arange(60, dtype=torch.uint8).reshape(12, 5)
+    ids = np.array([0, 3, 4, 5, 11], dtype=np.int64)
+    messages = list(frame(PickedRows(rows, ids), 1, 0, KIND_SYMBOLS, 10))  # 2 rows per message
+    payload = torch.cat([m[HEADER_BYTES:] for m in messages]).view(-1, 5)
+    assert torch.equal(payload, rows[torch.from_numpy(ids)])

@@ -19,7 +19,7 @@ import numpy as np
 
 from coded_shuffle.codec.kernel_modes import ACC, ACC_XOR, COPY, XOR
 
-__all__ = ["ACC", "ACC_XOR", "COPY", "XOR", "gather_xor", "warm"]
+__all__ = ["ACC", "ACC_XOR", "COPY", "XOR", "copy_rows", "gather_xor", "run_start", "warm"]
 
 
 def gather_xor(
@@ -42,6 +42,33 @@ def gather_xor(
     rows), else ``idx[i]``. ``b`` is ignored by COPY and ACC. Compiled on first use.
     """
     _compiled()(dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, n)
+
+
+def run_start(idx: np.ndarray) -> int:
+    """``idx[0]`` when ``idx`` is one ascending run of rows (``a, a+1, ...``), else -1: the
+    kernel's way to say "rows ``start + i``" without reading an index array."""
+    if idx.size == 0:
+        return 0
+    first = int(idx[0])
+    return first if int(idx[-1]) - first == idx.size - 1 and _ascending_run(idx) else -1
+
+
+def _ascending_run(idx: np.ndarray) -> bool:
+    return bool(np.all(np.diff(idx) == 1)) if idx.size > 1 else True
+
+
+def copy_rows(dst: np.ndarray, targets: np.ndarray, src: np.ndarray, rows: np.ndarray) -> None:
+    """``dst[targets[i]] = src[rows[i]]`` for every ``i`` (uint8 rows, int64 indices): one
+    ``memcpy`` when both are runs of rows, else the kernel's prefetched gather."""
+    n = rows.size
+    if n == 0:
+        return
+    t, r = run_start(targets), run_start(rows)
+    if t >= 0 and r >= 0:
+        dst[t : t + n] = src[r : r + n]
+        return
+    targets, rows = targets.astype(np.int64, copy=False), rows.astype(np.int64, copy=False)
+    gather_xor(dst, targets, t, src, rows, r, src, rows, r, COPY, n)
 
 
 @cache

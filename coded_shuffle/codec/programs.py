@@ -96,7 +96,7 @@ def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
 
 
 def digest(rows: torch.Tensor) -> bytes:
-    """SHA-256 of a tensor's bytes in row-major order (message payloads, decoded batches)."""
+    """SHA-256 of a tensor's bytes in row-major order (decoded batches)."""
     return hashlib.sha256(rows.contiguous().numpy()).digest()
 
 

@@ -21,6 +21,7 @@ import torch
 from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
 from coded_shuffle.distributed.transports.framing import (
     Inbox,
+    PickedRows,
     RowSource,
     frame,
     message_ranges,
@@ -179,7 +180,7 @@ class Link:
                     assert rows is not None
                     ids = need[pos]
                     local = ids if row_ids is None else np.searchsorted(row_ids, ids)
-                    picked = rows.index_select(0, torch.from_numpy(local))
+                    picked = PickedRows(rows, local)
                     outgoing[index] = frame(picked, *header, self.chunk_bytes)
                 else:
                     assert out is not None

@@ -12,7 +12,7 @@ makes every receiver discard that fraction of the datagrams it gets, so the repa
 
 Datagram: ``session u32, stream u32, seq u32, round u16, flags u16`` (16 bytes) + up to
 ``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes``.
-The messages inside keep their own headers and SHA-256 digests, checked as for every transport.
+The messages inside keep their own headers and CRC-32 checksums, checked as for every transport.
 """
 
 from __future__ import annotations
