@@ -21,6 +21,10 @@ raw XOR.
 Times are medians over ``--repeats`` runs. Every decoded batch is compared with the master's
 bytes; a mismatch aborts the run.
 
+``--threads T`` runs the codec's kernel on ``T`` cores (numba's threads; torch's for the raw
+XOR); with ``T > 1`` the columns ``enc xT`` and ``dec xT`` give the speed-up over one thread,
+measured in the same run, and the symbols of both runs are checked to be the same bytes.
+
     python scripts/bench_core.py                      # K = 4 8 16 32, N = 1e4 1e5 1e6
     python scripts/bench_core.py --workers 32 --points 1000000 --schemes cycles
 """
@@ -100,6 +104,7 @@ def bench_scheme(name, old, new, k, data, repeats) -> dict[str, float]:
     prove_s = time.perf_counter() - start
     symbols = delivery.encode(data)
     enc_s = median_seconds(lambda: delivery.encode(data), repeats)
+    threads = kernel.threads()
     stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
     for w in range(k):  # each worker compiles its own ops ahead (Delivery.prepare_worker)
         _ = [programs[w].ops for programs in delivery.programs]
@@ -111,12 +116,25 @@ def bench_scheme(name, old, new, k, data, repeats) -> dict[str, float]:
     for w, batch in enumerate(decode_all()):
         if not torch.equal(batch, data[torch.from_numpy(plan.new_batches[w])]):
             raise SystemExit(f"{name}: worker {w} decoded wrong bytes")
+    enc_1, dec_1 = enc_s, dec_s
+    if threads > 1:  # the same work on one thread, for the speed-up
+        kernel.set_threads(1)
+        try:
+            one = delivery.encode(data)
+            if any(not torch.equal(x, y) for x, y in zip(one, symbols, strict=True)):
+                raise SystemExit(f"{name}: {threads} threads encoded other bytes than one")
+            enc_1 = median_seconds(lambda: delivery.encode(data), repeats)
+            dec_1 = median_seconds(decode_all, repeats)
+        finally:
+            kernel.set_threads(threads)
     demanded = sum(plan.demands(w).size for w in range(k)) / plan.splits * data.shape[1]
     return {
         "plan_s": plan_s,
         "prove_s": prove_s,
         "enc": delivery.payload_bytes() / enc_s / GB,
         "dec": demanded / dec_s / GB,
+        "enc_x": enc_1 / enc_s,
+        "dec_x": dec_1 / dec_s,
         "load": plan.load_points,
         "uncoded": plan.uncoded_points,
     }
@@ -131,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (1: stable on a shared machine)"
+        "--threads", type=int, default=1, help="codec and torch threads (1: stable when shared)"
     )
     args = parser.parse_args(argv)
     try:
@@ -149,15 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    kernel.set_threads(args.threads)
     kernel.warm()  # loaded (or compiled) before any timing
     print(
-        f"point bytes {args.point_bytes}, torch threads {torch.get_num_threads()}, "
+        f"point bytes {args.point_bytes}, codec and torch threads {args.threads}, "
         f"median of {args.repeats}; N rounded down to a multiple of K"
     )
     header = (
         f"{'K':>3} {'N':>8} {'scheme':<13} {'plan s':>7} {'prove s':>7} {'enc GB/s':>8} "
         f"{'dec GB/s':>8} {'xor GB/s':>8} {'enc/xor':>7} {'dec/xor':>7} {'load/unc':>8} "
         f"{'load/LB':>8}"
+        + (f" {f'enc x{args.threads}':>7} {f'dec x{args.threads}':>7}" if args.threads > 1 else "")
     )
     print(header)
     print("-" * len(header))
@@ -185,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{k:>3} {n:>8} {name:<13} {r['plan_s']:>7.2f} {r['prove_s']:>7.2f} "
                     f"{r['enc']:>8.2f} {r['dec']:>8.2f} {xor:>8.2f} {r['enc'] / xor:>7.2f} "
                     f"{r['dec'] / xor:>7.2f} {r['load'] / r['uncoded']:>8.4f} "
-                    f"{r['load'] / max(bound, 1):>7.4f}{mark}",
+                    f"{r['load'] / max(bound, 1):>7.4f}{mark}"
+                    + (f" {r['enc_x']:>7.2f} {r['dec_x']:>7.2f}" if args.threads > 1 else ""),
                     flush=True,
                 )
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -278,10 +280,12 @@ def test_decode_is_one_dense_write_plus_small_scatters():
     mode=st.sampled_from([kernel.COPY, kernel.XOR, kernel.ACC, kernel.ACC_XOR]),
     runs=st.tuples(st.booleans(), st.booleans(), st.booleans()),
     seed=st.integers(0, 10**6),
+    threads=st.sampled_from([1, 2, 3]),
 )
-def test_kernel_matches_numpy_in_every_mode(rows, width, mode, runs, seed):
+def test_kernel_matches_numpy_in_every_mode(rows, width, mode, runs, seed, threads):
     """Every mode, every mix of runs and gathered rows (targets and both columns), any row
-    width (prefetches past a row's end must not matter); compared with numpy's fancy indexing."""
+    width (prefetches past a row's end must not matter), on one thread or several (the rows
+    cut into spans); compared with numpy's fancy indexing."""
     rng = np.random.default_rng(seed)
     a = rng.integers(0, 256, (rows + 7, width), dtype=np.uint8)
     b = rng.integers(0, 256, (rows + 5, width), dtype=np.uint8)
@@ -301,8 +305,56 @@ def test_kernel_matches_numpy_in_every_mode(rows, width, mode, runs, seed):
     b0, b_idx, b_rows = column(runs[2], b.shape[0])
     value = a[a_rows] ^ b[b_rows] if mode in (kernel.XOR, kernel.ACC_XOR) else a[a_rows]
     want[t_rows] = want[t_rows] ^ value if mode in (kernel.ACC, kernel.ACC_XOR) else value
-    kernel.gather_xor(dst, t_idx, t0, a, a_idx, a0, b, b_idx, b0, mode, rows)
+    with codec_threads(threads, min_bytes=0):
+        kernel.gather_xor(dst, t_idx, t0, a, a_idx, a0, b, b_idx, b0, mode, rows)
     assert np.array_equal(dst, want)
+
+
+@contextlib.contextmanager
+def codec_threads(n: int, min_bytes: int):
+    """The kernel on ``n`` threads for chunks from ``min_bytes`` on, restored afterwards."""
+    old = kernel.threads(), kernel.PARALLEL_MIN_BYTES
+    kernel.set_threads(n)
+    kernel.PARALLEL_MIN_BYTES = min_bytes
+    try:
+        yield
+    finally:
+        kernel.set_threads(old[0])
+        kernel.PARALLEL_MIN_BYTES = old[1]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    k=st.integers(2, 6),
+    q=st.integers(2, 40),
+    seed=st.integers(0, 10**6),
+    name=st.sampled_from(["uncoded", "attia-tandon", "cycles"]),
+)
+def test_two_codec_threads_encode_and_decode_the_same_bytes(k, q, seed, name):
+    """The parallel kernel (every chunk cut into spans) against one thread, whole epochs."""
+    rng = np.random.default_rng(seed)
+    old, new = random_assignment(k * q, k, rng), random_assignment(k * q, k, rng)
+    scheme = get_scheme(name)
+    plan = scheme.plan(scheme.initial_state(old, k, 1), new)
+    data = torch.from_numpy(rng.integers(0, 256, (k * q, 33), dtype=np.uint8))
+    delivery = Delivery.prepare(plan, 33)
+    stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
+    runs = []
+    for threads in (1, 2):
+        with codec_threads(threads, min_bytes=0):
+            symbols = delivery.encode(data)
+            batches = [delivery.decode(w, symbols, stores[w])[0] for w in range(k)]
+        runs.append((symbols, batches))
+    (sym1, b1), (sym2, b2) = runs
+    assert all(torch.equal(x, y) for x, y in zip(sym1, sym2, strict=True))
+    for w in range(k):
+        want = data[torch.from_numpy(plan.new_batches[w])]
+        assert torch.equal(b1[w], want) and torch.equal(b2[w], want)
+
+
+def test_codec_threads_must_be_positive():
+    with pytest.raises(ValueError, match="codec threads must be >= 1, got 0"):
+        kernel.set_threads(0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -227,7 +227,7 @@ class Config:
     storage: float = 1.0
     """T: what a worker stores, in batches (1 <= T <= workers)."""
     threads: int = 1
-    """Torch threads per process (fixed: bit-identical runs)."""
+    """Torch and codec threads per process (fixed: bit-identical runs)."""
     tensorboard: bool = False
     """TensorBoard scalars in RUN_DIR/tb (skipped if tensorboard is missing)."""
     dist: DistConf = field(default_factory=DistConf)

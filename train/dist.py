@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout  # no public setter (torch 2.13)
 
+from coded_shuffle.codec import set_threads as set_codec_threads
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, rank_label
 from coded_shuffle.errors import UsageError
 
@@ -60,8 +61,10 @@ _CONTEXT: RankContext | None = None
 
 
 def deterministic(threads: int) -> None:
-    """Fixed thread count and deterministic kernels (bit-identical runs across schemes)."""
+    """Fixed thread count and deterministic kernels (bit-identical runs across schemes); the
+    codec codes on as many cores (its bytes are the same whatever the count)."""
     torch.set_num_threads(int(threads))
+    set_codec_threads(int(threads))
     torch.use_deterministic_algorithms(True)
 
 

@@ -6,6 +6,7 @@ The codec's functions are re-exported here (``coded_shuffle.codec.encode`` is
 :func:`coded_shuffle.codec.programs.encode`), the path they had before the layers.
 """
 
+from coded_shuffle.codec.kernel import set_threads
 from coded_shuffle.codec.programs import (
     Encoder,
     StreamDecoder,
@@ -41,5 +42,6 @@ __all__ = [
     "join_subpoints",
     "run_blocks",
     "run_ops",
+    "set_threads",
     "split_points",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -40,7 +40,7 @@ def _row_at(start: int, idx: np.ndarray, i: int) -> int:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def gather_xor(
+def _span(
     dst: np.ndarray,
     targets: np.ndarray,
     tstart: int,
@@ -51,21 +51,18 @@ def gather_xor(
     ib: np.ndarray,
     bstart: int,
     mode: int,
-    n: int,
+    lo: int,
+    hi: int,
 ) -> None:
-    """Row ``i`` of the chunk: ``dst[t] = a[ra]`` (COPY), ``a[ra] ^ b[rb]`` (XOR), or the same
-    XORed into ``dst[t]`` (ACC, ACC_XOR).
-
-    A row is ``start + i`` when the column's (or the targets') ``start >= 0`` (one run of
-    rows), else ``idx[i]``; ``n`` rows. ``b`` is ignored by COPY and ACC.
-    """
+    """Rows ``lo <= i < hi`` of the chunk (see :func:`gather_xor`), the next rows' sources
+    prefetched."""
     width = dst.shape[1]
     step = max(1, LINE // dst.itemsize)
     two = mode in (XOR, ACC_XOR)
     acc = mode in (ACC, ACC_XOR)
-    for i in range(n):
+    for i in range(lo, hi):
         ahead = i + PREFETCH_ROWS
-        if ahead < n:
+        if ahead < hi:
             if astart < 0:
                 for c in range(0, width, step):
                     _prefetch(a, ia[ahead], c)
@@ -91,3 +88,48 @@ def gather_xor(
         else:
             for j in range(width):
                 out[j] = ra[j]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def gather_xor(
+    dst: np.ndarray,
+    targets: np.ndarray,
+    tstart: int,
+    a: np.ndarray,
+    ia: np.ndarray,
+    astart: int,
+    b: np.ndarray,
+    ib: np.ndarray,
+    bstart: int,
+    mode: int,
+    n: int,
+) -> None:
+    """Row ``i`` of the chunk: ``dst[t] = a[ra]`` (COPY), ``a[ra] ^ b[rb]`` (XOR), or the same
+    XORed into ``dst[t]`` (ACC, ACC_XOR).
+
+    A row is ``start + i`` when the column's (or the targets') ``start >= 0`` (one run of
+    rows), else ``idx[i]``; ``n`` rows. ``b`` is ignored by COPY and ACC.
+    """
+    _span(dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, 0, n)
+
+
+@njit(cache=True, nogil=True, boundscheck=False, parallel=True)
+def gather_xor_parallel(
+    dst: np.ndarray,
+    targets: np.ndarray,
+    tstart: int,
+    a: np.ndarray,
+    ia: np.ndarray,
+    astart: int,
+    b: np.ndarray,
+    ib: np.ndarray,
+    bstart: int,
+    mode: int,
+    n: int,
+    spans: int,
+) -> None:
+    """:func:`gather_xor` with the rows cut into ``spans`` runs, one per thread (numba's
+    threads). The rows a chunk writes are distinct, so every byte is the serial one."""
+    for s in prange(spans):
+        _span(dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, s * n // spans,
+              (s + 1) * n // spans)  # fmt: skip

@@ -19,7 +19,28 @@ import numpy as np
 
 from coded_shuffle.codec.kernel_modes import ACC, ACC_XOR, COPY, XOR
 
-__all__ = ["ACC", "ACC_XOR", "COPY", "XOR", "copy_rows", "gather_xor", "run_start", "warm"]
+__all__ = [
+    "ACC", "ACC_XOR", "COPY", "XOR", "copy_rows", "gather_xor", "run_start", "set_threads",
+    "threads", "warm",
+]  # fmt: skip
+
+PARALLEL_MIN_BYTES = 1 << 20  # chunks smaller than this run on one thread (start-up cost)
+_threads = 1
+
+
+def set_threads(n: int) -> None:
+    """Cores the codec's kernel may use (numba's threads; 1: the calling thread only). The
+    bytes are the same whatever ``n``; with ``n > 1`` only one Python thread may code at a
+    time (numba's default thread pool is not re-entrant)."""
+    global _threads
+    if int(n) < 1:
+        raise ValueError(f"codec threads must be >= 1, got {n}")
+    _threads = int(n)
+
+
+def threads() -> int:
+    """The codec's cores (:func:`set_threads`)."""
+    return _threads
 
 
 def gather_xor(
@@ -36,12 +57,22 @@ def gather_xor(
     n: int,
 ) -> None:
     """Row ``i < n`` of a chunk: ``dst[t] = a[ra]`` (COPY), ``a[ra] ^ b[rb]`` (XOR), or the
-    same XORed into ``dst[t]`` (ACC, ACC_XOR); uint8 rows, int64 indices.
+    same XORed into ``dst[t]`` (ACC, ACC_XOR); uint8 rows, int64 indices; the targets of
+    one call are distinct rows.
 
     A row is ``start + i`` when the column's (or the targets') ``start >= 0`` (one run of
-    rows), else ``idx[i]``. ``b`` is ignored by COPY and ACC. Compiled on first use.
+    rows), else ``idx[i]``. ``b`` is ignored by COPY and ACC. Compiled on first use; on
+    :func:`threads` cores when the chunk is large enough.
     """
-    _compiled()(dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, n)
+    compiled = _compiled()
+    if _threads > 1 and n * dst.shape[1] >= PARALLEL_MIN_BYTES:
+        _set_numba_threads(_threads)
+        spans = min(_threads, n)
+        compiled.gather_xor_parallel(
+            dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, n, spans
+        )
+        return
+    compiled.gather_xor(dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, n)
 
 
 def run_start(idx: np.ndarray) -> int:
@@ -77,7 +108,13 @@ def _compiled() -> Any:
         compiled,  # numba loads here: a process that never codes skips it
     )
 
-    return compiled.gather_xor
+    return compiled
+
+
+def _set_numba_threads(n: int) -> None:
+    import numba
+
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def warm() -> None:

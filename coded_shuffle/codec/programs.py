@@ -368,7 +368,6 @@ def _copy_rows(
     if rows.size == 0 or src.shape[1] == 0:
         return
     rows = np.ascontiguousarray(rows, dtype=np.int64)
-    t = _NONE if targets is None else np.ascontiguousarray(targets, dtype=np.int64)
+    t = np.arange(rows.size) if targets is None else np.ascontiguousarray(targets, np.int64)
     dst, s = _rows_view(out, out.shape[1]).numpy(), _rows_view(src, src.shape[1]).numpy()
-    t0 = 0 if targets is None else -1
-    kernel.gather_xor(dst, t, t0, s, rows, -1, s, _NONE, -1, kernel.COPY, rows.size)
+    kernel.copy_rows(dst, t, s, rows)
