@@ -85,9 +85,10 @@ def model_deviation(res: Result) -> float:
             model = (math.ceil(math.log2(p)) * link, (p - 1) * link)
         elif res.transport == "chain":  # the stream once per link of the chain
             model = (link, res.workers * link)
-        elif res.transport == "multicast":  # once, 16 bytes per datagram, repairs, feedback
+        elif res.transport == "multicast":  # once, 16 B per datagram, repairs, parity, feedback
             datagram = r["transport_settings"]["datagram_bytes"]
             sent = link + 16 * math.ceil(link / datagram) + r["repair_bytes"]
+            sent += r.get("parity_bytes", 0)
             workers_feedback = sum(r["host_egress_bytes"][1:])  # workers send feedback only
             model = (sent + control - workers_feedback, sent + control)
         elif res.transport == "unicast":  # each worker its own rows, from the master

@@ -383,18 +383,24 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
     with private_netns() as ns:
         results = run_ranks(WORLD, _deliver, "multicast", options, netns=ns)
     _check_rows(results, WORLD, "multicast")
-    egress, ingress, repairs, control = zip(*(r[1] for r in results), strict=True)
+    egress, ingress, repairs, control, parity = zip(*(r[1] for r in results), strict=True)
     datagrams = math.ceil(L / 512)
+    # the first stream carries parity: one 512-byte datagram per block of 32 (16-byte header)
+    assert parity[0] == math.ceil(datagrams / 32) * (16 + 512) and parity[1:] == (0, 0, 0)
     if drop == 0:
         assert repairs[0] == 0
     else:
         assert repairs[0] > 0  # 30% of the datagrams lost at every receiver: repairs ran
-    # model: every datagram once (16-byte header each), the repairs, the feedback
-    assert egress[0] == L + 16 * datagrams + repairs[0] + control[0]
+    # model: every datagram once (16-byte header each), the repairs, parity, the feedback
+    assert egress[0] == L + 16 * datagrams + repairs[0] + parity[0] + control[0]
     assert all(e == c for e, c in zip(egress[1:], control[1:], strict=True))  # workers: feedback
-    bitmap = math.ceil(datagrams / 8)  # what each worker missed, one bit per datagram
-    if drop == 0:  # one round: every datagram, "round sent" (4 bytes), the union of misses
-        assert list(ingress[1:]) == [L + 16 * datagrams + 4 + bitmap] * (WORLD - 1)
+    # what each worker missed, one bit per datagram, and its count of lost or late (4 bytes)
+    bitmap = math.ceil(datagrams / 8) + 4
+    if drop == 0:  # one round: every datagram and parity, "round sent" (4 bytes), the union
+        # (a receiver stops reading once it has every datagram: the last block's parity, sent
+        # after it, is not read in this stream)
+        heard = parity[0] - (16 + 512)
+        assert list(ingress[1:]) == [L + 16 * datagrams + heard + 4 + bitmap] * (WORLD - 1)
         # each worker sends its bitmap; rank 1 also forwards the union to rank 3 (gloo's tree)
         assert control[1:] == (2 * bitmap, bitmap, bitmap)
     else:  # datagrams dropped at the receivers were not counted as received
@@ -429,3 +435,99 @@ def test_picked_rows_frame_only_the_picked_rows():
     messages = list(frame(PickedRows(rows, ids), 1, 0, KIND_SYMBOLS, 10))  # 2 rows per message
     payload = torch.cat([m[HEADER_BYTES:] for m in messages]).view(-1, 5)
     assert torch.equal(payload, rows[torch.from_numpy(ids)])
+
+
+MC_ROWS, MC_WIDTH = 2000, 64  # about 260 datagrams of 512 bytes
+
+
+def _multicast_stream(rank: int, world: int, options: dict, streams: int) -> tuple:
+    """``streams`` broadcast streams of random rows over multicast; per rank: whether every
+    stream arrived exactly, its counts, repair rounds, rebuilt datagrams, the pace of each."""
+    transport = build_transport("multicast", Peer(rank, world, timedelta(seconds=30)), options)
+    try:
+        link = Link(transport, 4096)
+        exact, rounds, paces = True, [], []
+        for epoch in range(streams):
+            gen = torch.Generator().manual_seed(epoch)
+            rows = torch.randint(0, 256, (MC_ROWS, MC_WIDTH), generator=gen).to(torch.uint8)
+            everything = np.arange(MC_ROWS)
+            out = link.deliver(epoch=epoch, part=0, kind=KIND_SYMBOLS, num_rows=MC_ROWS,
+                               row_bytes=MC_WIDTH, routes=Routes((everything,) * (world - 1)),
+                               rows=rows if rank == 0 else None)  # fmt: skip
+            exact &= out is None or torch.equal(out, rows)
+            rounds.append(transport.rounds)
+            paces.append(transport.settings()["pace_bits"])
+        counts, _ = link.take_counts()
+        return exact, counts.as_list(), rounds, transport.rebuilt, paces
+    finally:
+        transport.close()
+
+
+MC_BASE = {"rate": "200mbit", "datagram_bytes": 512, "seed": 3}
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_parity_rebuilds_single_losses_where_they_happen():
+    """3% of the datagrams lost at every receiver, parity every 8 datagrams: losses are
+    rebuilt as the parity arrives. Every stream exact, the parity counted in the master's
+    egress (the model: every datagram once, 16-byte headers, repairs, parity, feedback)."""
+    options = {**MC_BASE, "drop": 0.03, "parity_block": 8}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
+    assert all(r[0] for r in results)
+    rebuilt = [r[3] for r in results[1:]]
+    assert sum(rebuilt) > 0, rebuilt  # losses rebuilt from parity, not by a repair round
+    egress, _, repairs, control, parity = results[0][1]
+    assert (
+        parity > 0
+        and egress
+        == sum(
+            16 * math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512) + framed(MC_ROWS, MC_WIDTH, 4096)
+            for _ in range(2)
+        )
+        + repairs
+        + parity
+        + control
+    )
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_repair_rounds_resend_every_missed_datagram_and_slow_down():
+    """30% lost at every receiver, no parity: a round re-sends every datagram some receiver
+    missed, so about log(260 * 3) / log(1 / 0.3) rounds suffice (a repair of only the first
+    missing datagram per round would need hundreds); the pace falls below the rate."""
+    options = {**MC_BASE, "drop": 0.3, "parity_block": 0}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 1, netns=ns)
+    assert all(r[0] for r in results)
+    rounds, paces = results[0][2], results[0][4]
+    assert 1 <= rounds[0] <= 12, rounds
+    assert paces[0] < 200e6  # lossy rounds slowed the master down
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_with_a_slowed_receiver_delivers_exactly_and_slows_down():
+    """Rank 1 sleeps after every datagram, with a small socket buffer: it loses datagrams
+    the others get; the repairs bring it every byte and the master's pace falls."""
+    options = {**MC_BASE, "slow_seconds": 0.0005, "rcvbuf_bytes": 8192, "parity_block": 0}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
+    assert all(r[0] for r in results)
+    assert results[0][1][2] > 0  # repairs ran
+    assert min(results[0][4]) < 200e6, results[0][4]
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
+    """A clean network: the first stream carries parity (nothing known yet), the second none,
+    and the pace stays at the rate."""
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, MC_BASE, 2, netns=ns)
+    assert all(r[0] for r in results)
+    datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
+    assert results[0][1][4] == math.ceil(datagrams / 32) * (16 + 512)  # one stream's parity
+    assert results[0][1][2] == 0 and results[0][4] == [200_000_000] * 2

@@ -27,11 +27,12 @@ REPORT = np.dtype(
         ("ingress", "<i8"),
         ("repairs", "<i8"),
         ("control", "<i8"),
+        ("parity", "<i8"),
         ("cpu_user_seconds", "<f8"),  # this process's CPU in the delivery (HostCpu)
         ("cpu_system_seconds", "<f8"),
     ]
 )
-COUNTS = ("egress", "ingress", "repairs", "control")
+COUNTS = ("egress", "ingress", "repairs", "control", "parity")
 
 
 @dataclass
@@ -100,6 +101,7 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu
         "network_bytes": sum(egress),
         "repair_bytes": master.repairs + int(reports["repairs"].sum()),
         "control_bytes": master.control + int(reports["control"].sum()),
+        "parity_bytes": master.parity + int(reports["parity"].sum()),
         "host_egress_bytes": egress,
         "host_ingress_bytes": ingress,
         "host_cpu_seconds": busy,

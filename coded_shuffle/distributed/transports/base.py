@@ -79,15 +79,17 @@ class HostBytes:
     ingress: int = 0
     repairs: int = 0  # of the egress: datagrams sent again because a receiver missed them
     control: int = 0  # of the egress: the transport's own feedback messages
+    parity: int = 0  # of the egress: parity datagrams (multicast), sent ahead of any loss
 
     def add(self, other: HostBytes) -> None:
         self.egress += other.egress
         self.ingress += other.ingress
         self.repairs += other.repairs
         self.control += other.control
+        self.parity += other.parity
 
     def as_list(self) -> list[int]:
-        return [self.egress, self.ingress, self.repairs, self.control]
+        return [self.egress, self.ingress, self.repairs, self.control, self.parity]
 
 
 @dataclass(frozen=True)

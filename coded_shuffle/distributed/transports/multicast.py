@@ -2,16 +2,32 @@
 
 The master cuts a stream's messages into datagrams and sends each one once to a multicast
 group; the network (a switch or the emulated cluster's bridge) copies it to every worker.
-Datagrams are paced to ``rate`` (bits/s on the wire, a little below the slowest NIC), since
-UDP has no congestion control. After each round the master tells every worker, over the
-process group, that the round is complete; the workers report what they missed (a bitmap per
-worker, gathered at the master) and the master multicasts the union again, round after round,
-until every worker holds every byte. Repairs are counted (:attr:`HostBytes.repairs`), and so
-is this feedback (:attr:`HostBytes.control`, its share of a host's egress). ``drop`` (debug)
-makes every receiver discard that fraction of the datagrams it gets, so the repair path runs.
+Datagrams are paced, since UDP has no congestion control. After each round the master tells
+every worker, over the process group, that the round is complete; the workers report what
+they missed (a bitmap per worker, and how many datagrams they lost or got late, gathered at the
+master) and the master multicasts the union again, round after round, until every worker holds
+every byte.
+
+Two things keep the rate up where receivers lose datagrams:
+
+* **Adaptive pacing**: ``rate`` is the ceiling (a little below the slowest NIC); the pace
+  starts there, drops by a quarter after a round in which some receiver lost or got late more
+  than 2% of the datagrams, rises by a tenth after a clean round, and stays within
+  ``[rate / 16, rate]`` (additive-increase/multiplicative-decrease, per round).
+* **Parity**: after every ``parity_block`` datagrams of a stream's first round the master
+  sends their XOR, so a receiver that lost one datagram of a block rebuilds it when the
+  parity arrives, without waiting for a repair round. Parity is sent while the network loses
+  datagrams (the first stream, and every stream after a lossy one) and not after a clean one.
+
+Repairs and parity datagrams are counted (:attr:`HostBytes.repairs`, :attr:`HostBytes.parity`),
+and so is the feedback
+(:attr:`HostBytes.control`, its share of a host's egress). ``drop`` (debug) makes every
+receiver discard that fraction of the datagrams it gets; ``slow_seconds`` (debug) makes rank 1
+sleep after every datagram it reads (a receiver that cannot keep up).
 
 Datagram: ``session u32, stream u32, seq u32, round u16, flags u16`` (16 bytes) + up to
-``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes``.
+``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes`` (a parity
+datagram, flag 1: the XOR of block ``seq``'s datagrams, zero-padded, ``datagram_bytes`` long).
 The messages inside keep their own headers and CRC-32 checksums, checked as for every transport.
 """
 
@@ -47,6 +63,9 @@ FRAGMENT_BYTES = 34  # Ethernet + IPv4 header of every further fragment
 DEFAULT_GROUP = "239.255.77.77"
 DEFAULT_PORT = 29577
 POLL_SECONDS = 0.005
+FLAG_PARITY = 1
+LOSS_HIGH = 0.02  # share of a round's datagrams lost or late at some receiver: slow down
+PACE_DOWN, PACE_UP, PACE_FLOOR = 0.75, 1.10, 1 / 16
 
 
 class MulticastUnavailable(UsageError):
@@ -138,6 +157,42 @@ class _Pacer:
         self.due += self.interval * share
 
 
+class _Parity:
+    """A receiver's parity datagrams of one stream, and the datagrams they rebuild."""
+
+    def __init__(self, total: int, d: int, block: int) -> None:
+        self.n, self.d, self.block, self.total = -(-total // d), d, block, total
+        n = self.n
+        blocks = -(-n // block) if block else 0
+        self.data = np.zeros((blocks, d), dtype=np.uint8)
+        self.have = np.zeros(blocks, dtype=bool)
+
+    def receive(self, b: int, payload: memoryview, out: np.ndarray, have: np.ndarray) -> list:
+        """Keeps block ``b``'s parity; returns the datagrams it rebuilt (none or one)."""
+        if not self.block or b >= self.have.size or self.have[b]:
+            return []
+        self.data[b, : len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        self.have[b] = True
+        return self._rebuild(b, out, have)
+
+    def _rebuild(self, b: int, out: np.ndarray, have: np.ndarray) -> list:
+        lo, hi = b * self.block, min(self.n, (b + 1) * self.block)
+        missing = np.flatnonzero(~have[lo:hi])
+        if missing.size != 1:
+            return []
+        j, d = lo + int(missing[0]), self.d
+        out[self.total :] = 0  # the padding, as the master's parity has it (a datagram of
+        out[j * d : (j + 1) * d] = 0  # another seq may have landed in the last slot)
+        rows = out[lo * d : hi * d].reshape(-1, d)
+        out[j * d : (j + 1) * d] = np.bitwise_xor.reduce(rows, axis=0) ^ self.data[b]
+        have[j] = True
+        return [j]
+
+    def rebuild_all(self, out: np.ndarray, have: np.ndarray) -> int:
+        """Every block whose parity is in and that lacks exactly one datagram, rebuilt."""
+        return sum(len(self._rebuild(int(b), out, have)) for b in np.flatnonzero(self.have))
+
+
 @dataclass
 class MulticastOptions:
     """``dist.multicast`` / ``CodedShuffle(transport_options=...)`` of ``multicast``."""
@@ -156,8 +211,14 @@ class MulticastOptions:
     """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
     grace_seconds: float = 0.02
     """After "round sent", how long a receiver drains its socket, >= 0."""
+    parity_block: int = 32
+    """Datagrams per parity datagram while receivers lose datagrams, >= 2; 0: no parity."""
+    rcvbuf_bytes: int = RCVBUF_BYTES
+    """A receiver's socket buffer, 4096..1 GiB."""
     seed: int = 0
     """Which datagrams ``drop`` discards."""
+    slow_seconds: float = 0.0
+    """Debug: rank 1 sleeps this long after every datagram it reads, in [0, 0.1]."""
 
     def check(self, world_size: int, name: KeyName) -> None:
         del world_size
@@ -183,6 +244,12 @@ class MulticastOptions:
             raise UsageError(f"{name('drop')}={self.drop} out of range [0, 1)")
         if float(self.grace_seconds) < 0:
             raise UsageError(f"{name('grace_seconds')}={self.grace_seconds} must be >= 0")
+        if int(self.parity_block) == 1 or int(self.parity_block) < 0:
+            raise UsageError(f"{name('parity_block')}={self.parity_block} out of range (0 or >= 2)")
+        if not 4096 <= int(self.rcvbuf_bytes) <= 1 << 30:
+            raise UsageError(f"{name('rcvbuf_bytes')}={self.rcvbuf_bytes} out of range 4096..2^30")
+        if not 0.0 <= float(self.slow_seconds) <= 0.1:
+            raise UsageError(f"{name('slow_seconds')}={self.slow_seconds} out of range [0, 0.1]")
 
 
 class Multicast(Transport):
@@ -201,10 +268,15 @@ class Multicast(Transport):
         self.ifindex, self.mtu = _interface(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
         self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
         self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
+        self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
+        self.slow = float(o.slow_seconds) if peer.rank == 1 else 0.0
         self.sock = self._open()
         self.session = self._agree_session()
         self.stream_id = 0
-        self.rounds = 0  # rounds of the last stream (1: no repair needed)
+        self.rounds = 0  # repair rounds of the last stream (0: none needed)
+        self.pace = self.rate  # bits/s now: adapted round by round within [rate/16, rate]
+        self.parity = self.parity_block > 0  # send parity with the next stream
+        self.rebuilt = 0  # datagrams this receiver rebuilt from parity (all streams)
 
     # ---------------------------------------------------------------- set-up
 
@@ -221,9 +293,9 @@ class Multicast(Transport):
             else:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
+                    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, self.rcvbuf)
                 except OSError:  # not privileged: the kernel's cap applies
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
                 sock.bind((self.group, self.port))
                 sock.setsockopt(
                     socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, _mreqn(self.group, self.ifindex)
@@ -248,7 +320,13 @@ class Multicast(Transport):
         return int(value)
 
     def settings(self) -> dict[str, Any]:
-        return {"rate_bits": self.rate, "datagram_bytes": self.datagram_bytes, "mtu": self.mtu}
+        return {
+            "rate_bits": self.rate,
+            "pace_bits": round(self.pace),
+            "parity_block": self.parity_block if self.parity else 0,
+            "datagram_bytes": self.datagram_bytes,
+            "mtu": self.mtu,
+        }
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -276,32 +354,72 @@ class Multicast(Transport):
         return -(-total // self.datagram_bytes)
 
     def _serve(self, total: int, messages: Iterable[torch.Tensor]) -> None:
-        """Master: round 0 sends every datagram as soon as its bytes are framed; later rounds
-        what some worker missed, until none misses anything."""
+        """Master: round 0 sends every datagram as soon as its bytes are framed (and a parity
+        datagram after every block, while the network loses datagrams); later rounds what
+        some worker missed, until none misses anything. The pace adapts after every round."""
         n, d = self._count(total), self.datagram_bytes
-        data = np.empty(total, dtype=np.uint8)
-        pacer = _Pacer(self.rate, wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu))
+        data = np.empty(n * d, dtype=np.uint8)
+        data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
+        full = wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu)
+        pacer = _Pacer(self.pace, full)
+        block = self.parity_block if self.parity else 0
         filled = ready = 0
         for m in messages:
             data[filled : filled + m.numel()] = m.numpy()
             filled += m.numel()
             done = n if filled == total else filled // d
-            self.counts.egress += self._send(data, range(ready, done), 0, pacer)
+            self.counts.egress += self._send(data, range(ready, done), 0, pacer, total)
+            if block:
+                sent = self._send_parity(data, ready, done, block, pacer)
+                self.counts.egress += sent
+                self.counts.parity += sent
             ready = done
-        self.rounds = 0
+        self.rounds, sent_now, lossy = 0, n, False
         while True:
             self._control_round_done()
-            todo = self._union_of_missing(np.zeros(n, dtype=bool))
+            todo, lost = self._union_of_missing(np.zeros(n, dtype=bool), 0)
+            lossy |= self._adapt(lost, sent_now)
             if todo.size == 0:
+                self.parity = self.parity_block > 0 and lossy
                 return
             self.rounds += 1
-            sent = self._send(data, todo.tolist(), self.rounds, pacer)
+            pacer = _Pacer(self.pace, full)
+            sent = self._send(data, todo.tolist(), self.rounds, pacer, total)
             self.counts.egress += sent
             self.counts.repairs += sent
+            sent_now = todo.size
 
-    def _send(self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: _Pacer) -> int:
-        """Paced datagrams ``seqs`` of ``data``; returns the bytes handed to the socket."""
-        d, size = self.datagram_bytes, data.size
+    def _adapt(self, lost: int, sent: int) -> bool:
+        """The pace after a round in which some receiver lost or got late ``lost`` of the
+        ``sent`` datagrams (AIMD within ``[rate / 16, rate]``); True when any was lost."""
+        if lost > LOSS_HIGH * max(sent, 1):
+            self.pace = max(self.rate * PACE_FLOOR, self.pace * PACE_DOWN)
+        elif lost == 0:
+            self.pace = min(float(self.rate), self.pace * PACE_UP)
+        return lost > 0
+
+    def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: _Pacer) -> int:
+        """The parity datagram of every block that ends in ``[lo, hi)`` (the last block may be
+        shorter: it ends with the stream)."""
+        d, n = self.datagram_bytes, data.size // self.datagram_bytes
+        sent = 0
+        for b in range(lo // block, -(-hi // block)):
+            a, z = b * block, min(n, (b + 1) * block)
+            if not lo < z <= hi:
+                continue
+            parity = np.bitwise_xor.reduce(data[a * d : z * d].reshape(-1, d), axis=0)
+            pacer.wait()
+            head = DGRAM.pack(self.session, self.stream_id, b, 0, FLAG_PARITY)
+            sent += self.sock.sendmsg([head, memoryview(parity)])
+            pacer.sent(1.0)
+        return sent
+
+    def _send(
+        self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: _Pacer, size: int
+    ) -> int:
+        """Paced datagrams ``seqs`` of the first ``size`` bytes of ``data``; returns the bytes
+        handed to the socket."""
+        d = self.datagram_bytes
         view = memoryview(data)
         pack, sendmsg = DGRAM.pack, self.sock.sendmsg
         session, stream = self.session, self.stream_id
@@ -327,21 +445,27 @@ class Multicast(Transport):
         self.counts.ingress += ingress
         self.counts.control += egress
 
-    def _union_of_missing(self, missing: np.ndarray) -> np.ndarray:
-        """Gathers every worker's bitmap of missing datagrams; broadcasts their union."""
-        bits = torch.from_numpy(np.packbits(missing))
+    def _union_of_missing(self, missing: np.ndarray, lost: int) -> tuple[np.ndarray, int]:
+        """Gathers every worker's bitmap of missing datagrams and its count of datagrams lost
+        or late in the round (4 bytes after the bitmap); broadcasts the union of the bitmaps.
+        Returns the union's datagrams and the largest count (the master's; 0 elsewhere)."""
+        count = np.array([min(lost, 2**32 - 1)], dtype="<u4").view(np.uint8)
+        bits = torch.from_numpy(np.concatenate([np.packbits(missing), count]))
         size, world, group = bits.numel(), self.peer.world_size, self.peer.group
+        worst = 0
         if self.peer.rank == 0:
             got = [torch.empty_like(bits) for _ in range(world)]
             dist.gather(bits, gather_list=got, dst=0, group=group)
-            bits = torch.from_numpy(np.bitwise_or.reduce(torch.stack(got).numpy(), axis=0))
+            each = torch.stack(got[1:]).numpy()
+            worst = int(each[:, -4:].copy().view("<u4").max())
+            bits = torch.from_numpy(np.bitwise_or.reduce(each, axis=0))
             self._control(ingress=size * (world - 1))
         else:
             dist.gather(bits, dst=0, group=group)
             self._control(egress=size, ingress=size)  # its bitmap out, the union in
         dist.broadcast(bits, src=0, group=group)
         self._control(egress=size * len(children(self.peer.rank, world)))
-        return np.flatnonzero(np.unpackbits(bits.numpy())[: missing.size])
+        return np.flatnonzero(np.unpackbits(bits.numpy()[:-4])[: missing.size]), worst
 
     def _receive(self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None]) -> None:
         """Worker: every byte of the stream, round after round; each message goes to
@@ -353,6 +477,7 @@ class Multicast(Transport):
         out = np.empty(n * d, dtype=np.uint8)
         flat = torch.from_numpy(out)
         have = np.zeros(n, dtype=bool)
+        parity = _Parity(total, d, self.parity_block)
         # message j is complete once the datagrams before ends[j] are
         ends = -(-edges[1:] // d)
         state = {"next": 0}
@@ -366,23 +491,31 @@ class Multicast(Transport):
 
         rnd = 0
         while True:
-            self._receive_round(out, have, rnd, complete)
-            todo = self._union_of_missing(~have)
+            lost = self._receive_round(out, have, rnd, complete, parity)
+            todo, _ = self._union_of_missing(~have, lost)
             if todo.size == 0:
                 complete(n)
                 return
             rnd += 1
 
     def _receive_round(
-        self, out: np.ndarray, have: np.ndarray, rnd: int, complete: Callable[[int], None]
-    ) -> None:
+        self,
+        out: np.ndarray,
+        have: np.ndarray,
+        rnd: int,
+        complete: Callable[[int], None],
+        parity: _Parity,
+    ) -> int:
         """Reads datagrams until it has them all, or the master says the round is sent and
-        the socket stays quiet for ``grace`` seconds.
+        the socket stays quiet for ``grace`` seconds; returns how many of the round's
+        datagrams it lost or got late (those of an earlier round).
 
         A datagram is read straight into its slot when it is the one expected next (the common
-        case); otherwise it lands in the first missing slot and is copied to its own.
+        case); otherwise it lands in the first missing slot and is copied to its own. A parity
+        datagram rebuilds the one datagram its block lacks, if it lacks exactly one.
         """
         d, n = self.datagram_bytes, have.size
+        lacked, late, received = n - int(have.sum()), 0, 0
         done = _Arrival(self.peer)
         header = bytearray(DGRAM_HEADER_BYTES)
         view = memoryview(out)
@@ -408,19 +541,34 @@ class Multicast(Transport):
                     draining = True
                     sock.settimeout(self.grace)
                 continue
-            got_session, stream, seq, _, _ = unpack(header)
-            if got_session != session or stream != stream_id or seq >= n:
-                continue  # another job's, or a late repair of an earlier stream
+            got_session, stream, seq, got_round, flags = unpack(header)
+            if got_session != session or stream > stream_id:
+                continue  # another job's
+            if self.slow:
+                time.sleep(self.slow)  # debug: a receiver that cannot keep up
+            if stream != stream_id:  # parity read after the end of its stream is not late
+                late += not flags & FLAG_PARITY  # a repair of an earlier stream: queues too long
+                continue
+            late += got_round < rnd  # an earlier round's, late (its bytes are still good)
             if self.drop and self.rng.random() < self.drop:
                 continue  # debug: this datagram is lost on the way
             self.counts.ingress += nbytes
-            if have[seq]:
+            length = nbytes - DGRAM_HEADER_BYTES
+            if flags & FLAG_PARITY:
+                rebuilt = parity.receive(seq, slot[:length], out, have)
+                self.rebuilt += len(rebuilt)
+                count += len(rebuilt)
+                continue
+            if seq >= n or have[seq]:
                 continue
             if seq != expect:
-                length = nbytes - DGRAM_HEADER_BYTES
                 view[seq * d : seq * d + length] = slot[:length]
             have[seq] = True
             count += 1
+            received += 1
         while not done.arrived():
             time.sleep(POLL_SECONDS)
+        rebuilt = parity.rebuild_all(out, have)  # parity that arrived before a late datagram
+        self.rebuilt += rebuilt
         self._control(ingress=4)
+        return lacked - received + late  # lost on the way (parity or not), and late
