@@ -229,6 +229,8 @@ def test_registry_and_option_errors():
         REGISTRY["tree"].validate(4, window=3)
     with pytest.raises(UsageError, match=r"^transport_options\['windows'\] is not an option"):
         REGISTRY["chain"].validate(4, windows=3)
+    with pytest.raises(UsageError, match=r"segment_bytes'\]=10 out of range \(must be >= 1024\)"):
+        REGISTRY["chain"].validate(4, segment_bytes=10)
 
 
 def test_the_job_names_its_hydra_keys():
@@ -349,10 +351,12 @@ BIG_ROWS, BIG_WIDTH, BIG_CHUNK = 6, 384 * 1024, 384 * 1024  # messages of 384 Ki
 
 
 def _relay_big(rank: int, world: int) -> bytes | None:
-    """A chain of ``world - 1`` workers, one message received ahead (``window=1``), messages
-    far larger than a socket buffer: a relay that forwarded a message before it had fully
-    arrived would pass on a partly filled buffer, and the next worker's checksum fails."""
-    transport = build_transport("chain", Peer(rank, world, timedelta(seconds=30)), {"window": 1})
+    """A chain of ``world - 1`` workers, one segment received ahead (``window=1``), messages
+    far larger than a socket buffer and cut into segments: a relay that forwarded a segment
+    before it had fully arrived would pass on a partly filled buffer, and the next worker's
+    checksum fails."""
+    options = {"window": 1, "segment_bytes": 100_000}  # segments of unequal length
+    transport = build_transport("chain", Peer(rank, world, timedelta(seconds=30)), options)
     try:
         link = Link(transport, BIG_CHUNK)
         gen = torch.Generator().manual_seed(11)

@@ -77,10 +77,11 @@ class WorkerSide:
         batch = rows.index_select(0, torch.from_numpy(np.searchsorted(keep, first)))
         if self.delivery is not None:
             self.store = store_from_points(self.delivery, k, keep, rows)
-            self.persist(1)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
         self.send_report(batch, seconds, stored, cpu)
+        if self.delivery is not None:
+            self.persist(1)  # after the report: the disk is not part of the delivery's time
         return batch
 
     def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
@@ -114,9 +115,9 @@ class WorkerSide:
         next_caches = self.ctx.scheme.part_caches(tr.next_state, k)
         self.store = store.updated(delivery, k, workspaces, next_caches)
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
-        if self.ctx.pending(tr.epoch):
-            self.persist(tr.epoch)
         self.send_report(batch, seconds, self.store.stored_bytes(), cpu)
+        if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
+            self.persist(tr.epoch)  # is found broken on restore and sent its store again
         return batch
 
     def send_report(

@@ -1,11 +1,13 @@
 """``chain``: a pipelined relay broadcast, ``0 -> w_1 -> w_2 -> ... -> w_K``.
 
 The master sends every message once, to the first worker of the chain; every worker forwards
-each message to the next one as soon as it has arrived, while the following messages are
-already on their way (``window`` receives posted ahead, sends in flight at the same time). So
-every link of the chain is busy at once: the time is about ``R / B + (K - 1) * chunk / B``
-(``R`` bytes, NICs of ``B`` bytes/s), and the master's egress is the payload once.
-Point-to-point messages go through gloo's ``isend``/``irecv``.
+each *segment* of a message (``segment_bytes``, 64 KiB by default) to the next one as soon as
+it has arrived, while the following ones are already on their way (``window`` segments
+received ahead, sends in flight at the same time). So every link of the chain is busy at once:
+the time is about ``R / B + (K - 1) * segment / B`` (``R`` bytes, NICs of ``B`` bytes/s; with
+whole 256 KiB messages as the unit the pipeline's fill took four times longer), and the
+master's egress is the payload once. A message goes to its checks once all its segments are
+in. Point-to-point transfers go through gloo's ``isend``/``irecv``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, 
 from coded_shuffle.errors import UsageError
 
 TAG = 0x6368  # gloo tag of the chain's point-to-point messages
-IN_FLIGHT = 2  # sends in flight per message received ahead (memory bound of a relay)
+IN_FLIGHT = 2  # sends in flight per segment received ahead (memory bound of a relay)
 
 
 def chain_order(
@@ -44,12 +46,18 @@ class ChainOptions:
 
     order: list[int] | None = None
     """Worker ranks in relay order; null = 1, 2, ..., workers."""
-    window: int = 4
-    """Messages every relay receives ahead, >= 1."""
+    window: int = 16
+    """Segments every relay receives ahead, >= 1."""
+    segment_bytes: int = 64 << 10
+    """Bytes a relay forwards at once (a message is cut into segments), >= 1024."""
 
     def check(self, world_size: int, name: KeyName) -> None:
         if int(self.window) < 1:
             raise UsageError(f"{name('window')}={self.window} out of range (must be >= 1)")
+        if int(self.segment_bytes) < 1024:
+            raise UsageError(
+                f"{name('segment_bytes')}={self.segment_bytes} out of range (must be >= 1024)"
+            )
         chain_order(self.order, world_size, name("order"))
 
 
@@ -65,13 +73,14 @@ class Chain(Transport):
         super().__init__(peer, options)
         self.order = chain_order(self.options.order, peer.world_size)
         self.window = int(self.options.window)
+        self.segment = int(self.options.segment_bytes)
         path = (0, *self.order)
         at = path.index(peer.rank)
         self.prev = path[at - 1] if at > 0 else None
         self.next = path[at + 1] if at + 1 < len(path) else None
 
     def settings(self) -> dict[str, Any]:
-        return {"order": list(self.order), "window": self.window}
+        return {"order": list(self.order), "window": self.window, "segment_bytes": self.segment}
 
     def exchange(
         self,
@@ -86,36 +95,47 @@ class Chain(Transport):
             else:
                 self._relay(stream, lambda j, buf, i=i: on_message(i, j, buf))
 
+    def segments(self, size: int) -> list[tuple[int, int]]:
+        """``(start, end)`` of every segment of a message of ``size`` bytes."""
+        return [(a, min(a + self.segment, size)) for a in range(0, max(size, 1), self.segment)]
+
     def _send_all(self, messages: Iterable[torch.Tensor]) -> None:
         if self.next is None:
             return
         sends: deque = deque()
         for m in messages:
-            sends.append((m, dist.isend(m, self.next, group=self.peer.group, tag=TAG)))
+            for a, b in self.segments(m.numel()):
+                sends.append((m, dist.isend(m[a:b], self.next, group=self.peer.group, tag=TAG)))
+                _settle(sends, IN_FLIGHT * self.window)
             self.counts.egress += m.numel()
-            _settle(sends, IN_FLIGHT * self.window)
         _settle(sends, 0)
 
     def _relay(self, stream: Stream, on_message: Callable[[int, torch.Tensor], None]) -> None:
-        """Receives every message from the previous rank and forwards it to the next one;
-        each message goes to ``on_message`` once forwarded, while later ones arrive. Buffers
-        live only while a message is in flight: memory stays bounded whatever the stream."""
+        """Receives every segment from the previous rank and forwards it to the next one; each
+        message goes to ``on_message`` once its last segment is forwarded, while later ones
+        arrive. Buffers live only while a message is in flight: memory stays bounded whatever
+        the stream."""
         sizes, group = stream.sizes, self.peer.group
+        segs = [(i, a, b) for i, size in enumerate(sizes) for a, b in self.segments(size)]
+        bufs: dict[int, torch.Tensor] = {}
         recvs: deque = deque()
         sends: deque = deque()
         posted = 0
-        for i in range(len(sizes)):
-            while posted < len(sizes) and posted < i + self.window:
-                buf = torch.empty(sizes[posted], dtype=torch.uint8)
-                recvs.append((buf, dist.irecv(buf, self.prev, group=group, tag=TAG)))
+        for k, (i, a, b) in enumerate(segs):
+            while posted < len(segs) and posted < k + self.window:
+                j, pa, pb = segs[posted]
+                if j not in bufs:
+                    bufs[j] = torch.empty(sizes[j], dtype=torch.uint8)
+                recvs.append(dist.irecv(bufs[j][pa:pb], self.prev, group=group, tag=TAG))
                 posted += 1
-            buf, work = recvs.popleft()
-            work.wait()
-            self.counts.ingress += buf.numel()
+            recvs.popleft().wait()
+            buf = bufs[i]
             if self.next is not None:
-                sends.append((buf, dist.isend(buf, self.next, group=group, tag=TAG)))
-                self.counts.egress += buf.numel()
-            on_message(i, buf)
+                sends.append((buf, dist.isend(buf[a:b], self.next, group=group, tag=TAG)))
+            if b == sizes[i]:  # the message's last segment: it is whole
+                self.counts.ingress += sizes[i]
+                self.counts.egress += sizes[i] if self.next is not None else 0
+                on_message(i, bufs.pop(i))
             _settle(sends, IN_FLIGHT * self.window)
         _settle(sends, 0)
 
