@@ -20,10 +20,9 @@ Two things keep the rate up where receivers lose datagrams:
   datagrams (the first stream, and every stream after a lossy one) and not after a clean one.
 
 Repairs and parity datagrams are counted (:attr:`HostBytes.repairs`, :attr:`HostBytes.parity`),
-and so is the feedback
-(:attr:`HostBytes.control`, its share of a host's egress). ``drop`` (debug) makes every
-receiver discard that fraction of the datagrams it gets; ``slow_seconds`` (debug) makes rank 1
-sleep after every datagram it reads (a receiver that cannot keep up).
+and so is the feedback (:attr:`HostBytes.control`, its share of a host's egress). ``drop``
+(debug) makes every receiver discard that fraction of the datagrams it gets; ``slow_seconds``
+(debug) makes rank 1 sleep after every datagram it reads (a receiver that cannot keep up).
 
 Datagram: ``session u32, stream u32, seq u32, round u16, flags u16`` (16 bytes) + up to
 ``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes`` (a parity
@@ -181,8 +180,9 @@ class _Parity:
         if missing.size != 1:
             return []
         j, d = lo + int(missing[0]), self.d
-        out[self.total :] = 0  # the padding, as the master's parity has it (a datagram of
-        out[j * d : (j + 1) * d] = 0  # another seq may have landed in the last slot)
+        # zero padding, as in the master's parity (another datagram may have landed there)
+        out[self.total :] = 0
+        out[j * d : (j + 1) * d] = 0
         rows = out[lo * d : hi * d].reshape(-1, d)
         out[j * d : (j + 1) * d] = np.bitwise_xor.reduce(rows, axis=0) ^ self.data[b]
         have[j] = True
