@@ -5,7 +5,8 @@
 
 Rank 0 is the master: it holds the data set and hands it to ``CodedShuffle``. Ranks 1..4 are
 the workers: every epoch they get their new batch as a data set, wrap it in a ``DataLoader``
-and train one model together, averaging gradients over ``workers_group``. The scheme changes
+and train one model together, wrapped in ``DistributedDataParallel`` over ``workers_group``
+(the gradients averaged at every step). The scheme changes
 the bytes on the network, never the batches: coded and uncoded runs end with the same
 parameters (the last line prints their SHA-256).
 
@@ -13,19 +14,21 @@ parameters (the last line prints their SHA-256).
 stopped or loses its link ends every rank within ``--timeout`` seconds, with one line naming
 it and its address (in the delivery, and in the training inside ``cs.watched()``).
 ``--shuffle partial|none`` (``--fraction Q``) picks the shuffle policy; ``--average-every H``
-runs local SGD (models averaged every ``H`` steps and at every epoch's end) instead of
-averaging the gradients at every step.
+runs local SGD (DDP's ``no_sync`` at every step, the models averaged every ``H`` steps and at
+every epoch's end) instead of averaging the gradients at every step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from coded_shuffle import CodedShuffle
@@ -41,7 +44,7 @@ def make_dataset(points: int, features: int, classes: int) -> TensorDataset:
 
 
 def average(tensors: list[torch.Tensor], group: dist.ProcessGroup, workers: int) -> None:
-    """Every tensor replaced by its mean over the workers (in place)."""
+    """Every tensor replaced by its mean over the workers (in place): local SGD's models."""
     for t in tensors:
         dist.all_reduce(t, group=group)
         t /= workers
@@ -79,6 +82,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, classes))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     workers = dist.get_world_size() - 1
+    ddp = None if rank == 0 else DistributedDataParallel(model, process_group=cs.workers_group)
 
     for epoch in range(1, args.epochs + 1):
         local = cs.epoch(epoch)  # worker: its new batch; master: None
@@ -91,15 +95,16 @@ def main() -> None:
                 flush=True,
             )
             continue
+        assert ddp is not None
         loader = DataLoader(
             local, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(epoch)
         )
         with cs.watched():  # a lost peer: one line naming it on every rank, not a traceback
             for step, (x, y) in enumerate(loader, start=1):
                 opt.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                if not args.average_every:  # synchronous SGD: average the workers' gradients
-                    average([p.grad for p in model.parameters()], cs.workers_group, workers)
+                # synchronous SGD: DDP averages the gradients; local SGD: no_sync every step
+                with ddp.no_sync() if args.average_every else contextlib.nullcontext():
+                    nn.functional.cross_entropy(ddp(x), y).backward()
                 opt.step()
                 if args.average_every and (step % args.average_every == 0 or step == len(loader)):
                     # local SGD: the workers' models averaged every H steps and at the end

@@ -163,10 +163,10 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     assert all(r["verified"] and r["transport"] == "multicast" for r in rows)
     assert all(r["workers"] == 2 for r in rows)
     assert sum(r["repair_bytes"] for r in rows) > 0  # losses happened and were repaired
-    for r in rows:  # master: the stream once, 16 bytes per datagram, repairs, feedback
+    for r in rows:  # master: the stream once, 16 bytes per datagram, repairs, parity, feedback
         datagrams = -(-r["broadcast_bytes"] // 8192)  # MTU 1500: 8 KiB datagrams by default
         assert r["transport_settings"]["datagram_bytes"] == 8192
-        model = r["broadcast_bytes"] + 16 * datagrams + r["repair_bytes"]
+        model = r["broadcast_bytes"] + 16 * datagrams + r["repair_bytes"] + r["parity_bytes"]
         feedback = r["master_egress_bytes"] - model
         assert 0 <= feedback < 0.01 * r["broadcast_bytes"], r
     record = json.loads((run_dir / "cluster.json").read_text())

@@ -4,7 +4,9 @@ A training loop on the library's :class:`~coded_shuffle.CodedShuffle`, as a user
 would be: rank 0 (master) holds the training set and hands it to ``CodedShuffle``, which plans,
 proves, encodes, moves (``dist.transport``), decodes and verifies every epoch's delivery.
 Workers (ranks 1..K) get their batch as a data set and run synchronous data-parallel SGD
-(gradient all-reduce over ``workers_group``); worker 0 sends the parameters to the master,
+(the model wrapped in ``DistributedDataParallel`` over ``workers_group``; with local SGD its
+``no_sync`` skips the per-step all-reduce and the models are averaged every ``H`` steps);
+worker 0 sends the parameters to the master,
 which evaluates them on the test split and writes each epoch's metrics beside the delivery's.
 
 The scheme changes the bytes on the link, never the batches or their order: with the same seed
@@ -13,6 +15,7 @@ every scheme yields bit-identical parameters (``final_params_sha256`` in ``summa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
 from coded_shuffle import CodedShuffle
@@ -430,6 +434,11 @@ class Worker(_Rank):
         self.cs = self.coded_shuffle(None)
         self.k, self.q = self.ctx.worker, self.cs.settings.num_points // self.workers
         self.model = self.build_model(features, classes)
+        # DDP averages the gradients at every step (buffers stay each worker's own, as the
+        # models keep none that training changes)
+        self.ddp = DistributedDataParallel(
+            self.model, process_group=self.ctx.workers_group, broadcast_buffers=False
+        )
         o = self.cfg.optim
         self.opt = torch.optim.SGD(
             self.model.parameters(),
@@ -490,11 +499,11 @@ class Worker(_Rank):
             if delay:  # debug: a slow model (long epochs without changing the data)
                 time.sleep(delay)
             idx = order[a : a + size]
-            loss = F.cross_entropy(self.model(x[idx]), y[idx])
-            self.opt.zero_grad(set_to_none=False)
-            loss.backward()
-            if not every:
-                self.all_reduce_grads(params)
+            # local SGD: no gradient synchronisation (every step stays inside no_sync)
+            with self.ddp.no_sync() if every else contextlib.nullcontext():
+                loss = F.cross_entropy(self.ddp(x[idx]), y[idx])
+                self.opt.zero_grad(set_to_none=False)
+                loss.backward()  # DDP: the gradients averaged over the workers
             self.opt.step()
             if step + 1 in average_after:
                 self.average_models(params)
@@ -521,17 +530,6 @@ class Worker(_Rank):
         for t in tensors:
             n = t.numel()
             t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
-
-    def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Averages the gradients over the workers (one flat all-reduce per step)."""
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=self.ctx.workers_group)
-        flat /= self.workers
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
     def gather_digest(self) -> None:
