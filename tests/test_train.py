@@ -493,3 +493,58 @@ def test_local_sgd_trains_the_same_model_whatever_the_scheme(tmp_path):
         assert all(r["allreduce_payload_bytes"] == averagings * 2 * model for r in rows)
         shas[scheme] = summary["final_params_sha256"]
     assert shas["cycles"] == shas["uncoded"]
+
+
+def _ddp_step(rank: int, world: int, steps: int) -> list[bytes]:
+    """A small model in DDP with the job's hook; every rank its own data. Returns the
+    gradients after each step (a second step runs on the buckets DDP rebuilt)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1)
+    order = {id(p): i for i, p in enumerate(model.parameters())}
+    ddp.register_comm_hook((None, order), shuffle_sgd.mean_in_model_order)
+    grads = []
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(9, 7, generator=gen), torch.randint(0, 3, (9,), generator=gen)
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        grads.append(b"".join(p.grad.numpy().tobytes() for p in model.parameters()))
+    dist.barrier()
+    return grads
+
+
+def _manual_mean_grads(world: int, steps: int) -> list[bytes]:
+    """The same steps without DDP: every rank's gradients, summed in rank order, / world."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    out = []
+    for step in range(steps):
+        per_rank = []
+        for rank in range(world):
+            gen = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(9, 7, generator=gen), torch.randint(0, 3, (9,), generator=gen)
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            per_rank.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        out.append(torch.stack(per_rank).sum(0) / world)
+    return [g.numpy().tobytes() for g in out]
+
+
+@pytest.mark.distributed
+def test_the_jobs_ddp_hook_averages_every_gradient_in_the_models_order():
+    """DDP with the job's communication hook: every rank ends each step with the mean of the
+    ranks' gradients (close to a plain sum; bit-identical across ranks), the first step and
+    the one after DDP rebuilt its buckets alike."""
+    from tests.ranks import run_ranks
+
+    world, steps = 3, 2
+    results = run_ranks(world, _ddp_step, steps)
+    assert all(r == results[0] for r in results)  # the same bits on every rank
+    want = _manual_mean_grads(world, steps)
+    for got, expected in zip(results[0], want, strict=True):
+        a, b = np.frombuffer(got, np.float32), np.frombuffer(expected, np.float32)
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -50,6 +50,29 @@ DIGEST_BYTES = 32
 META_FIELDS = 4  # features, classes, dropped points, epochs already done (int64 each)
 
 
+def mean_in_model_order(state: tuple[Any, dict[int, int]], bucket):
+    """DDP communication hook: the bucket's gradients averaged over the workers, laid out in
+    the model's parameter order for the all-reduce (gloo's sums depend on an element's place
+    in the buffer; DDP reorders a bucket after its first step, and anew after a restart).
+    ``bucket`` and the result are not annotated: DDP checks annotations as objects, and this
+    module's are strings."""
+    group, order = state
+    buffer, params = bucket.buffer(), bucket.parameters()
+    starts = np.concatenate([[0], np.cumsum([p.numel() for p in params])]).tolist()
+    ranked = sorted(range(len(params)), key=lambda i: order[id(params[i])])
+    flat = torch.cat([buffer[starts[i] : starts[i + 1]] for i in ranked])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    at = 0
+    for i in ranked:
+        n = starts[i + 1] - starts[i]
+        buffer[starts[i] : starts[i + 1]].copy_(flat[at : at + n])
+        at += n
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
 def averaging_steps(steps: int, every: int) -> list[int]:
     """The steps (1-based) after which local SGD averages the workers' models: every
     ``every`` steps and after the epoch's last (``every = 0``: none; gradients are averaged at
@@ -434,11 +457,19 @@ class Worker(_Rank):
         self.cs = self.coded_shuffle(None)
         self.k, self.q = self.ctx.worker, self.cs.settings.num_points // self.workers
         self.model = self.build_model(features, classes)
-        # DDP averages the gradients at every step (buffers stay each worker's own, as the
-        # models keep none that training changes)
+        # DDP averages the gradients at every step (no buffer synchronised at each forward:
+        # the models keep none that training changes), in one bucket reduced in the parameters'
+        # order: the same bits before and after DDP rebuilds its buckets, so a resumed job
+        # ends with the parameters of an unbroken one
+        model_mb = models.num_params(self.model) * 4 / 2**20
         self.ddp = DistributedDataParallel(
-            self.model, process_group=self.ctx.workers_group, broadcast_buffers=False
+            self.model,
+            process_group=self.ctx.workers_group,
+            forward_sync_buffers=False,
+            bucket_cap_mb=model_mb + 1,
         )
+        order = {id(p): i for i, p in enumerate(self.model.parameters())}
+        self.ddp.register_comm_hook((self.ctx.workers_group, order), mean_in_model_order)
         o = self.cfg.optim
         self.opt = torch.optim.SGD(
             self.model.parameters(),
