@@ -495,23 +495,31 @@ def test_local_sgd_trains_the_same_model_whatever_the_scheme(tmp_path):
     assert shas["cycles"] == shas["uncoded"]
 
 
+def _tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def _tiny_loss(model: torch.nn.Module, step: int, rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    x, y = torch.randn(9, 7, generator=gen), torch.randint(0, 3, (9,), generator=gen)
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
 def _ddp_step(rank: int, world: int, steps: int) -> list[bytes]:
     """A small model in DDP with the job's hook; every rank its own data. Returns the
     gradients after each step (a second step runs on the buckets DDP rebuilt)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model = _tiny_model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=1)
     order = {id(p): i for i, p in enumerate(model.parameters())}
     ddp.register_comm_hook((None, order), shuffle_sgd.mean_in_model_order)
     grads = []
     for step in range(steps):
-        gen = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(9, 7, generator=gen), torch.randint(0, 3, (9,), generator=gen)
         model.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        _tiny_loss(ddp, step, rank).backward()
         grads.append(b"".join(p.grad.numpy().tobytes() for p in model.parameters()))
     dist.barrier()
     return grads
@@ -519,16 +527,13 @@ def _ddp_step(rank: int, world: int, steps: int) -> list[bytes]:
 
 def _manual_mean_grads(world: int, steps: int) -> list[bytes]:
     """The same steps without DDP: every rank's gradients, summed in rank order, / world."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model = _tiny_model()
     out = []
     for step in range(steps):
         per_rank = []
         for rank in range(world):
-            gen = torch.Generator().manual_seed(100 * step + rank)
-            x, y = torch.randn(9, 7, generator=gen), torch.randint(0, 3, (9,), generator=gen)
             model.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            _tiny_loss(model, step, rank).backward()
             per_rank.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
         out.append(torch.stack(per_rank).sum(0) / world)
     return [g.numpy().tobytes() for g in out]
