@@ -16,6 +16,7 @@ every scheme yields bit-identical parameters (``final_params_sha256`` in ``summa
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -71,6 +72,17 @@ def mean_in_model_order(state: tuple[Any, dict[int, int]], bucket):
     done: torch.futures.Future = torch.futures.Future()
     done.set_result(buffer)
     return done
+
+
+def release_ddp(owner: Any) -> None:
+    """Frees ``owner.ddp`` now, while its process group is still registered.
+
+    Left to the end of the process, DDP's reducer would drop the last reference to the group:
+    the group's destructor then joins gloo's threads with the GIL held while one of them
+    frees a finished all-reduce that needs the GIL (launched from the autograd thread, it
+    carries Python thread-local state), and the process hangs at exit."""
+    owner.ddp = None
+    gc.collect()  # DDP's module and reducer can sit in reference cycles
 
 
 def averaging_steps(steps: int, every: int) -> list[int]:
@@ -489,6 +501,7 @@ class Worker(_Rank):
         finally:
             self.cs.close()
         self.gather_digest()
+        release_ddp(self)
 
     def resume(self, done: int) -> None:
         """After a restart: the own store restored (or re-placed), the master's checkpointed
