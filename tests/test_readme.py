@@ -308,3 +308,23 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
     assert chain[2:8] == ["0.970", "2", "3.00", "0.75", "2.00", "1.00"]  # 3 s / 4 s
     assert chain[-1] == "0.500"
     assert "not reached" in next(ln for ln in lines if "none/uncoded" in ln)
+
+
+def test_the_cifar10_line_composes():
+    """The README's CIFAR-10 line (torchvision is not a dependency here): its overrides compose
+    into the data set, test set and transform nodes that the ``dataset`` source builds."""
+    from train.compose import compose_argv
+
+    (line,) = [
+        line
+        for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+        if lang == "text"
+        for line in body.splitlines()
+        if "torchvision.datasets.CIFAR10" in line
+    ]
+    cfg, _ = compose_argv(shlex.split(line)[1:])
+    data = cfg.data
+    assert data.source == "dataset" and cfg.model.name == "cnn"
+    assert data.dataset._target_ == data.test_dataset._target_ == "torchvision.datasets.CIFAR10"
+    assert data.dataset.transform._target_ == "torchvision.transforms.PILToTensor"
+    assert data.test_dataset.train is False and data.dataset.download is True

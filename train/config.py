@@ -80,6 +80,32 @@ class FileConf:
 
 
 @dataclass
+class DatasetConf:
+    _target_: str = "train.data.DatasetSource"
+    source: str = "dataset"
+    """Any map-style Dataset that Hydra can instantiate; records keep the items' dtypes."""
+    dataset: Any = field(default_factory=lambda: {"_target_": "train.data.DigitsImages"})
+    """The training set: _target_ (a Dataset class) and its arguments."""
+    test_dataset: Any = None
+    """The test set the master evaluates on (null: test_fraction of data.dataset)."""
+    test_fraction: float = 0.2
+    """Share of data.dataset held out when test_dataset is null, in (0, 1)."""
+    input_key: str | None = None
+    """Dict items: the model's input (null: the one key besides label_key)."""
+    label_key: str = "label"
+    """Dict items: the integer class label."""
+    transform: Any = field(default_factory=lambda: {"_target_": "train.data.ToFloat"})
+    """Decoded inputs (n, ...) -> the model's floats, on the worker and for the master's test
+    split (null: none). The default ToFloat takes +data.transform.scale (null: 1/255 for uint8),
+    .mean, .std; ++data.transform={_target_:pkg.fn,_partial_:true} for an own function."""
+    normalise: bool = False
+    """Unused: inputs move as the items hold them (data.transform scales them)."""
+    placement: str = "random"
+    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
+    shards)."""
+
+
+@dataclass
 class LogRegConf:
     _target_: str = "train.models.logreg"
     name: str = "logreg"
@@ -235,7 +261,12 @@ class Config:
 
 
 SCHEMAS: dict[str, dict[str, type]] = {
-    "data": {"digits": DigitsConf, "synthetic": SyntheticConf, "file": FileConf},
+    "data": {
+        "digits": DigitsConf,
+        "synthetic": SyntheticConf,
+        "file": FileConf,
+        "dataset": DatasetConf,
+    },
     "model": {"logreg": LogRegConf, "mlp": MLPConf, "cnn": CNNConf},
     "optim": {"sgd": SGDConf},
     "job": {

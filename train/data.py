@@ -1,18 +1,24 @@
-"""Data sources of the training jobs (docs/model.md).
+"""Data sources of the training jobs (docs/model.md, docs/training.md "Your own data set").
 
-The job hands the training split to :class:`~coded_shuffle.CodedShuffle` as float32 features
-and an int32 label per point: a record of ``4 * features + 4`` bytes
-(:mod:`coded_shuffle.codec.records`). ``N`` is trimmed to a multiple of the number of workers (the
-run logs the drop).
+The job hands the training split to :class:`~coded_shuffle.CodedShuffle` as an input tensor and
+an integer label per point (:mod:`coded_shuffle.codec.records`). ``N`` is trimmed to a multiple
+of the number of workers (the run logs the drop).
 
 Sources: ``digits`` (scikit-learn's bundled 8x8 digits, no download), ``synthetic`` (Gaussian
 classes with size knobs, for scale runs) and ``file`` (``.npz`` or ``.pt`` with ``X`` and
-``y``, optionally ``X_test`` and ``y_test``).
+``y``, optionally ``X_test`` and ``y_test``) move float32 features and an int32 label: a
+record of ``4 * features + 4`` bytes. ``dataset`` takes any map-style ``Dataset`` that Hydra can
+instantiate and keeps its items' dtypes (``uint8`` images move as ``uint8``): a record is
+exactly the item's bytes, and ``data.transform`` turns the decoded inputs into the model's
+floats on the worker (and on the master for its test split).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +27,16 @@ import torch
 
 from coded_shuffle.errors import UsageError
 
-SOURCES = ("digits", "synthetic", "file")
-LABEL_BYTES = 4
+log = logging.getLogger("train")
+
+SOURCES = ("digits", "synthetic", "file", "dataset")
+LABEL_BYTES = 4  # the int32 label of the array sources
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 @dataclass(frozen=True)
@@ -30,20 +44,32 @@ class DataInfo:
     """What the launcher checks before any process starts."""
 
     train_points: int  # before trimming to a multiple of the workers
-    features: int
+    features: int  # the model's inputs per point (after ``data.transform``)
     classes: int
+    record_bytes: int = 0  # bytes one point moves as (0: the array sources' 4 d + 4)
+    shape: tuple[int, ...] = ()  # one model input's shape (empty: ``(features,)``)
+
+    @property
+    def point_bytes(self) -> int:
+        return self.record_bytes or record_bytes(self.features)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.shape or (self.features,)
 
 
 @dataclass(frozen=True)
 class DataSet:
-    """The master's data: the (trimmed) training split and the held-out test split."""
+    """The master's data: the (trimmed) training split and the held-out test split, as the
+    records will carry them (inputs in the items' dtype and shape, integer labels)."""
 
-    x_train: np.ndarray  # (N, d) float32
-    y_train: np.ndarray  # (N,) int64
-    x_test: np.ndarray
-    y_test: np.ndarray
+    x_train: torch.Tensor  # (N, *item shape)
+    y_train: torch.Tensor  # (N,) integer labels (int32 for the array sources)
+    x_test: torch.Tensor
+    y_test: torch.Tensor  # int64
     classes: int
     dropped: int  # training points trimmed so that the workers divide N
+    transform: Transform = field(default=_identity)  # decoded inputs -> the model's floats
 
     @property
     def num_points(self) -> int:
@@ -51,21 +77,33 @@ class DataSet:
 
     @property
     def features(self) -> int:
-        return int(self.x_train.shape[1])
+        return int(np.prod(self.input_shape))
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One model input's shape: the transform's output for one item."""
+        return tuple(self.transform(self.x_train[:1]).shape[1:])
 
 
 def record_bytes(features: int) -> int:
-    """Bytes of one record: float32 features and an int32 label."""
+    """Bytes of one record of the array sources: float32 features and an int32 label."""
     return 4 * features + LABEL_BYTES
 
 
 def source_of(cfg: Any) -> Source:
-    """The configured data source, built by Hydra's ``instantiate`` from ``data._target_``."""
+    """The configured data source, built by Hydra's ``instantiate`` from ``data._target_``
+    (not recursively: the ``dataset`` source instantiates its own parts, each error in one
+    line)."""
     from hydra.utils import instantiate
 
     if "_target_" not in cfg:
         raise UsageError(f"data: no _target_; valid sources: {', '.join(SOURCES)}")
-    return instantiate(cfg)
+    return instantiate(cfg, _recursive_=False)
+
+
+def transform_of(cfg: Any) -> Transform:
+    """``data.transform`` of the configured source, as the workers apply it after decoding."""
+    return source_of(cfg).input_transform()
 
 
 def describe(cfg: Any) -> DataInfo:
@@ -76,6 +114,8 @@ def describe(cfg: Any) -> DataInfo:
 def load(cfg: Any, workers: int, seed: int) -> DataSet:
     """The configured data set, split, normalised and trimmed to a multiple of ``workers``."""
     source = source_of(cfg)
+    if isinstance(source, DatasetSource):
+        return source.load(workers, seed)
     x, y, x_test, y_test = source.raw(seed)
     classes = int(max(y.max(), -1 if y_test is None else y_test.max())) + 1
     if x_test is None:
@@ -87,10 +127,10 @@ def load(cfg: Any, workers: int, seed: int) -> DataSet:
         x, x_test = _standardise(x, x_test)
     keep = x.shape[0] - x.shape[0] % workers if workers >= 1 else x.shape[0]
     return DataSet(
-        x_train=np.ascontiguousarray(x[:keep], dtype=np.float32),
-        y_train=np.ascontiguousarray(y[:keep], dtype=np.int64),
-        x_test=np.ascontiguousarray(x_test, dtype=np.float32),
-        y_test=np.ascontiguousarray(y_test, dtype=np.int64),
+        x_train=torch.from_numpy(np.ascontiguousarray(x[:keep], dtype=np.float32)),
+        y_train=torch.from_numpy(np.ascontiguousarray(y[:keep], dtype=np.int32)),
+        x_test=torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.float32)),
+        y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
         classes=classes,
         dropped=int(x.shape[0] - keep),
     )
@@ -114,6 +154,10 @@ class Source:
 
     def raw(self, seed: int) -> Arrays:
         raise NotImplementedError
+
+    def input_transform(self) -> Transform:
+        """What turns decoded inputs into the model's floats (the array sources: nothing)."""
+        return _identity
 
     def test_count(self, n: int) -> int:
         if not 0.0 < self.test_fraction < 1.0:
@@ -228,3 +272,283 @@ def _xy(arrays: dict, xk: str, yk: str, path: Path) -> tuple[np.ndarray, np.ndar
     if y.size and y.min() < 0:
         raise UsageError(f"{path}: label {int(y.min())} out of range (labels must be >= 0)")
     return x, y.astype(np.int64)
+
+
+# --- any map-style Dataset (data=dataset) ----------------------------------------------------
+
+PROGRESS_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class ToFloat:
+    """The default ``data.transform``: ``(x * scale - mean) / std`` in float32, on a batch.
+
+    ``scale`` null: ``1/255`` for ``uint8`` inputs (images to [0, 1]), 1 otherwise."""
+
+    scale: float | None = None
+    mean: float = 0.0
+    std: float = 1.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.scale if self.scale is not None else (1 / 255 if x.dtype == torch.uint8 else 1)
+        return (x.to(torch.float32) * float(scale) - float(self.mean)) / float(self.std)
+
+
+class DigitsImages(torch.utils.data.Dataset):
+    """scikit-learn's 8x8 digits as a map-style ``Dataset`` of ``(uint8 image (1, 8, 8), int
+    label)`` items, grey levels 0..16 stretched to 0..255: what a user's image set looks like
+    (``data=dataset``'s default; a record is 64 + 8 bytes). ``train`` null: all 1797 images;
+    true / false: a ``test_fraction`` split by ``seed`` (the training or the test part)."""
+
+    def __init__(
+        self, train: bool | None = None, test_fraction: float = 0.2, seed: int = 0
+    ) -> None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = np.rint(digits.images * (255 / 16)).astype(np.uint8)[:, None]
+        order = np.random.default_rng(seed).permutation(len(images))
+        n_test = round(len(images) * test_fraction)
+        keep = order if train is None else order[n_test:] if train else order[:n_test]
+        self.images, self.labels = torch.from_numpy(images[keep]), digits.target[keep].tolist()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images[i], self.labels[i]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSource(Source):
+    """Any map-style ``Dataset`` that Hydra instantiates from ``data.dataset._target_`` (and
+    ``data.test_dataset``, else ``test_fraction`` of the items are held out). Items are
+    ``(input, label)`` or dicts of tensors (``input_key``, ``label_key``); every input has item
+    0's shape and dtype, every label is a non-negative integer. Records keep the dtypes."""
+
+    dataset: Any
+    test_dataset: Any = None
+    input_key: str | None = None
+    label_key: str = "label"
+    transform: Any = None
+    normalise: bool = False  # inputs move as they are: data.transform scales them
+
+    def input_transform(self) -> Transform:
+        """``data.transform`` instantiated (null: the inputs as they are)."""
+        if not self.transform:
+            return _identity
+        fn = _instantiate(self.transform, "data.transform")
+        if not callable(fn):
+            raise UsageError(f"data.transform: {type(fn).__name__} is not callable")
+        return fn
+
+    def items(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Every item's input and label, checked (one line naming the first bad item)."""
+        x, y = self._read(_instantiate(self.dataset, "data.dataset"), "data.dataset")
+        if not self.test_dataset:
+            return x, y, None, None
+        x_test, y_test = self._read(
+            _instantiate(self.test_dataset, "data.test_dataset"), "data.test_dataset"
+        )
+        if (x_test.shape[1:], x_test.dtype) != (x.shape[1:], x.dtype):
+            raise UsageError(
+                f"data.test_dataset: inputs {tuple(x_test.shape[1:])} {x_test.dtype}, "
+                f"data.dataset's are {tuple(x.shape[1:])} {x.dtype}: they must match"
+            )
+        return x, y, x_test, y_test
+
+    def describe(self) -> DataInfo:
+        x, y, x_test, y_test = self.items()
+        shape = self._model_shape(x)
+        labels = y if y_test is None else torch.cat([y.long(), y_test.long()])
+        train = x.shape[0] if x_test is not None else x.shape[0] - self.test_count(x.shape[0])
+        return DataInfo(
+            train_points=int(train),
+            features=int(np.prod(shape)),
+            classes=int(labels.max()) + 1,
+            record_bytes=_row_bytes(x) + y.element_size(),
+            shape=shape,
+        )
+
+    def load(self, workers: int, seed: int) -> DataSet:
+        x, y, x_test, y_test = self.items()
+        self._model_shape(x)
+        if x_test is None:
+            order = torch.from_numpy(np.random.default_rng([seed, 7]).permutation(x.shape[0]))
+            test, train = order[: self.test_count(x.shape[0])], order[self.test_count(x.shape[0]) :]
+            x, y, x_test, y_test = x[train], y[train], x[test], y[test]
+        assert y_test is not None
+        keep = x.shape[0] - x.shape[0] % workers if workers >= 1 else x.shape[0]
+        return DataSet(
+            x_train=x[:keep].contiguous(),
+            y_train=y[:keep].contiguous(),
+            x_test=x_test,
+            y_test=y_test.long(),
+            classes=int(max(int(y.max()), int(y_test.max()))) + 1,
+            dropped=int(x.shape[0] - keep),
+            transform=self.input_transform(),
+        )
+
+    def _model_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The transform's output shape for one item; :class:`UsageError` unless it gives
+        floating-point tensors."""
+        try:
+            out = self.input_transform()(x[:1].clone())
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"data.transform failed on item 0: {_first_line(exc)}") from None
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UsageError(
+                f"data.transform must return a floating-point tensor for the model, got {got} "
+                "(the default train.data.ToFloat converts)"
+            )
+        if out.ndim < 2 or out.shape[0] != 1:
+            raise UsageError(
+                f"data.transform maps a batch (n, ...) to (n, ...); for 1 item it gave "
+                f"shape {tuple(out.shape)}"
+            )
+        return tuple(int(s) for s in out.shape[1:])
+
+    def _read(self, dataset: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """All items as two columns: inputs ``(n, *shape)`` in their dtype, labels ``(n,)``."""
+        try:
+            n = len(dataset)
+        except TypeError:
+            raise UsageError(
+                f"{what}: a {type(dataset).__name__} has no len(): a map-style Dataset is needed"
+            ) from None
+        if n < 1:
+            raise UsageError(f"{what} is empty: it needs at least one item per worker")
+        columns = getattr(dataset, "tensors", None)
+        if isinstance(columns, tuple | list) and len(columns) == 2:  # a TensorDataset
+            x0, y0 = self._item(dataset[0], 0, what)
+            xs, ys = columns[0], columns[1]
+            if xs.shape[1:] != x0.shape or ys.ndim != 1:
+                raise UsageError(f"{what}: columns of shapes {xs.shape}, {ys.shape}")
+            _check_labels(ys, what)
+            return xs.contiguous(), ys.contiguous()
+        x0, y0 = self._item(dataset[0], 0, what)
+        xs = torch.empty((n, *x0.shape), dtype=x0.dtype)
+        ys = torch.empty(n, dtype=y0.dtype)
+        last = time.perf_counter()
+        for i in range(n):
+            x, y = (x0, y0) if i == 0 else self._item(dataset[i], i, what)
+            if x.shape != x0.shape or x.dtype != x0.dtype:
+                raise UsageError(
+                    f"{what}: item {i} has input {tuple(x.shape)} {x.dtype}, item 0 "
+                    f"{tuple(x0.shape)} {x0.dtype}: every input needs the same shape and dtype"
+                )
+            if y.dtype != y0.dtype:
+                raise UsageError(f"{what}: item {i} has a {y.dtype} label, item 0 a {y0.dtype} one")
+            xs[i], ys[i] = x, y
+            if time.perf_counter() - last > PROGRESS_SECONDS:
+                last = time.perf_counter()
+                log.info(f"  ... {what}: read {i + 1:,} of {n:,} items")
+        return xs, ys
+
+    def _item(self, item: Any, i: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """An item's input tensor and its label as a 0-d integer tensor."""
+        if isinstance(item, dict):
+            if self.label_key not in item:
+                raise UsageError(
+                    f"{what}: item {i} has keys {sorted(item)}, no label key "
+                    f"{self.label_key!r} (set data.label_key)"
+                )
+            inputs = [k for k in item if k != self.label_key]
+            key = self.input_key
+            if key is None:
+                if len(inputs) != 1:
+                    raise UsageError(
+                        f"{what}: item {i} has input keys {sorted(inputs)}: "
+                        "set data.input_key to one of them"
+                    )
+                key = inputs[0]
+            if key not in item:
+                raise UsageError(f"{what}: item {i} has keys {sorted(item)}, no {key!r}")
+            x, label = item[key], item[self.label_key]
+        elif isinstance(item, tuple | list) and len(item) == 2:
+            x, label = item
+        else:
+            kind = f"a {len(item)}-tuple" if isinstance(item, tuple | list) else type(item).__name__
+            raise UsageError(
+                f"{what}: item {i} is {kind}: items must be (input, label) or dicts of tensors"
+            )
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
+        if not isinstance(x, torch.Tensor):
+            raise UsageError(
+                f"{what}: item {i}'s input is a {type(x).__name__}, not a tensor (a "
+                "torchvision set needs transform=torchvision.transforms.PILToTensor)"
+            )
+        return x, _label(label, i, what)
+
+
+def _label(value: Any, i: int, what: str) -> torch.Tensor:
+    """A label as a 0-d tensor of its own integer dtype (Python ints: int64)."""
+    if isinstance(value, np.generic | np.ndarray):
+        value = torch.from_numpy(np.asarray(value))
+    if isinstance(value, torch.Tensor):
+        if (
+            value.numel() != 1
+            or value.is_floating_point()
+            or value.is_complex()
+            or (value.dtype == torch.bool)
+        ):
+            raise UsageError(
+                f"{what}: item {i}'s label is a {value.dtype} tensor of shape "
+                f"{tuple(value.shape)}: labels must be single integers"
+            )
+        value = value.reshape(())
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = torch.tensor(value, dtype=torch.int64)
+    else:
+        raise UsageError(
+            f"{what}: item {i}'s label {value!r} ({type(value).__name__}) is not an integer "
+            "class label"
+        )
+    if int(value) < 0:
+        raise UsageError(f"{what}: item {i}'s label {int(value)} is negative (labels are >= 0)")
+    return value
+
+
+def _check_labels(labels: torch.Tensor, what: str) -> None:
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise UsageError(f"{what}: labels are {labels.dtype}: they must be integers")
+    if labels.numel() and int(labels.min()) < 0:
+        i = int(labels.argmin())
+        raise UsageError(f"{what}: item {i}'s label {int(labels[i])} is negative (labels >= 0)")
+
+
+def _row_bytes(x: torch.Tensor) -> int:
+    return int(np.prod(x.shape[1:], dtype=np.int64)) * x.element_size()
+
+
+def _instantiate(node: Any, key: str) -> Any:
+    """``node`` (a config with ``_target_``) instantiated; one line for a missing or
+    unimportable target and for a constructor that fails."""
+    from hydra.utils import get_object, instantiate
+    from omegaconf import DictConfig
+
+    if not isinstance(node, DictConfig | dict) or "_target_" not in node:
+        raise UsageError(f"{key} needs a _target_ (e.g. {key}._target_=pkg.module.Class)")
+    target = str(node["_target_"])
+    try:
+        get_object(target)
+    except Exception:
+        raise UsageError(
+            f"{key}._target_={target!r} cannot be imported (no such module or attribute)"
+        ) from None
+    try:
+        return instantiate(node)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        if isinstance(cause, UsageError):
+            raise cause from None
+        raise UsageError(f"{key}: {target}(...) failed: {_first_line(cause)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

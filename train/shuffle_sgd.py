@@ -85,6 +85,12 @@ def release_ddp(owner: Any) -> None:
     gc.collect()  # DDP's module and reducer can sit in reference cycles
 
 
+def model_inputs(transform: data.Transform, x: torch.Tensor) -> torch.Tensor:
+    """Decoded inputs ``(n, *item shape)`` as the model reads them: ``data.transform`` (the
+    array sources: none), one float32 row per point."""
+    return transform(x).reshape(x.shape[0], -1).to(torch.float32)
+
+
 def averaging_steps(steps: int, every: int) -> list[int]:
     """The steps (1-based) after which local SGD averages the workers' models: every
     ``every`` steps and after the epoch's last (``every = 0``: none; gradients are averaged at
@@ -162,12 +168,12 @@ def validate(cfg: Any) -> None:
             f"data.source={cfg.data.source} (valid: 1..{info.train_points})"
         )
     points = info.train_points - info.train_points % workers
-    scheme = get_scheme(str(cfg.scheme.name), data.record_bytes(info.features))
+    scheme = get_scheme(str(cfg.scheme.name), info.point_bytes)
     if not 1 <= float(cfg.storage) <= workers:
         raise UsageError(f"storage={cfg.storage} out of range 1..{workers} (workers)")
     scheme.check(points, workers, float(cfg.storage))
     scheme.check_point_bytes(workers, float(cfg.storage))
-    models.check(cfg.model, info.features)
+    models.check(cfg.model, info.input_shape)
     if float(cfg.optim.lr) <= 0:
         raise UsageError(f"optim.lr={cfg.optim.lr} out of range (must be > 0)")
     if int(cfg.optim.get("average_every", 0)) < 0:
@@ -245,9 +251,11 @@ class _Rank:
         if momentum.numel():
             dist.broadcast(momentum, src=0)
 
-    def build_model(self, features: int, classes: int) -> torch.nn.Module:
+    def build_model(self, shape: tuple[int, ...], classes: int) -> torch.nn.Module:
+        """The model for inputs of ``shape`` (after ``data.transform``), the same on every
+        rank."""
         torch.manual_seed(self.seed)
-        return models.build(self.cfg.model, features, classes)
+        return models.build(self.cfg.model, shape, classes)
 
     def begin(self, epoch: int) -> None:
         die_if_asked(self.cfg, self.ctx.rank, epoch)
@@ -275,14 +283,14 @@ class Master(_Rank):
         saved = checkpoint.load(self.ctx.run_dir, self.cfg) if self.checkpointing else None
         done = int(saved["epoch"]) if saved else 0
         self.meta([ds.features, ds.classes, ds.dropped, done])
-        train = TensorDataset(
-            torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train.astype(np.int32))
-        )  # float32 features and an int32 label: records of 4 d + 4 bytes
+        # records of the inputs' and labels' own bytes (the array sources: float32 features
+        # and an int32 label, 4 d + 4 bytes; data=dataset: the items' dtypes)
+        train = TensorDataset(ds.x_train, ds.y_train)
         self.cs = self.coded_shuffle(train)
         self.cs.before_send = self.corrupt_if_asked
         self.n, self.b = self.cs.settings.num_points, self.cs.settings.layout.record_bytes
-        self.model = self.build_model(ds.features, ds.classes)
-        self.x_test, self.y_test = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
+        self.model = self.build_model(ds.input_shape, ds.classes)
+        self.x_test, self.y_test = model_inputs(ds.transform, ds.x_test), ds.y_test
         del ds, train  # the coded shuffle holds the training split as records
         self.writer = MetricsWriter(self.ctx.run_dir, self.epochs, bool(self.cfg.tensorboard))
         self.steps = math.ceil(self.n // self.workers / int(self.cfg.optim.batch_size))
@@ -465,10 +473,13 @@ class Worker(_Rank):
     """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
 
     def run(self) -> None:
-        features, classes, _, done = self.meta()
+        _, classes, _, done = self.meta()
         self.cs = self.coded_shuffle(None)
         self.k, self.q = self.ctx.worker, self.cs.settings.num_points // self.workers
-        self.model = self.build_model(features, classes)
+        self.transform = data.transform_of(self.cfg.data)
+        item = self.cs.settings.layout.fields[0]
+        one = torch.zeros((1, *item.shape), dtype=item.torch_dtype)
+        self.model = self.build_model(tuple(self.transform(one).shape[1:]), classes)
         # DDP averages the gradients at every step (no buffer synchronised at each forward:
         # the models keep none that training changes), in one bucket reduced in the parameters'
         # order: the same bits before and after DDP rebuilds its buckets, so a resumed job
@@ -528,7 +539,7 @@ class Worker(_Rank):
 
     def train(self, epoch: int, batch: LocalBatch) -> None:
         """One epoch of synchronous SGD over the own batch; worker 0 sends the result."""
-        x, y = batch.tensors[0], batch.tensors[1].long()
+        x, y = model_inputs(self.transform, batch.tensors[0]), batch.tensors[1].long()
         order = torch.from_numpy(minibatch_order(self.seed, epoch, self.k, self.q))
         size = int(self.cfg.optim.batch_size)
         params = list(self.model.parameters())
