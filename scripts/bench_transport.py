@@ -20,7 +20,10 @@ one table row per run:
   epochs; ``cpu_seconds_per_gb_max``);
 * ``cpu use``: the hosts' CPU seconds in the delivery summed, over the delivery's seconds times
   the machine's cores (1.00: every core busy with the data path); ``bound`` says ``cpu`` where
-  that share, or one host's own, is at least 0.85, else ``net``.
+  that share, or one host's own, is at least 0.85, else ``net``;
+* with ``--predict``: ``predicted`` seconds from ``coded-shuffle predict``'s cost model for the
+  same cluster (a switch, this MTU, the 14 framing bytes per frame that ``tc`` counts; the load
+  planned on its own random shuffle, not read from the run) and ``pred/meas``.
 
 Needs root (network namespaces). ``--plot FILE`` draws the delivery times. ``--cpu-hog``
 runs a CPU-bound process beside the cluster for every run (the busy-machine case).
@@ -166,8 +169,32 @@ HEADER = (
 )
 
 
-def table(results: list[Result]) -> list[str]:
-    lines = [HEADER, "-" * len(HEADER)]
+def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
+    """``coded-shuffle predict``'s seconds for this row's cluster (the emulation: a switch,
+    ``tc`` counting 14 framing bytes per frame)."""
+    from coded_shuffle.costs.model import Network, seconds
+    from coded_shuffle.costs.rates import parse_rate
+    from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
+    from coded_shuffle.tools.predict import Cluster, planned_load
+
+    key = (res.workers, res.scheme)
+    if key not in _LOADS:
+        points = args.points - args.points % res.workers
+        cluster = Cluster(res.workers, points, 4 * args.features + 4, scheme=res.scheme)
+        _LOADS[key] = planned_load(cluster)
+    rate = parse_rate(args.rate)
+    net = Network("switch", rate, rate, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
+    traffic = _LOADS[key].traffic
+    stream = traffic.uncoded_bytes if res.scheme == "uncoded" else traffic.coded_bytes
+    return seconds(res.transport, stream, traffic, net)
+
+
+_LOADS: dict = {}
+
+
+def table(results: list[Result], args: argparse.Namespace) -> list[str]:
+    header = HEADER + (f" {'predicted':>9s} {'pred/meas':>9s}" if args.predict else "")
+    lines = [header, "-" * len(header)]
     for k in sorted({r.workers for r in results}):
         mine = [r for r in results if r.workers == k]
         base = next(r for r in mine if (r.scheme, r.transport) == ("uncoded", "unicast"))
@@ -183,6 +210,11 @@ def table(results: list[Result]) -> list[str]:
                 f"{r.median('network_bytes') / 1e6:10.1f} {model_deviation(r):6.2f}% "
                 f"{nic_ratio(r):9.3f} {r.median('cpu_seconds_per_gb_max'):8.2f} "
                 f"{machine:7.2f} {bound:>5s}"
+                + (
+                    f" {(p := predicted_seconds(args, r)):9.3f} {p / seconds:9.2f}"
+                    if args.predict
+                    else ""
+                )
             )
     return lines
 
@@ -280,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--loopback", action="store_true", help="no tc: transports against raw TCP, locally"
     )
+    parser.add_argument(
+        "--predict", action="store_true", help="predicted seconds (coded-shuffle predict) too"
+    )
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 3, 4, 5])
     parser.add_argument("--loopback-mbytes", type=float, default=200.0)
     parser.add_argument("--point-bytes", type=int, default=2004, help="loopback row size")
@@ -303,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         for scheme, transport in combos:
             results.append(run_one(args, k, scheme, transport))
             print(f"  K={k} {scheme}/{transport}: done", file=sys.stderr, flush=True)
-    print("\n".join(table(results)))
+    print("\n".join(table(results, args)))
     if args.plot:
         plot(results, args.plot, args.rate)
         print(f"wrote {args.plot}")

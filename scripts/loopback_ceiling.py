@@ -24,13 +24,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES, framed_bytes
 from coded_shuffle.distributed.reports import HostCpu
 from coded_shuffle.distributed.transports import Link, Peer, Routes, build_transport
-from coded_shuffle.distributed.transports.framing import (
-    DEFAULT_CHUNK_BYTES,
-    KIND_PLACEMENT,
-    framed_bytes,
-)
+from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT
 
 TRANSPORTS = ("unicast", "chain", "tree")
 

@@ -1,5 +1,6 @@
 """The layering: the math (assignments, plans, states, schemes, bounds, the index decoder)
-imports and runs without torch, and no import inside a function hides a cycle."""
+and the cost model (``costs``) import and run without torch, and no import inside a function
+hides a cycle."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ MATH = [
     "math",
     "math.schemes",
     "errors",
+    *sorted(f"costs.{p.stem}" for p in (PACKAGE / "costs").glob("*.py") if p.stem != "__init__"),
+    "costs",
 ]
 # what each layer may import from the library (besides itself and coded_shuffle.errors)
 LAYERS = {
     "math": set(),
+    "costs": {"math"},
     "codec": {"math"},
-    "distributed": {"math", "codec"},
+    "distributed": {"math", "costs", "codec"},
     "elastic": {"math", "codec"},
-    "tools": {"math", "codec", "distributed", "elastic"},
+    "tools": {"math", "costs", "codec", "distributed", "elastic"},
 }
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec import programs as codec
-from coded_shuffle.distributed.transports.framing import framed_parts_bytes
+from coded_shuffle.costs.wire import framed_parts_bytes
 from coded_shuffle.math.index_decoder import WorkerProgram, decode_plan, decode_worker
 from coded_shuffle.math.plan import DeliveryPlan, Plan, byte_parts, subpoint_bytes
 

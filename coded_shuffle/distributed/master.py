@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec.programs import Encoder
+from coded_shuffle.costs.wire import framed_bytes
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
@@ -27,7 +28,6 @@ from coded_shuffle.distributed.transports.framing import (
     HEADER_BYTES,
     KIND_PLACEMENT,
     KIND_SYMBOLS,
-    framed_bytes,
 )
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes.base import Scheme

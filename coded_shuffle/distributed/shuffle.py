@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from coded_shuffle.codec import kernel
 from coded_shuffle.codec.records import LocalBatch, RecordLayout, check_labels, item_labels
+from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.context import EpochContext, ShuffleSettings
 from coded_shuffle.distributed.epochs import EpochChain, placement_points
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, is_peer_loss
@@ -42,7 +43,6 @@ from coded_shuffle.distributed.transports import (
     build_transport,
     transport_class,
 )
-from coded_shuffle.distributed.transports.framing import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.worker import WorkerSide
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches

@@ -60,6 +60,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--new", type=Path, help="next assignment (.npy), with --old")
     ev.add_argument("--json", action="store_true", help="one JSON object per line per transition")
+    pr = sub.add_parser(
+        "predict",
+        help="predict every transport's delivery seconds for a described cluster",
+        description="A coded and an uncoded epoch over every transport, from the transports' "
+        "cost models and the scheme's load on a random shuffle (docs/transports.md).",
+    )
+    pr.add_argument("--workers", "-K", type=int, required=True, help="number of workers K")
+    pr.add_argument("--points", "-N", type=int, required=True, help="points N (a multiple of K)")
+    pr.add_argument("--point-bytes", "-B", type=int, required=True, help="bytes per point")
+    pr.add_argument("--rate", required=True, help="every worker's NIC rate, e.g. 10gbit")
+    pr.add_argument("--master-rate", help="the master's NIC rate (default: --rate)")
+    pr.add_argument(
+        "--storage", "-T", type=float, default=1.0, help="storage per worker in batches, 1..K"
+    )
+    pr.add_argument("--scheme", default="cycles", help="the coded scheme (default cycles)")
+    pr.add_argument(
+        "--topology",
+        default="switch",
+        help="switch (full bisection, default) | shared (one medium) | uplink (a master "
+        "behind a slower link: --master-rate below --rate)",
+    )
+    pr.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
+    pr.add_argument("--chunk-bytes", type=int, default=256 << 10, help="payload per message")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--json", action="store_true", help="one JSON object per row")
     sub.add_parser("schemes", help="list the registered schemes")
     sub.add_parser("transports", help="list the registered transports")
     cl = sub.add_parser(
@@ -187,6 +212,40 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from coded_shuffle.costs.model import Network
+    from coded_shuffle.costs.rates import parse_rate
+    from coded_shuffle.tools.predict import Cluster, as_json, planned_load, predict, render
+
+    if args.scheme not in REGISTRY:
+        raise UsageError(f"unknown scheme {args.scheme!r}; valid: {', '.join(sorted(REGISTRY))}")
+    rate = parse_rate(args.rate, "--rate")
+    net = Network(
+        topology=args.topology,
+        rate=rate,
+        master_rate=parse_rate(args.master_rate, "--master-rate") if args.master_rate else rate,
+        mtu=args.mtu,
+    )
+    net.check()
+    cluster = Cluster(
+        workers=args.workers,
+        points=args.points,
+        point_bytes=args.point_bytes,
+        storage=args.storage,
+        scheme=args.scheme,
+        chunk_bytes=args.chunk_bytes,
+        seed=args.seed,
+    )
+    load = planned_load(cluster)
+    rows = predict(cluster, net, load)
+    if args.json:
+        for obj in as_json(cluster, net, load, rows):
+            print(json.dumps(obj))
+    else:
+        print("\n".join(render(cluster, net, load, rows)))
+    return 0
+
+
 def cmd_schemes(_: argparse.Namespace) -> int:
     for name in sorted(REGISTRY):
         print(f"{name:22s} {REGISTRY[name].summary}")
@@ -218,6 +277,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "evaluate": cmd_evaluate,
+    "predict": cmd_predict,
     "schemes": cmd_schemes,
     "transports": cmd_transports,
     "cluster": cmd_cluster,

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec import kernel
+from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
-from coded_shuffle.distributed.transports.framing import DEFAULT_CHUNK_BYTES
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import (
     batch_size,

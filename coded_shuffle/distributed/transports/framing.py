@@ -24,17 +24,18 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec.kernel import copy_rows
-from coded_shuffle.errors import UsageError, VerificationError
+from coded_shuffle.costs.wire import (  # the sizes, torch-free (re-exported: transports use them)
+    HEADER_BYTES,
+    HEADER_FORMAT,
+    message_ranges,
+)
+from coded_shuffle.errors import VerificationError
 
-# epoch u32, part u16, kind u16, first row u32, row count u32, row bytes u32, CRC-32 of payload
-HEADER = struct.Struct("<IHHIIII")
-HEADER_BYTES = HEADER.size  # 24
+HEADER = struct.Struct(HEADER_FORMAT)
 
 KIND_PLACEMENT = 1  # whole points of the first epoch's (uncoded) placement
 KIND_SYMBOLS = 2  # coded symbols of one byte part
 KIND_NAMES = {KIND_PLACEMENT: "placement", KIND_SYMBOLS: "symbols"}
-
-DEFAULT_CHUNK_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -64,35 +65,6 @@ class Header:
             f"epoch {self.epoch} part {self.part} {kind} rows {self.first}.."
             f"{self.first + self.count} x {self.row_bytes} B"
         )
-
-
-def rows_per_message(row_bytes: int, chunk_bytes: int) -> int:
-    """Rows in one message: as many as fit in ``chunk_bytes`` of payload (at least one)."""
-    if chunk_bytes < 1:
-        raise UsageError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    return max(1, chunk_bytes // max(row_bytes, 1))
-
-
-def message_ranges(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """``(first, count)`` of every message that carries ``num_rows`` rows (none if zero)."""
-    step = rows_per_message(row_bytes, chunk_bytes)
-    return [(a, min(step, num_rows - a)) for a in range(0, num_rows, step)]
-
-
-def message_sizes(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[int]:
-    """Wire bytes of every message of a stream of ``num_rows`` rows: header plus payload."""
-    ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
-    return [HEADER_BYTES + count * row_bytes for _, count in ranges]
-
-
-def framed_bytes(num_rows: int, row_bytes: int, chunk_bytes: int) -> int:
-    """Bytes of ``num_rows`` rows as messages: payload plus one header per message."""
-    return sum(message_sizes(num_rows, row_bytes, chunk_bytes))
-
-
-def framed_parts_bytes(rows: list[int], row_bytes: list[int], chunk_bytes: int) -> int:
-    """:func:`framed_bytes` summed over the parts of a delivery (one message stream each)."""
-    return sum(framed_bytes(n, b, chunk_bytes) for n, b in zip(rows, row_bytes, strict=True))
 
 
 def payload_checksum(payload: torch.Tensor) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from coded_shuffle.costs.wire import message_sizes
 from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
 from coded_shuffle.distributed.transports.framing import (
     Inbox,
@@ -25,7 +26,6 @@ from coded_shuffle.distributed.transports.framing import (
     RowSource,
     frame,
     message_ranges,
-    message_sizes,
 )
 
 

@@ -47,18 +47,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.rates import parse_rate
+from coded_shuffle.costs.wire import (
+    DGRAM_FORMAT,
+    DGRAM_HEADER_BYTES,
+    default_datagram_bytes,
+    wire_bytes,
+)
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
-from coded_shuffle.distributed.transports.rates import parse_rate
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError
 
-DGRAM = struct.Struct("<IIIHH")
-DGRAM_HEADER_BYTES = DGRAM.size  # 16
+DGRAM = struct.Struct(DGRAM_FORMAT)
 CONTROL_TAG = 0x6D63
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RCVBUF_BYTES = 64 << 20
-IP_UDP_BYTES = 28  # IPv4 + UDP header of a datagram
-FRAGMENT_BYTES = 34  # Ethernet + IPv4 header of every further fragment
 DEFAULT_GROUP = "239.255.77.77"
 DEFAULT_PORT = 29577
 POLL_SECONDS = 0.005
@@ -69,23 +72,6 @@ PACE_DOWN, PACE_UP, PACE_FLOOR = 0.75, 1.10, 1 / 16
 
 class MulticastUnavailable(UsageError):
     """The host cannot send or receive IP multicast on the configured interface."""
-
-
-def wire_bytes(datagram: int, mtu: int) -> int:
-    """Bytes a datagram of ``datagram`` UDP payload bytes puts on an Ethernet link.
-
-    IPv4 fragments of at most ``mtu`` bytes, each with its own Ethernet and IP header.
-    """
-    ip_payload = datagram + 8
-    per_fragment = (mtu - 20) // 8 * 8
-    fragments = max(1, -(-ip_payload // per_fragment))
-    return ip_payload + fragments * FRAGMENT_BYTES
-
-
-def default_datagram_bytes(mtu: int) -> int:
-    """About four IPv4 fragments per datagram, between 8 KiB and 32 KiB: larger datagrams
-    cost the receivers less CPU, more fragments make a lost one costlier."""
-    return max(8192, min(32768, 4 * (mtu - 20 - 8 - DGRAM_HEADER_BYTES) // 8 * 8))
 
 
 def _interface(name: str | None) -> tuple[int, int]:

@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coded_shuffle.distributed.transports.rates import format_rate
+from coded_shuffle.costs.model import PACE_SHARE
+from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
 
 MASTER_PORT = 29500
-MULTICAST_SHARE = 0.99  # default pacing of multicast: this share of the slowest NIC
+MULTICAST_SHARE = PACE_SHARE  # default pacing of multicast: this share of the slowest NIC
 
 
 @dataclass

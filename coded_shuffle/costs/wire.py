@@ -1,0 +1,85 @@
+"""Sizes on the wire (no torch): message framing, TCP segments and IP-fragmented datagrams.
+
+The transports frame and count with these functions; the cost model (:mod:`.model`) predicts
+with the same ones.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from coded_shuffle.errors import UsageError
+
+# epoch u32, part u16, kind u16, first row u32, row count u32, row bytes u32, CRC-32 of payload
+HEADER_FORMAT = "<IHHIIII"
+HEADER_BYTES = struct.calcsize(HEADER_FORMAT)  # 24
+DEFAULT_CHUNK_BYTES = 256 << 10
+
+# multicast datagram header: session u32, stream u32, seq u32, round u16, flags u16
+DGRAM_FORMAT = "<IIIHH"
+DGRAM_HEADER_BYTES = struct.calcsize(DGRAM_FORMAT)  # 16
+IP_UDP_BYTES = 28  # IPv4 + UDP header of a datagram
+ETHERNET_HEADER_BYTES = 14  # what tc and the NIC counters count per frame
+ETHERNET_WIRE_BYTES = 38  # on a real link: header 14, FCS 4, preamble 8, inter-frame gap 12
+FRAGMENT_BYTES = ETHERNET_HEADER_BYTES + 20  # Ethernet + IPv4 header of every further fragment
+TCP_IP_BYTES = 52  # IPv4 20 + TCP 20 + timestamp option 12, per segment
+
+
+def rows_per_message(row_bytes: int, chunk_bytes: int) -> int:
+    """Rows in one message: as many as fit in ``chunk_bytes`` of payload (at least one)."""
+    if chunk_bytes < 1:
+        raise UsageError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    return max(1, chunk_bytes // max(row_bytes, 1))
+
+
+def message_ranges(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``(first, count)`` of every message that carries ``num_rows`` rows (none if zero)."""
+    step = rows_per_message(row_bytes, chunk_bytes)
+    return [(a, min(step, num_rows - a)) for a in range(0, num_rows, step)]
+
+
+def message_sizes(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[int]:
+    """Wire bytes of every message of a stream of ``num_rows`` rows: header plus payload."""
+    ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
+    return [HEADER_BYTES + count * row_bytes for _, count in ranges]
+
+
+def framed_bytes(num_rows: int, row_bytes: int, chunk_bytes: int) -> int:
+    """Bytes of ``num_rows`` rows as messages: payload plus one header per message (closed
+    form: as many headers as messages)."""
+    if num_rows <= 0:
+        return 0
+    return (
+        num_rows * row_bytes
+        + math.ceil(num_rows / rows_per_message(row_bytes, chunk_bytes)) * HEADER_BYTES
+    )
+
+
+def framed_parts_bytes(rows: list[int], row_bytes: list[int], chunk_bytes: int) -> int:
+    """:func:`framed_bytes` summed over the parts of a delivery (one message stream each)."""
+    return sum(framed_bytes(n, b, chunk_bytes) for n, b in zip(rows, row_bytes, strict=True))
+
+
+def tcp_wire_bytes(payload: float, mtu: int, frame: int = ETHERNET_HEADER_BYTES) -> float:
+    """Bytes a TCP stream of ``payload`` bytes puts on an Ethernet link: full segments of
+    ``mtu - 52`` bytes, each with its TCP/IP headers and ``frame`` bytes of framing."""
+    mss = mtu - TCP_IP_BYTES
+    return payload + math.ceil(payload / mss) * (TCP_IP_BYTES + frame)
+
+
+def wire_bytes(datagram: int, mtu: int, frame: int = ETHERNET_HEADER_BYTES) -> int:
+    """Bytes a datagram of ``datagram`` UDP payload bytes puts on an Ethernet link.
+
+    IPv4 fragments of at most ``mtu`` bytes, each with its own framing and IP header.
+    """
+    ip_payload = datagram + 8
+    per_fragment = (mtu - 20) // 8 * 8
+    fragments = max(1, -(-ip_payload // per_fragment))
+    return ip_payload + fragments * (frame + 20)
+
+
+def default_datagram_bytes(mtu: int) -> int:
+    """About four IPv4 fragments per datagram, between 8 KiB and 32 KiB: larger datagrams
+    cost the receivers less CPU, more fragments make a lost one costlier."""
+    return max(8192, min(32768, 4 * (mtu - 20 - 8 - DGRAM_HEADER_BYTES) // 8 * 8))

@@ -1,0 +1,185 @@
+"""``coded-shuffle predict``: every transport's delivery seconds for a described cluster, for a
+coded and an uncoded epoch (docs/transports.md, "Predictions"). No torch: the scheme plans a
+random reshuffle (the math layer), the framing and the transports' cost models
+(:mod:`coded_shuffle.costs`) turn its load into bytes and seconds.
+
+Where ``N`` is larger than :data:`PLAN_POINTS`, the load is planned on ``N' = K q'`` points
+(``q' = PLAN_POINTS // K`` per worker, the same ``K``) and its symbol counts scaled by
+``N / N'``: at fewer points per worker the coded share is higher (fewer long cycles), so the
+scaled load is an upper bound for the coded delivery (the output says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from coded_shuffle.costs.model import BROADCASTS, TRANSPORTS, Network, Traffic, master_bytes
+from coded_shuffle.costs.model import seconds as transport_seconds
+from coded_shuffle.costs.rates import format_rate
+from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES, framed_parts_bytes
+from coded_shuffle.errors import UsageError
+from coded_shuffle.math.assignment import batch_size, random_assignment
+from coded_shuffle.math.plan import byte_parts, plan_load, subpoint_bytes
+from coded_shuffle.math.schemes import get_scheme
+
+PLAN_POINTS = 1 << 17  # largest N planned as it is (K = 256: under a second)
+MAX_WORKERS = 4096
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The job: ``workers`` K, ``points`` N of ``point_bytes`` B, storage T, the scheme."""
+
+    workers: int
+    points: int
+    point_bytes: int
+    storage: float = 1.0
+    scheme: str = "cycles"
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    seed: int = 0
+
+    def check(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise UsageError(f"--workers {self.workers} out of range 1..{MAX_WORKERS}")
+        if self.points < 1:
+            raise UsageError(f"--points {self.points} out of range (must be >= 1)")
+        batch_size(self.points, self.workers)
+        if self.point_bytes < 1:
+            raise UsageError(f"--point-bytes {self.point_bytes} out of range (must be >= 1)")
+        if not 1 <= self.storage <= self.workers:
+            raise UsageError(f"--storage {self.storage:g} out of range 1..{self.workers}")
+        if self.chunk_bytes < 1:
+            raise UsageError(f"--chunk-bytes {self.chunk_bytes} out of range (must be >= 1)")
+
+
+@dataclass(frozen=True)
+class Load:
+    """One planned epoch, scaled to ``N``: its traffic and where it came from."""
+
+    traffic: Traffic
+    load_points: float  # the coded load in points (scaled)
+    uncoded_points: float
+    planned_points: int  # N' (= N when N <= PLAN_POINTS)
+
+
+def planned_load(cluster: Cluster) -> Load:
+    """The scheme's first transition on random shuffles of ``N'`` points (with excess
+    storage ``T > 1`` the second: its caches change with the deliveries), scaled."""
+    cluster.check()
+    k, n = cluster.workers, cluster.points
+    planned = n if n <= PLAN_POINTS else k * max(1, PLAN_POINTS // k)
+    scheme = get_scheme(cluster.scheme, cluster.point_bytes)
+    scheme.check(planned, k, cluster.storage)
+    scheme.check_point_bytes(k, cluster.storage)
+    rng = np.random.default_rng(cluster.seed)
+    state = scheme.initial_state(random_assignment(planned, k, rng), k, cluster.storage)
+    for _ in range(1 if cluster.storage == 1 else 2):
+        new = random_assignment(planned, k, rng)
+        plan = scheme.plan(state, new)
+        state = scheme.next_state(state, plan, new)
+    scale = n / planned
+    parts = byte_parts(cluster.point_bytes, plan.fractions)
+    sizes = [subpoint_bytes(b, p.splits) for p, b in zip(plan.plans, parts, strict=True)]
+    coded = [round(p.num_symbols * scale) for p in plan.plans]
+    uncoded = [round(p.uncoded_points * p.splits * scale) for p in plan.plans]
+    uncoded_points = sum(
+        p.uncoded_points * f for p, f in zip(plan.plans, plan.fractions, strict=True)
+    )
+    traffic = Traffic(
+        workers=k,
+        coded_bytes=framed_parts_bytes(coded, sizes, cluster.chunk_bytes),
+        uncoded_bytes=framed_parts_bytes(uncoded, sizes, cluster.chunk_bytes),
+    )
+    return Load(traffic, plan_load(plan) * scale, uncoded_points * scale, planned)
+
+
+@dataclass(frozen=True)
+class Row:
+    delivery: str  # coded | uncoded
+    transport: str
+    seconds: float
+    master_bytes: float
+    vs_best_uncoded: float
+
+
+def predict(cluster: Cluster, net: Network, load: Load | None = None) -> list[Row]:
+    """Every (delivery, transport) that can run: uncoded over all five, coded over the
+    broadcasts (unless the scheme is ``uncoded``)."""
+    net.check()
+    load = load or planned_load(cluster)
+    t = load.traffic
+    combos = [("uncoded", x, t.uncoded_bytes) for x in TRANSPORTS]
+    if cluster.scheme != "uncoded":
+        combos += [("coded", x, t.coded_bytes) for x in BROADCASTS]
+    timed = [(d, x, transport_seconds(x, s, t, net), s) for d, x, s in combos]
+    best = min(sec for d, _, sec, _ in timed if d == "uncoded")
+    return [Row(d, x, sec, master_bytes(x, s, t.workers), sec / best) for d, x, sec, s in timed]
+
+
+def render(cluster: Cluster, net: Network, load: Load, rows: list[Row]) -> list[str]:
+    """The human table and its verdict."""
+    t = load.traffic
+    master = "" if net.master_rate == net.rate else f", master {format_rate(net.master_rate)}"
+    lines = [
+        f"predicted delivery seconds of one epoch: K = {cluster.workers}, N = {cluster.points:,}"
+        f" points of {cluster.point_bytes} B, T = {cluster.storage:g}, scheme {cluster.scheme};"
+        f" {net.topology}, NICs {format_rate(net.rate)}{master}, MTU {net.mtu}",
+        f"load: coded {load.load_points:,.0f} points = {t.coded_bytes / 1e6:,.1f} MB, uncoded "
+        f"{load.uncoded_points:,.0f} points = {t.uncoded_bytes / 1e6:,.1f} MB "
+        f"(ratio {t.coded_bytes / t.uncoded_bytes:.3f})"
+        + (
+            f"; planned on a random shuffle of N' = {load.planned_points:,} points "
+            f"({load.planned_points // cluster.workers} per worker) and scaled: an upper bound "
+            "of the coded load"
+            if load.planned_points != cluster.points
+            else "; planned on a random shuffle"
+        ),
+        f"{'delivery':8s} {'transport':10s} {'master MB':>10s} {'seconds':>9s} "
+        f"{'vs best uncoded':>15s}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.delivery:8s} {r.transport:10s} {r.master_bytes / 1e6:10.1f} {r.seconds:9.3f} "
+            f"{r.vs_best_uncoded:15.2f}"
+        )
+    fastest = min(rows, key=lambda r: r.seconds)
+    best_uncoded = min((r for r in rows if r.delivery == "uncoded"), key=lambda r: r.seconds)
+    if fastest.delivery == "coded":
+        verdict = (
+            f"fastest: coded over {fastest.transport}, {fastest.seconds:.3f} s = "
+            f"{fastest.vs_best_uncoded:.2f}x the fastest uncoded ({best_uncoded.transport}, "
+            f"{best_uncoded.seconds:.3f} s)"
+        )
+    else:
+        coded = [r for r in rows if r.delivery == "coded"]
+        best_coded = min(coded, key=lambda r: r.seconds) if coded else None
+        verdict = f"fastest: uncoded over {fastest.transport}, {fastest.seconds:.3f} s" + (
+            f"; the best coded ({best_coded.transport}) takes {best_coded.vs_best_uncoded:.2f}x"
+            if best_coded
+            else ""
+        )
+    lines.append(verdict)
+    lines.append(
+        "(a prediction from the transports' cost models: network-bound, "
+        f"{net.overhead_seconds * 1e3:g} ms fixed per delivery; docs/transports.md)"
+    )
+    return lines
+
+
+def as_json(cluster: Cluster, net: Network, load: Load, rows: list[Row]) -> list[dict]:
+    """One object per row, with the cluster and the load beside it."""
+    head = {
+        **asdict(cluster),
+        "topology": net.topology,
+        "rate_bits": net.rate,
+        "master_rate_bits": net.master_rate,
+        "mtu": net.mtu,
+        "coded_bytes": load.traffic.coded_bytes,
+        "uncoded_bytes": load.traffic.uncoded_bytes,
+        "load_points": load.load_points,
+        "uncoded_points": load.uncoded_points,
+        "planned_points": load.planned_points,
+    }
+    return [{**head, **asdict(r)} for r in rows]
