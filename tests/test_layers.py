@@ -68,6 +68,10 @@ def test_the_math_imports_and_plans_without_torch():
                     decode_plan(part)
                 assert plan_load(plan) >= lower_bound(state, new)[0] - 1e-9, name
                 state = scheme.next_state(state, plan, new)
+        from coded_shuffle.costs.model import Network
+        from coded_shuffle.tools.predict import Cluster, predict  # the predict command's work
+
+        assert len(predict(Cluster(4, 40, 100), Network("shared", 1e9, 1e9))) == 8
         assert "torch" not in sys.modules
         print("planned", len(REGISTRY))
         """

@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -328,3 +329,25 @@ def test_the_cifar10_line_composes():
     assert data.dataset._target_ == data.test_dataset._target_ == "torchvision.datasets.CIFAR10"
     assert data.dataset.transform._target_ == "torchvision.transforms.PILToTensor"
     assert data.test_dataset.train is False and data.dataset.download is True
+
+
+def test_the_predict_example_prints_what_the_readme_shows(capsys):
+    """The README's ``coded-shuffle predict`` example and its output, line for line (the
+    prediction is deterministic: the same seed plans the same shuffle)."""
+    from coded_shuffle.tools import cli
+
+    (body,) = [b for _, b in re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+               if "$ coded-shuffle predict" in b]  # fmt: skip
+    lines = textwrap.dedent(body).strip().splitlines()
+    assert lines[0].startswith("$ coded-shuffle predict")
+    assert cli.main(shlex.split(lines[0][2:])[1:]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == lines[1:]
+
+
+def test_the_predicted_table_is_what_the_script_prints(workdir):
+    """``scripts/predict_table.py`` as the README runs it: every line of its table is in the
+    README (regenerated, not edited by hand)."""
+    command = next(c for c in commands(README) if c.startswith("python scripts/predict_table.py"))
+    out = run(command, workdir).stdout.strip().splitlines()
+    shown = {line.strip() for line in README.splitlines()}
+    assert len(out) == 9 and all(line.strip() in shown for line in out), out

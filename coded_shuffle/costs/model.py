@@ -65,6 +65,8 @@ class Network:
             )
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"mtu {self.mtu} out of range 576..65535")
+        if not 0 <= self.peer_seconds < 60:
+            raise UsageError(f"peer seconds {self.peer_seconds:g} out of range [0, 60)")
 
     def tcp(self, payload: float) -> float:
         return tcp_wire_bytes(payload, self.mtu, self.frame)

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         "behind a slower link: --master-rate below --rate)",
     )
     pr.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
+    pr.add_argument(
+        "--peer-seconds",
+        type=float,
+        default=None,
+        help="p2p: seconds per peer a worker exchanges with (default: calibrated on the "
+        "emulated cluster)",
+    )
     pr.add_argument("--chunk-bytes", type=int, default=256 << 10, help="payload per message")
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--json", action="store_true", help="one JSON object per row")
@@ -225,6 +232,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         rate=rate,
         master_rate=parse_rate(args.master_rate, "--master-rate") if args.master_rate else rate,
         mtu=args.mtu,
+        **({} if args.peer_seconds is None else {"peer_seconds": args.peer_seconds}),
     )
     net.check()
     cluster = Cluster(

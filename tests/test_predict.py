@@ -1,0 +1,151 @@
+"""``coded-shuffle predict`` and the cost model it evaluates (``coded_shuffle.costs``): the
+planned bytes are the bytes ``evaluate`` encodes, each transport's seconds follow its formula
+on each topology, large ``N`` is planned on fewer points and scaled, and bad values are one
+line each. (Measured against the emulated cluster: ``scripts/bench_transport.py --predict``.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle.costs import model, wire
+from coded_shuffle.costs.model import Network, Traffic, master_bytes, seconds
+from coded_shuffle.tools import cli, predict
+from coded_shuffle.tools.predict import Cluster, planned_load
+
+MB = 10**6
+
+
+@pytest.mark.parametrize(("scheme", "storage"), [("cycles", 1.0), ("attia-tandon", 1.0),
+                                                 ("uncoded", 1.0)])  # fmt: skip
+def test_the_planned_bytes_are_the_bytes_evaluate_encodes(scheme, storage):
+    """Same seed, same shuffles: the prediction's R_c and R_u are ``evaluate``'s framed
+    broadcast and uncoded bytes (which it encodes, decodes and verifies)."""
+    from coded_shuffle.tools.evaluate import Evaluation, run
+
+    k, n, b = 6, 600, 1000
+    (report,) = run(Evaluation(scheme, k, n, storage, epochs=1, seed=3, point_bytes=b))
+    load = planned_load(Cluster(k, n, b, storage, scheme, seed=3))
+    assert report.verified
+    assert load.traffic.coded_bytes == report.broadcast_bytes
+    assert load.planned_points == n
+    assert math.isclose(load.load_points, report.load_points)
+    assert math.isclose(load.uncoded_points, report.uncoded_points)
+
+
+def test_a_large_n_is_planned_on_fewer_points_and_scaled(monkeypatch):
+    exact = planned_load(Cluster(8, 8 * 400, 2004))
+    monkeypatch.setattr(predict, "PLAN_POINTS", 8 * 100)
+    scaled = planned_load(Cluster(8, 8 * 400, 2004))
+    assert scaled.planned_points == 800
+    t, e = scaled.traffic, exact.traffic
+    assert abs(t.uncoded_bytes / e.uncoded_bytes - 1) < 0.03
+    # fewer points per worker: a higher coded share (the output calls it an upper bound)
+    assert t.coded_bytes / t.uncoded_bytes > e.coded_bytes / e.uncoded_bytes - 0.01
+
+
+SWITCH = Network("switch", 400e6, 400e6, mtu=9000, frame=14)
+
+
+def test_each_transport_follows_its_formula_on_a_switch():
+    k, rc, ru = 4, 15 * MB, 30 * MB
+    traffic, over, b = Traffic(k, rc, ru), SWITCH.overhead_seconds, 50e6  # bytes/s
+    tcp = SWITCH.tcp
+    assert tcp(8948) == 8948 + 66 and tcp(8949) == 8949 + 2 * 66  # segments of MTU - 52
+    assert seconds("unicast", ru, traffic, SWITCH) == pytest.approx(tcp(ru) / b + over)
+    p2p = tcp(ru / k) / b + over + (k - 1) * SWITCH.peer_seconds
+    assert seconds("p2p", ru, traffic, SWITCH) == pytest.approx(p2p)
+    chain = tcp(rc) / b + (k - 1) * tcp(model.CHAIN_SEGMENT_BYTES) / b + over
+    assert seconds("chain", rc, traffic, SWITCH) == pytest.approx(chain)
+    assert seconds("tree", rc, traffic, SWITCH) == pytest.approx(3 * tcp(rc) / b + over)
+    d = wire.default_datagram_bytes(9000)
+    sent = math.ceil(rc / d) * wire.wire_bytes(16 + d, 9000)
+    multicast = sent / (model.PACE_SHARE * b) + over
+    assert seconds("multicast", rc, traffic, SWITCH) == pytest.approx(multicast)
+    assert [master_bytes(x, rc, k) for x in ("p2p", "tree", "chain")] == [0, 3 * rc, rc]
+
+
+def test_a_shared_medium_carries_every_hosts_sends_and_an_uplink_slows_the_master():
+    k, rc = 8, 10 * MB
+    traffic = Traffic(k, rc, 2 * rc)
+    shared = Network("shared", 400e6, 400e6, mtu=9000, frame=14)
+    one = shared.tcp(rc) / 50e6
+    assert seconds("chain", rc, traffic, shared) == pytest.approx(k * one + 0.02)
+    assert seconds("tree", rc, traffic, shared) == pytest.approx(k * one + 0.02)
+    assert seconds("multicast", rc, traffic, shared) == seconds("multicast", rc, traffic, SWITCH)
+    uplink = Network("uplink", 400e6, 100e6, mtu=9000, frame=14)
+    assert seconds("unicast", rc, traffic, uplink) == pytest.approx(4 * one + 0.02)
+    assert seconds("p2p", rc, traffic, uplink) == seconds("p2p", rc, traffic, SWITCH)
+
+
+def test_the_cost_models_constants_are_the_transports_defaults():
+    from coded_shuffle.distributed.transports.chain import ChainOptions
+    from coded_shuffle.distributed.transports.multicast import DGRAM
+    from coded_shuffle.tools.cluster.run import MULTICAST_SHARE
+
+    assert ChainOptions().segment_bytes == model.CHAIN_SEGMENT_BYTES
+    assert MULTICAST_SHARE == model.PACE_SHARE
+    assert DGRAM.size == wire.DGRAM_HEADER_BYTES
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(2, 40),
+    q=st.integers(1, 30),
+    b=st.integers(1, 5000),
+    topology=st.sampled_from(["switch", "shared", "uplink"]),
+)
+def test_every_prediction_is_positive_and_names_the_best_uncoded(k, q, b, topology):
+    net = Network(topology, 1e9, 1e8 if topology == "uplink" else 1e9)
+    rows = predict.predict(Cluster(k, k * q, b), net)
+    assert len(rows) == 8 and all(r.seconds > 0 and math.isfinite(r.seconds) for r in rows)
+    assert min(r.vs_best_uncoded for r in rows if r.delivery == "uncoded") == 1.0
+    coded = {r.transport: r for r in rows if r.delivery == "coded"}
+    uncoded = {r.transport: r for r in rows if r.delivery == "uncoded"}
+    for x in ("chain", "multicast", "tree"):  # fewer bytes, no more seconds
+        if coded[x].master_bytes <= uncoded[x].master_bytes:
+            assert coded[x].seconds <= uncoded[x].seconds + 1e-12
+
+
+def test_the_command_prints_every_row_and_a_verdict(capsys):
+    argv = ["predict", "-K", "8", "-N", "8000", "-B", "2004", "--rate", "400mbit",
+            "--topology", "shared"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("predicted delivery seconds of one epoch: K = 8, N = 8,000")
+    assert sum(line.split()[0] in ("coded", "uncoded") for line in out[3:11]) == 8
+    assert out[11].startswith("fastest: coded over multicast")
+    assert cli.main([*argv, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 8 and {r["topology"] for r in rows} == {"shared"}
+    assert {"delivery", "transport", "seconds", "master_bytes", "coded_bytes"} <= set(rows[0])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-K", "0"], "--workers 0 out of range 1..4096"),
+        (["-N", "1001"], "points (1001) must be a multiple of workers (4)"),
+        (["-B", "0"], "--point-bytes 0 out of range (must be >= 1)"),
+        (["--rate", "9x"], "--rate '9x' cannot be parsed"),
+        (["--master-rate", "1bit"], "--master-rate '1bit' is below 8kbit"),
+        (["--topology", "ring"], "topology 'ring' unknown; valid: switch, shared, uplink"),
+        (["--topology", "uplink"], "topology uplink needs --master-rate below --rate"),
+        (["--scheme", "nope"], "unknown scheme 'nope'; valid:"),
+        (["-T", "9"], "--storage 9 out of range 1..4"),
+        (["--mtu", "100"], "mtu 100 out of range 576..65535"),
+        (["--peer-seconds", "-1"], "peer seconds -1 out of range [0, 60)"),
+    ],
+)
+def test_impossible_values_are_one_line_each(args, message, capsys):
+    base = {"-K": "4", "-N": "1000", "-B": "100", "--rate": "1gbit"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = ["predict", *[x for kv in base.items() for x in kv]]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
