@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
-from scipy.optimize import linprog
 from scipy.sparse import csc_matrix, csr_matrix, hstack, identity
 
 from coded_shuffle.math.assignment import batches
@@ -110,6 +108,8 @@ def side_information(types: DemandTypes) -> np.ndarray:
 
 def cliques(knows: np.ndarray) -> list[tuple[int, ...]]:
     """Maximal sets of types that know each other pairwise (size >= 2), in a fixed order."""
+    import networkx as nx  # 0.1 s to load: only where cliques are searched
+
     mutual = nx.Graph()
     mutual.add_nodes_from(range(knows.shape[0]))
     mutual.add_edges_from(zip(*np.nonzero(np.triu(knows & knows.T)), strict=True))
@@ -174,6 +174,9 @@ def cover_lp_with_prices(
     HiGHS solves the dual (a price per type, at most each code's cost; faster here), whose
     constraint marginals are the amounts at a vertex.
     """
+    # scipy.optimize loads in 0.2 s: only where a solver runs (the command starts faster)
+    from scipy.optimize import linprog
+
     res = linprog(
         -counts.astype(float), A_ub=cover.T.tocsr(), b_ub=costs, bounds=(0, None),
         method="highs-ds",

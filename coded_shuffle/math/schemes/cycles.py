@@ -36,7 +36,6 @@ is exactly the gap to the lower bound of Theorem 2 (:mod:`coded_shuffle.math.bou
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
 from coded_shuffle.math.schemes.cycle_plan import (
@@ -83,6 +82,9 @@ def pack_triangles(weights: np.ndarray) -> list[Cycle]:
     used, row = np.unique(arcs, return_inverse=True)
     matrix = csr_matrix((np.ones(arcs.size), (row, cols)), shape=(used.size, tri.shape[0]))
     capacity = weights.reshape(-1)[used].astype(np.float64)
+    # scipy.optimize loads in 0.2 s: only where a solver runs (the command starts faster)
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     result = milp(
         c=-np.ones(tri.shape[0]),
         constraints=LinearConstraint(matrix, 0, capacity),

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from math import comb
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csc_matrix, csr_matrix
 
 from coded_shuffle.math.schemes.clique_cover import (
@@ -102,6 +101,9 @@ def integer_uses(problem: CoverProblem, codes: PermutationCodes, used: np.ndarra
     cover = cover_columns(problem.member, n, codes.uses[:, used])
     costs = np.concatenate([np.ones(c + n), codes.costs[used]])
     integer = np.concatenate([np.zeros(c + n), np.ones(used.size)])
+    # scipy.optimize loads in 0.2 s: only where a solver runs (the command starts faster)
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     res = milp(
         costs, integrality=integer, bounds=Bounds(0, np.inf),
         constraints=LinearConstraint(cover, lb=types.counts.astype(float)),
