@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.distributed.transports import (
     JOB_NAMES,
     REGISTRY,
@@ -31,7 +32,6 @@ from coded_shuffle.distributed.transports import (
 from coded_shuffle.distributed.transports.chain import chain_order
 from coded_shuffle.distributed.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
 from coded_shuffle.distributed.transports.multicast import default_datagram_bytes, wire_bytes
-from coded_shuffle.distributed.transports.rates import format_rate, parse_rate
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError, VerificationError
 from tests.ranks import is_root, private_netns, run_ranks

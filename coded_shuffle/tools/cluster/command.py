@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from coded_shuffle.distributed.transports.rates import format_rate, parse_rate
+from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import Cluster, check_privileges, sweep_stale
 from coded_shuffle.tools.cluster.run import (
