@@ -7,7 +7,9 @@ transports.Link` (framing, per-message checks, rows put in place) over each tran
 same framed bytes from the master to every worker over one plain TCP socket each (``sendall``
 into ``recv_into`` a buffer, nothing checked: the physical limit of this machine's loopback for
 these processes). Median seconds of ``--repeats`` runs, from a barrier before the first byte
-to a barrier after every worker has its rows; rank 0 prints one JSON line per row.
+to a barrier after every worker has its rows; every worker's rows are compared with the
+master's after each run, outside the timed span (the raw stream's are not compared at all);
+rank 0 prints one JSON line per row.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT
 TRANSPORTS = ("unicast", "chain", "tree")
 
 
-def timed(step, repeats: int) -> tuple[float, float]:
+def timed(step, repeats: int, before=None) -> tuple[float, float]:
     """Median wall seconds of ``step()`` between two barriers, and this rank's CPU seconds
-    per run (median)."""
+    per run (median); ``before()`` runs ahead of each, untimed."""
     walls, cpus = [], []
     for _ in range(repeats):
+        if before is not None:
+            before()
         dist.barrier()
         t0, cpu = time.perf_counter(), HostCpu.start()
         step()
@@ -54,15 +58,28 @@ def transport_step(name: str, rows: torch.Tensor | None, n: int, w: int, chunk: 
     routes = Routes(tuple(every if rank in (0, k + 1) else None for k in range(world - 1)))
     out = torch.empty((n, w), dtype=torch.uint8) if rank else None
 
+    def clear() -> None:  # untimed: the last run's rows gone, so that every run is checked
+        if out is not None:
+            out.zero_()
+
     def step() -> None:
         link.deliver(
             epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=w, routes=routes,
             rows=rows, out=out,
         )  # fmt: skip
+
+    def check() -> None:  # untimed, after each run: the raw stream is not compared either
         if rank and not torch.equal(out, expected_rows(n, w)):
             raise SystemExit(f"{name}: worker {rank} received wrong rows")
 
-    return step, transport
+    def before() -> None:
+        if out is not None and runs[0]:
+            check()
+        clear()
+        runs[0] += 1
+
+    runs = [0]
+    return step, before, check, transport
 
 
 _EXPECTED: dict[tuple[int, int], torch.Tensor] = {}
@@ -133,8 +150,9 @@ def main() -> None:
     for c in conns:
         c.close()
     for name in args.transports:
-        step, transport = transport_step(name, rows, n, w, chunk)
-        results.append((name, *timed(step, args.repeats)))
+        step, before, check, transport = transport_step(name, rows, n, w, chunk)
+        results.append((name, *timed(step, args.repeats, before)))
+        check()
         transport.close()
     cpus = [torch.tensor([c for _, _, c in results], dtype=torch.float64)]
     gathered = [torch.zeros_like(cpus[0]) for _ in range(world)] if rank == 0 else None
