@@ -335,7 +335,7 @@ class Master(_Rank):
                 self.cs.epoch(epoch)  # then prepares the next while the workers train
                 mark(f"epoch {epoch} delivered")
                 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-                self.finish_epoch(
+                row = self.finish_epoch(
                     {
                         **self.cs.report,
                         "dropped_points": self.dropped,
@@ -345,12 +345,13 @@ class Master(_Rank):
                     clock=(began, first, before),
                 )
                 restart = {}
-                if self.checkpointing:
+                if self.checkpointing:  # before the record: a recorded epoch is a resumable one
                     flat = models.flat_params(self.model)
-                    rows = self.writer.rows
+                    rows = [*self.writer.rows, row]
                     checkpoint.save(
                         self.ctx.run_dir, self.cfg, epoch, flat, self.momentum_flat, rows
                     )
+                self.writer.epoch(row)
         finally:
             self.cs.close()
         self.finish(time.perf_counter() - t_start)
@@ -389,8 +390,10 @@ class Master(_Rank):
         symbols[0][0, 0] ^= 0xFF
         log.warning(f"debug: epoch {epoch}: flipped byte 0 of symbol 0 (debug.corrupt_epoch)")
 
-    def finish_epoch(self, row: dict[str, Any], clock: tuple[float, float, float]) -> None:
-        """Waits for the workers' parameters, evaluates them, writes the epoch's record.
+    def finish_epoch(
+        self, row: dict[str, Any], clock: tuple[float, float, float]
+    ) -> dict[str, Any]:
+        """Waits for the workers' parameters, evaluates them, completes the epoch's record.
 
         ``clock``: when this epoch and the first epoch of this attempt began (perf_counter),
         and the seconds elapsed before this attempt (``elapsed_seconds`` of the last record).
@@ -419,7 +422,7 @@ class Master(_Rank):
         row["epoch_seconds"] = now - began  # delivery, training, evaluation: the wall clock
         row["elapsed_seconds"] = before + now - first
         row["time"] = time.time()  # when the record was written (Unix time)
-        self.writer.epoch(row)
+        return row
 
     def allreduce_bytes(self, model_bytes: int) -> int:
         """What the workers' all-reduce carries in an epoch (payload): a gradient per step, or
