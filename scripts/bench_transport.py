@@ -249,7 +249,7 @@ def plot(results: list[Result], path: Path, rate: str) -> None:
 
 
 LOOPBACK_HEADER = (
-    f"{'P':>2} {'transport':10s} {'GB/s':>6s} {'raw GB/s':>8s} {'/raw':>5s} "
+    f"{'P':>2} {'transport':14s} {'GB/s':>6s} {'raw GB/s':>8s} {'/raw':>5s} "
     f"{'master cpu s':>12s} {'worker cpu s':>12s}"
 )
 
@@ -280,7 +280,7 @@ def loopback(args: argparse.Namespace) -> int:
             rate = r["delivered_bytes"] / r["seconds"] / 1e9
             cpu = r["host_cpu_seconds"]
             lines.append(
-                f"{p:>2} {r['transport']:10s} {rate:6.2f} {raw_rate:8.2f} {rate / raw_rate:5.2f} "
+                f"{p:>2} {r['transport']:14s} {rate:6.2f} {raw_rate:8.2f} {rate / raw_rate:5.2f} "
                 f"{cpu[0]:12.3f} {max(cpu[1:]):12.3f}"
             )
         print(f"  P={p}: done", file=sys.stderr, flush=True)

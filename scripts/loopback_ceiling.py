@@ -3,13 +3,15 @@
 Run by ``scripts/bench_transport.py --loopback`` (``torchrun --standalone --nproc-per-node P``,
 every rank on this machine, no ``tc`` limit). The master holds ``--mbytes`` MB of random rows
 and every worker needs all of them: one stream through :class:`~coded_shuffle.distributed.
-transports.Link` (framing, per-message checks, rows put in place) over each transport, then the
-same framed bytes from the master to every worker over one plain TCP socket each (``sendall``
-into ``recv_into`` a buffer, nothing checked: the physical limit of this machine's loopback for
-these processes). Median seconds of ``--repeats`` runs, from a barrier before the first byte
-to a barrier after every worker has its rows; every worker's rows are compared with the
-master's after each run, outside the timed span (the raw stream's are not compared at all);
-rank 0 prints one JSON line per row.
+transports.Link` (framing, header checks, rows put in place) over each transport
+(``NAME/socket``: its ``socket`` data plane), and the same framed bytes from the master to
+every worker over one plain TCP socket each (``sendall`` into ``recv_into`` a buffer, nothing
+checked: the physical limit of this machine's loopback for these processes), timed before and
+after the transports (the faster counts: the machine's pace drifts within a run). Median
+seconds of ``--repeats`` runs, from a barrier before the first byte to a barrier after every
+worker has its rows; every worker's rows are compared with the master's after each run,
+outside the timed span (the raw stream's are not compared at all); rank 0 prints one JSON
+line per row.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from coded_shuffle.distributed.reports import HostCpu
 from coded_shuffle.distributed.transports import Link, Peer, Routes, build_transport
 from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT
 
-TRANSPORTS = ("unicast", "chain", "tree")
+TRANSPORTS = ("unicast", "chain", "tree", "unicast/socket", "chain/socket")  # NAME[/PLANE]
 
 
 def timed(step, repeats: int, before=None) -> tuple[float, float]:
@@ -52,7 +54,9 @@ def timed(step, repeats: int, before=None) -> tuple[float, float]:
 
 def transport_step(name: str, rows: torch.Tensor | None, n: int, w: int, chunk: int):
     rank, world = dist.get_rank(), dist.get_world_size()
-    transport = build_transport(name, Peer(rank, world, timedelta(seconds=300)))
+    kind, _, plane = name.partition("/")
+    options = {"plane": plane} if plane else {}
+    transport = build_transport(kind, Peer(rank, world, timedelta(seconds=300)), options)
     link = Link(transport, chunk)
     every = np.arange(n, dtype=np.int64)
     routes = Routes(tuple(every if rank in (0, k + 1) else None for k in range(world - 1)))
@@ -145,15 +149,19 @@ def main() -> None:
     rows = expected_rows(n, w) if rank == 0 else None
     expected_rows(n, w)
     results = []
-    step, conns = raw_tcp_step(stream)
-    results.append(("raw tcp", *timed(step, args.repeats)))
-    for c in conns:
-        c.close()
+    raw, conns = raw_tcp_step(stream)
+    first = timed(raw, args.repeats)
     for name in args.transports:
         step, before, check, transport = transport_step(name, rows, n, w, chunk)
         results.append((name, *timed(step, args.repeats, before)))
         check()
         transport.close()
+    # the raw stream before and after the transports, the faster of the two: the machine's
+    # pace drifts within a run, and the ceiling is what it reached
+    last = timed(raw, args.repeats)
+    results.insert(0, ("raw tcp", *min(first, last)))
+    for c in conns:
+        c.close()
     cpus = [torch.tensor([c for _, _, c in results], dtype=torch.float64)]
     gathered = [torch.zeros_like(cpus[0]) for _ in range(world)] if rank == 0 else None
     dist.gather(cpus[0], gathered, dst=0)

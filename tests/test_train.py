@@ -224,7 +224,8 @@ TRANSPORTS = ("tree", "unicast", "p2p")  # besides the default chain; multicast:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """Sweeps over the SCHEMES (on the default chain), over the other TCP transports
-    (uncoded, as unicast and p2p require) and over the excess-storage schemes; same seed."""
+    (uncoded, as unicast and p2p require), over the excess-storage schemes and over the socket
+    data plane of chain and unicast; same seed."""
     root = tmp_path_factory.mktemp("train")
     found = {}
     (storage,) = {t for _, t in EXCESS}
@@ -232,6 +233,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         ("schemes", ["-m", f"scheme={','.join(SCHEMES)}"]),
         ("transports", ["-m", "scheme=uncoded", f"dist.transport={','.join(TRANSPORTS)}"]),
         ("excess", ["-m", f"scheme={','.join(n for n, _ in EXCESS)}", f"storage={storage}"]),
+        (
+            "planes",
+            [
+                "-m",
+                "scheme=uncoded",
+                "dist.transport=chain,unicast",
+                "dist.chain.plane=socket",
+                "dist.unicast.plane=socket",
+            ],
+        ),
     ):
         out = _run([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -241,12 +252,18 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                 "schemes": first["scheme"],
                 "transports": f"uncoded/{first['transport']}",
                 "excess": f"{first['scheme']} T={storage}",
+                "planes": f"uncoded/{first['transport']}/socket",
             }[name]
             found[key] = metrics.parent
     return found
 
 
-RUNS = [*SCHEMES, *(f"uncoded/{t}" for t in TRANSPORTS), *(f"{n} T={t}" for n, t in EXCESS)]
+RUNS = [
+    *SCHEMES,
+    *(f"uncoded/{t}" for t in TRANSPORTS),
+    *(f"{n} T={t}" for n, t in EXCESS),
+    *(f"uncoded/{t}/socket" for t in ("chain", "unicast")),  # the socket data plane
+]
 
 
 @pytest.mark.distributed

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import socket
+import threading
 from collections import deque
 from datetime import timedelta
 from pathlib import Path
@@ -321,10 +323,17 @@ WORLD = 4  # a master and three workers
 L = framed(N_ROWS, WIDTH, CHUNK)  # one broadcast stream of every row
 
 
+SOCKET = {"plane": "socket"}
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["tree", "chain", "unicast", "p2p"])
-def test_tcp_transports_deliver_exactly_and_count_their_model(name):
-    results = run_ranks(WORLD, _deliver, name, {})
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("tree", {}), ("chain", {}), ("unicast", {}), ("p2p", {}), ("chain", SOCKET),
+     ("unicast", SOCKET)],
+)  # fmt: skip
+def test_tcp_transports_deliver_exactly_and_count_their_model(name, options):
+    results = run_ranks(WORLD, _deliver, name, options)
     _check_rows(results, WORLD, name)
     egress = [r[1][0] for r in results]
     ingress = [r[1][1] for r in results]
@@ -350,12 +359,12 @@ def test_tcp_transports_deliver_exactly_and_count_their_model(name):
 BIG_ROWS, BIG_WIDTH, BIG_CHUNK = 6, 384 * 1024, 384 * 1024  # messages of 384 KiB
 
 
-def _relay_big(rank: int, world: int) -> bytes | None:
+def _relay_big(rank: int, world: int, plane: str = "gloo") -> bytes | None:
     """A chain of ``world - 1`` workers, one segment received ahead (``window=1``), messages
     far larger than a socket buffer and cut into segments: a relay that forwarded a segment
     before it had fully arrived would pass on a partly filled buffer, and the next worker's
     checksum fails."""
-    options = {"window": 1, "segment_bytes": 100_000}  # segments of unequal length
+    options = {"window": 1, "segment_bytes": 100_000, "plane": plane}  # unequal segments
     transport = build_transport("chain", Peer(rank, world, timedelta(seconds=30)), options)
     try:
         link = Link(transport, BIG_CHUNK)
@@ -372,11 +381,13 @@ def _relay_big(rank: int, world: int) -> bytes | None:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_a_chain_relay_forwards_only_whole_messages():
+@pytest.mark.parametrize("plane", ["gloo", "socket"])
+def test_a_chain_relay_forwards_only_whole_messages(plane):
+    """(The socket plane receives these payloads into place and relays them from there.)"""
     gen = torch.Generator().manual_seed(11)
     rows = torch.randint(0, 256, (BIG_ROWS, BIG_WIDTH), generator=gen).to(torch.uint8)
     want = hashlib.sha256(rows.numpy().tobytes()).digest()
-    assert run_ranks(WORLD, _relay_big) == [None, want, want, want]
+    assert run_ranks(WORLD, _relay_big, plane) == [None, want, want, want]
 
 
 @pytest.mark.distributed
@@ -535,3 +546,32 @@ def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
     datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
     assert results[0][1][4] == math.ceil(datagrams / 32) * (16 + 512)  # one stream's parity
     assert results[0][1][2] == 0 and results[0][4] == [200_000_000] * 2
+
+
+def test_the_socket_plane_sends_parts_whole_and_names_a_peer_that_hangs_up():
+    """``sendmsg`` may send part of what it is given: every byte still goes, in order; a
+    connection closed mid-message is one ConnectionError naming the sender."""
+    from coded_shuffle.distributed.transports.framing import Parts
+    from coded_shuffle.distributed.transports.sockets import (
+        message_parts,
+        receive_message,
+    )
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # partial sends
+        payload = torch.randint(0, 256, (3_000_000,), dtype=torch.uint8)
+        header = bytes(range(24))
+        got: list = []
+        reader = threading.Thread(
+            target=lambda: got.append(receive_message(b, 24 + payload.numel(), None, "rank 7"))
+        )
+        reader.start()
+        assert message_parts(a, Parts(header, payload)) == 24 + payload.numel()
+        reader.join()
+        assert got[0][:24].numpy().tobytes() == header and torch.equal(got[0][24:], payload)
+        into = torch.empty(100, dtype=torch.uint8)
+        a.sendall(header + bytes(50))
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionError, match="rank 7 closed the connection after 50 of 100"):
+            receive_message(b, 124, into, "rank 7")

@@ -17,6 +17,7 @@ from omegaconf import MISSING
 
 from coded_shuffle.distributed.transports.chain import ChainOptions
 from coded_shuffle.distributed.transports.multicast import MulticastOptions
+from coded_shuffle.distributed.transports.unicast import UnicastOptions
 
 # --- groups ----------------------------------------------------------------------------------
 
@@ -221,6 +222,7 @@ class DistConf:
     chain: ChainOptions = field(default_factory=ChainOptions)
     """The transports' own options: their dataclasses, the library's (one source)."""
     multicast: MulticastOptions = field(default_factory=MulticastOptions)
+    unicast: UnicastOptions = field(default_factory=UnicastOptions)
 
 
 @dataclass

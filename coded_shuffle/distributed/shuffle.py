@@ -116,7 +116,8 @@ class CodedShuffle:
         ``0``: no watchdog).
     liveness : an already running :class:`~coded_shuffle.distributed.liveness.Liveness` to
         use instead (the training jobs start theirs before their data set loads).
-    on_progress : ``(bytes moved, bytes to move)`` after every message (progress lines).
+    on_progress : ``(bytes moved, bytes to move)`` after every message (progress lines; with
+        ``unicast``'s ``socket`` plane the master calls it from its sender threads).
     store_dir : where every worker persists its store after each epoch (atomically, with a
         digest), so that :meth:`restore` can resume a restarted job; ``None``: in memory only.
     stream : an epoch the master did not make ready ahead (``epochs`` unknown) is encoded

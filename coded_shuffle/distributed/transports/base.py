@@ -149,6 +149,13 @@ class Transport(ABC):
         process starts)."""
         cls.parse_options(world_size, options, names)
 
+    @property
+    def zero_copy(self) -> bool:
+        """Whether :meth:`exchange` takes :class:`~coded_shuffle.distributed.transports.
+        framing.Parts` and a ``targets`` keyword (where each message's payload may be received
+        in place), and carries its own integrity (no payload digest): the ``socket`` plane."""
+        return getattr(self.options, "plane", "gloo") == "socket"
+
     def take_counts(self) -> HostBytes:
         """This host's bytes since the last call; counting starts again from zero."""
         done, self.counts = self.counts, HostBytes()

@@ -7,7 +7,9 @@ received ahead, sends in flight at the same time). So every link of the chain is
 the time is about ``R / B + (K - 1) * segment / B`` (``R`` bytes, NICs of ``B`` bytes/s; with
 whole 256 KiB messages as the unit the pipeline's fill took four times longer), and the
 master's egress is the payload once. A message goes to its checks once all its segments are
-in. Point-to-point transfers go through gloo's ``isend``/``irecv``.
+in. Point-to-point transfers go through gloo's ``isend``/``irecv``, or with ``plane: socket``
+over plain TCP connections (:mod:`~coded_shuffle.distributed.transports.sockets`: payloads
+received into place and relayed from there).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.wire import HEADER_BYTES
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
+from coded_shuffle.distributed.transports.sockets import (
+    SocketPlane,
+    as_view,
+    message_parts,
+    receive_into,
+)
+from coded_shuffle.distributed.transports.unicast import Targets, check_plane
 from coded_shuffle.errors import UsageError
 
 TAG = 0x6368  # gloo tag of the chain's point-to-point messages
@@ -50,8 +60,12 @@ class ChainOptions:
     """Segments every relay receives ahead, >= 1."""
     segment_bytes: int = 64 << 10
     """Bytes a relay forwards at once (a message is cut into segments), >= 1024."""
+    plane: str = "gloo"
+    """gloo (its point-to-point calls) | socket (plain TCP connections, payloads sent from the
+    rows and received into place: transports.md, "Data planes")."""
 
     def check(self, world_size: int, name: KeyName) -> None:
+        check_plane(self.plane, name)
         if int(self.window) < 1:
             raise UsageError(f"{name('window')}={self.window} out of range (must be >= 1)")
         if int(self.segment_bytes) < 1024:
@@ -78,22 +92,72 @@ class Chain(Transport):
         at = path.index(peer.rank)
         self.prev = path[at - 1] if at > 0 else None
         self.next = path[at + 1] if at + 1 < len(path) else None
+        self.plane = SocketPlane(peer) if self.zero_copy else None
 
     def settings(self) -> dict[str, Any]:
-        return {"order": list(self.order), "window": self.window, "segment_bytes": self.segment}
+        return {
+            "order": list(self.order),
+            "window": self.window,
+            "segment_bytes": self.segment,
+            "plane": self.options.plane,
+        }
+
+    def close(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
 
     def exchange(
         self,
         streams: Sequence[Stream],
-        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        outgoing: Mapping[int, Iterable[Any]],
         on_message: OnMessage,
+        targets: Targets | None = None,
     ) -> None:
         self.check_streams(streams)
         for i, stream in enumerate(streams):
-            if self.prev is None:
+            if self.plane is not None and self.prev is None:
+                self._send_sockets(outgoing[i])
+            elif self.plane is not None:
+                self._relay_sockets(i, stream, on_message, targets)
+            elif self.prev is None:
                 self._send_all(outgoing[i])
             else:
                 self._relay(stream, lambda j, buf, i=i: on_message(i, j, buf))
+
+    def _send_sockets(self, messages: Iterable[Any]) -> None:
+        assert self.plane is not None
+        if self.next is None:
+            return
+        conn = self.plane.to(self.next)
+        for m in messages:
+            self.counts.egress += message_parts(conn, m)
+
+    def _relay_sockets(
+        self, index: int, stream: Stream, on_message: OnMessage, targets: Targets | None
+    ) -> None:
+        """Every message from the previous rank, its header forwarded at once and its payload
+        segment by segment as it arrives (into place where ``targets`` says), to the next."""
+        assert self.plane is not None and self.prev is not None
+        src = self.plane.of(self.prev)
+        dst = self.plane.to(self.next) if self.next is not None else None
+        who = f"rank {self.prev}"
+        for j, size in enumerate(stream.sizes):
+            target = targets(index, j) if targets is not None else None
+            buf = torch.empty(HEADER_BYTES if target is not None else size, dtype=torch.uint8)
+            head = as_view(buf)[:HEADER_BYTES]
+            receive_into(src, head, who)
+            payload = as_view(target) if target is not None else as_view(buf)[HEADER_BYTES:]
+            if len(payload) != size - HEADER_BYTES:
+                raise ConnectionError(f"message of {size} bytes for a {len(payload)}-byte target")
+            if dst is not None:
+                dst.sendall(head)
+            for a, b in self.segments(len(payload)):
+                receive_into(src, payload[a:b], who)
+                if dst is not None:
+                    dst.sendall(payload[a:b])
+            self.counts.ingress += size
+            self.counts.egress += size if dst is not None else 0
+            on_message(index, j, buf)
 
     def segments(self, size: int) -> list[tuple[int, int]]:
         """``(start, end)`` of every segment of a message of ``size`` bytes."""

@@ -119,9 +119,39 @@ def frame(
         yield buf
 
 
-def check(message: torch.Tensor, expected: Header) -> torch.Tensor:
-    """The payload of ``message`` after every header field and the digest were checked."""
-    got = Header.unpack(message[:HEADER_BYTES].numpy().tobytes())
+@dataclass(frozen=True)
+class Parts:
+    """A message as its header and its payload, unjoined: the ``socket`` plane sends both in
+    one ``sendmsg``, the payload straight from the rows where they are contiguous."""
+
+    header: bytes
+    payload: torch.Tensor
+
+    def numel(self) -> int:
+        return len(self.header) + self.payload.numel()
+
+
+def frame_parts(
+    rows: torch.Tensor | RowSource, epoch: int, part: int, kind: int, chunk_bytes: int
+) -> Iterator[Parts]:
+    """:func:`frame`'s messages as :class:`Parts`, without a payload digest (the plane's
+    links carry TCP's checksum, the batch its SHA-256) and without a copy of tensor rows."""
+    n, w = rows.shape
+    for first, count in message_ranges(n, w, chunk_bytes):
+        if isinstance(rows, torch.Tensor) and rows.is_contiguous():
+            payload = rows[first : first + count].reshape(-1)
+        else:
+            payload = torch.empty(count * w, dtype=torch.uint8)
+            if isinstance(rows, torch.Tensor):
+                payload.view(count, w).copy_(rows[first : first + count])
+            else:
+                rows.rows(first, count, out=payload.view(count, w))
+        yield Parts(Header(epoch, part, kind, first, count, w).pack(), payload)
+
+
+def check_header(raw: torch.Tensor, expected: Header) -> Header:
+    """The header in ``raw`` (its first bytes) after every field but the digest was checked."""
+    got = Header.unpack(raw[:HEADER_BYTES].numpy().tobytes())
     fields = ("epoch", "part", "kind", "first", "count", "row_bytes")
     wrong = [f for f in fields if getattr(got, f) != getattr(expected, f)]
     if wrong:
@@ -130,13 +160,20 @@ def check(message: torch.Tensor, expected: Header) -> torch.Tensor:
             f"got {got.describe()} (master and worker derived different plans, or messages "
             "were reordered)"
         )
+    return got
+
+
+def check(message: torch.Tensor, expected: Header, checksum: bool = True) -> torch.Tensor:
+    """The payload of ``message`` after every header field and (``checksum``) the digest were
+    checked."""
+    got = check_header(message, expected)
     payload = message[HEADER_BYTES:]
     if payload.numel() != expected.count * expected.row_bytes:
         raise VerificationError(
             f"message of {payload.numel()} payload bytes, expected "
             f"{expected.count * expected.row_bytes} in {expected.describe()}"
         )
-    if payload_checksum(payload) != got.checksum:
+    if checksum and payload_checksum(payload) != got.checksum:
         raise VerificationError(f"payload checksum (CRC-32) mismatch in {got.describe()}")
     return payload
 
@@ -158,23 +195,43 @@ class Inbox:
         out: torch.Tensor,
         dest: np.ndarray,
         on_ready: Callable[[int], None] | None = None,
+        checksums: bool = True,
     ) -> None:
-        self.header, self.row_bytes = header, row_bytes
+        self.header, self.row_bytes, self.checksums = header, row_bytes, checksums
+        self.in_place: set[int] = set()  # messages whose payload was received into ``out``
         self.ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
         self.keep, self.out, self.dest = keep, out.numpy(), dest
         self.on_ready = on_ready  # told how many leading rows of ``out`` are complete
         self.received = 0
 
+    def target(self, index: int) -> torch.Tensor | None:
+        """Where message ``index``'s payload can be received in place: its rows in ``out``
+        when this rank keeps all of them, in order and next to each other (else None: the
+        message arrives in a buffer of its own and the kept rows are copied from it)."""
+        first, count = self.ranges[index]
+        lo, hi = np.searchsorted(self.keep, [first, first + count])
+        rows = self.dest[lo:hi]
+        if hi - lo != count or (count > 1 and not np.all(np.diff(rows) == 1)):
+            return None
+        self.in_place.add(index)
+        start = int(rows[0])
+        return torch.from_numpy(self.out[start : start + count].reshape(-1))
+
     def receive(self, index: int, message: torch.Tensor) -> None:
+        """Message ``index`` checked and its kept rows put in place (``message``: the header
+        alone where its payload was received in place, at :meth:`target`)."""
         if index != self.received or index >= len(self.ranges):
             raise VerificationError(
                 f"message {index} arrived, expected {self.received} of {len(self.ranges)}"
             )
         first, count = self.ranges[index]
         expected = Header(*self.header, first, count, self.row_bytes)
-        payload = check(message, expected).view(count, self.row_bytes)
         lo, hi = np.searchsorted(self.keep, [first, first + count])
-        copy_rows(self.out, self.dest[lo:hi], payload.numpy(), self.keep[lo:hi] - first)
+        if index in self.in_place:
+            check_header(message, expected)
+        else:
+            payload = check(message, expected, self.checksums).view(count, self.row_bytes)
+            copy_rows(self.out, self.dest[lo:hi], payload.numpy(), self.keep[lo:hi] - first)
         self.received += 1
         if self.on_ready is not None:
             self.on_ready(int(hi))

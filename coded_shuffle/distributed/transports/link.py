@@ -25,6 +25,7 @@ from coded_shuffle.distributed.transports.framing import (
     PickedRows,
     RowSource,
     frame,
+    frame_parts,
     message_ranges,
 )
 
@@ -113,6 +114,18 @@ class Link:
         self.seconds += time.perf_counter() - t0
         return out
 
+    def _frame(self, rows: torch.Tensor | RowSource, header: tuple[int, int, int]) -> Iterator:
+        """The messages of ``rows``: joined and digested, or as :class:`Parts` for a
+        transport that sends them without a copy (``zero_copy``)."""
+        if self.transport.zero_copy:
+            return frame_parts(rows, *header, self.chunk_bytes)
+        return frame(rows, *header, self.chunk_bytes)
+
+    def _targets(self, target: Callable[[int, int], torch.Tensor | None] | None) -> dict:
+        """``exchange``'s ``targets`` keyword for a ``zero_copy`` transport (none otherwise):
+        where each message's payload may be received in place."""
+        return {"targets": target} if self.transport.zero_copy else {}
+
     def _broadcast(
         self,
         header: tuple[int, int, int],
@@ -128,21 +141,24 @@ class Link:
         meter = _Meter(stream.total, self.on_progress)
         if self.rank == 0:
             assert rows is not None and tuple(rows.shape) == (num_rows, row_bytes)
-            outgoing = {0: meter.count(frame(rows, *header, self.chunk_bytes))}
-            self.transport.exchange([stream], outgoing, _refuse)
+            outgoing = {0: meter.count(self._frame(rows, header))}
+            self.transport.exchange([stream], outgoing, _refuse, **self._targets(None))
             return None
         keep = routes.needs[self.rank - 1]
         assert keep is not None
         out = _buffer(out, keep.size, row_bytes)
         inbox = Inbox(
-            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size), on_rows
-        )
+            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size),
+            on_rows, checksums=not self.transport.zero_copy,
+        )  # fmt: skip
+        sizes = stream.sizes
 
         def on_message(_: int, i: int, msg: torch.Tensor) -> None:
             inbox.receive(i, msg)
-            meter.add(msg.numel())
+            meter.add(sizes[i])
 
-        self.transport.exchange([stream], {}, on_message)
+        targets = self._targets(lambda _, i: inbox.target(i))
+        self.transport.exchange([stream], {}, on_message, **targets)
         inbox.complete()
         return out
 
@@ -181,21 +197,23 @@ class Link:
                     ids = need[pos]
                     local = ids if row_ids is None else np.searchsorted(row_ids, ids)
                     picked = PickedRows(rows, local)
-                    outgoing[index] = frame(picked, *header, self.chunk_bytes)
+                    outgoing[index] = self._frame(picked, header)
                 else:
                     assert out is not None
                     every = np.arange(pos.size, dtype=np.int64)
                     inboxes[index] = Inbox(
-                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos, on_rows
-                    )
+                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos, on_rows,
+                        checksums=not self.transport.zero_copy,
+                    )  # fmt: skip
         meter = _Meter(sum(s.total for s in streams), self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
 
         def on_message(s: int, i: int, msg: torch.Tensor) -> None:
             inboxes[s].receive(i, msg)
-            meter.add(msg.numel())
+            meter.add(streams[s].sizes[i])
 
-        self.transport.exchange(streams, outgoing, on_message)
+        targets = self._targets(lambda s, i: inboxes[s].target(i))
+        self.transport.exchange(streams, outgoing, on_message, **targets)
         for inbox in inboxes.values():
             inbox.complete()
         return out

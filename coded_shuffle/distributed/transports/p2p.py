@@ -9,6 +9,7 @@ workers can reach each other. Coded schemes are a configuration error here.
 
 from __future__ import annotations
 
+from coded_shuffle.distributed.transports.base import NoOptions
 from coded_shuffle.distributed.transports.unicast import Unicast
 
 
@@ -18,3 +19,4 @@ class P2P(Unicast):
     name = "p2p"
     summary = "uncoded only: workers send the points that leave them straight to the new owner"
     routing = "peers"
+    Options = NoOptions  # gloo's point-to-point calls (the socket plane: unicast and chain)

@@ -1,25 +1,59 @@
 """``unicast``: the master sends each worker exactly the rows it needs, nothing else.
 
 The honest uncoded baseline when only the master holds the data: every worker's stream goes
-straight to it (gloo ``isend``/``irecv``), all streams in flight at once so that the master's
-NIC is never idle. The master's egress is the sum of what the workers need (the placement
-included); a row that two workers need travels twice. Coded symbols are meant for several
-workers at once, so a coded scheme on this transport is a configuration error.
+straight to it (gloo ``isend``/``irecv``, or with ``plane: socket`` a plain TCP connection
+per worker, one sender thread each: :mod:`~coded_shuffle.distributed.transports.sockets`),
+all streams in flight at once so that the master's NIC is never idle. The master's egress is
+the sum of what the workers need (the placement included); a row that two workers need travels
+twice. Coded symbols are meant for several workers at once, so a coded scheme on this
+transport is a configuration error.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import zip_longest
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transport, empty_messages
+from coded_shuffle.distributed.transports.base import (
+    KeyName,
+    OnMessage,
+    Peer,
+    Stream,
+    Transport,
+    empty_messages,
+)
+from coded_shuffle.distributed.transports.sockets import SocketPlane, message_parts, receive_message
+from coded_shuffle.errors import UsageError
 
 TAG = 0x7563  # gloo tag of direct point-to-point messages
 IN_FLIGHT = 8  # messages in flight per destination at a sender
+PLANES = ("gloo", "socket")
+Targets = Callable[[int, int], torch.Tensor | None]
+
+
+def check_plane(plane: str, name: KeyName) -> None:
+    if plane not in PLANES:
+        raise UsageError(f"{name('plane')}={plane!r} unknown; valid: {', '.join(PLANES)}")
+
+
+@dataclass
+class UnicastOptions:
+    """``dist.unicast`` / ``CodedShuffle(transport_options=...)`` of ``unicast``."""
+
+    plane: str = "gloo"
+    """gloo (its point-to-point calls) | socket (plain TCP connections, payloads sent from the
+    rows and received into place: transports.md, "Data planes")."""
+
+    def check(self, world_size: int, name: KeyName) -> None:
+        del world_size
+        check_plane(self.plane, name)
 
 
 class Unicast(Transport):
@@ -28,14 +62,27 @@ class Unicast(Transport):
     name = "unicast"
     summary = "uncoded only: the master sends each worker its own rows (placement included)"
     routing = "master"
+    Options = UnicastOptions
+
+    def __init__(self, peer: Peer, options: Any = None) -> None:
+        super().__init__(peer, options)
+        self.plane = SocketPlane(peer) if self.zero_copy else None
+
+    def close(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
 
     def exchange(
         self,
         streams: Sequence[Stream],
-        outgoing: Mapping[int, Iterable[torch.Tensor]],
+        outgoing: Mapping[int, Iterable[Any]],
         on_message: OnMessage,
+        targets: Targets | None = None,
     ) -> None:
         self.check_streams(streams)
+        if self.plane is not None:
+            self._exchange_sockets(streams, outgoing, on_message, targets)
+            return
         me, group = self.peer.rank, self.peer.group
         inbound = []  # (stream, message index, buffer, work), in posting order
         for i, stream in enumerate(streams):
@@ -59,6 +106,51 @@ class Unicast(Transport):
             on_message(i, j, buf)
         for _, w in sends:
             w.wait()
+
+    def _exchange_sockets(
+        self,
+        streams: Sequence[Stream],
+        outgoing: Mapping[int, Iterable[Any]],
+        on_message: OnMessage,
+        targets: Targets | None,
+    ) -> None:
+        """Every stream this rank sends on a thread of its own (all destinations at once),
+        every stream it receives in turn, payloads into place where ``targets`` says."""
+        assert self.plane is not None
+        me, plane = self.peer.rank, self.plane
+        errors: list[BaseException] = []
+        sent = [0] * len(streams)
+
+        def send(i: int, conn: Any) -> None:
+            try:
+                for m in outgoing[i]:
+                    sent[i] += message_parts(conn, m)
+            except BaseException as exc:  # re-raised by the caller
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=send, args=(i, plane.to(s.dsts[0])), daemon=True)
+            for i, s in enumerate(streams)
+            if s.src == me
+        ]
+        for t in threads:
+            t.start()
+        try:
+            for i, stream in enumerate(streams):
+                if me not in stream.dsts:
+                    continue
+                conn = plane.of(stream.src)
+                for j, size in enumerate(stream.sizes):
+                    target = targets(i, j) if targets is not None else None
+                    msg = receive_message(conn, size, target, f"rank {stream.src}")
+                    on_message(i, j, msg)
+                self.counts.ingress += stream.total
+        finally:
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+        self.counts.egress += sum(sent)
 
 
 def _addressed(dst: int, messages: Iterable[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:

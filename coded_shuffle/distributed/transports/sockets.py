@@ -1,0 +1,142 @@
+"""The ``socket`` data plane: plain TCP connections between ranks, for ``unicast`` and ``chain``.
+
+Over gloo every message is a point-to-point call (a chain relay makes four per 256 KiB
+message) and the bytes pass through a fresh buffer, a CRC-32 and a copy into place. This plane
+moves the same framed messages over one TCP connection per pair of ranks: the master sends a
+header and the rows it points at in one ``sendmsg`` (no copy into a message buffer), a worker
+reads the header, then the payload straight into its rows where it keeps a message whole
+(:meth:`~coded_shuffle.distributed.transports.framing.Inbox.target`). Every header field is
+still checked on receipt; the payload has TCP's checksum on every link and the batch SHA-256
+end to end (no CRC-32: ``checksums = False``).
+
+Every rank listens on the address that routes to the job's master (``GLOO_SOCKET_IFNAME``'s
+when set); the addresses are gathered when the transport is built (a collective, like every
+transport's construction). Connections open on first use and close with the transport.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from coded_shuffle.costs.wire import HEADER_BYTES
+from coded_shuffle.distributed.transports.base import Peer
+
+SIOCGIFADDR = 0x8915
+RANK = struct.Struct("<I")
+
+
+def local_address() -> str:
+    """This host's address for the other ranks: ``GLOO_SOCKET_IFNAME``'s IPv4 address, else
+    the one the kernel routes to ``MASTER_ADDR`` from (loopback when unset)."""
+    name = os.environ.get("GLOO_SOCKET_IFNAME")
+    if name:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = struct.pack("256s", name.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, packed)[20:24])
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(master), 9))  # no packet: only the route is looked up
+        return s.getsockname()[0]
+
+
+class SocketPlane:
+    """One rank's TCP connections to the others (opened on first use)."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.seconds = peer.timeout.total_seconds()
+        host = local_address()
+        self.listener = socket.create_server((host, 0), backlog=peer.world_size)
+        self.listener.settimeout(self.seconds)
+        mine = (host, self.listener.getsockname()[1])
+        addresses: list = [None] * peer.world_size
+        dist.all_gather_object(addresses, mine, group=peer.group)
+        self.addresses = [tuple(a) for a in addresses]
+        self.sending: dict[int, socket.socket] = {}
+        self.receiving: dict[int, socket.socket] = {}
+
+    def to(self, dst: int) -> socket.socket:
+        """The connection this rank sends to ``dst`` on."""
+        if dst not in self.sending:
+            conn = socket.create_connection(self.addresses[dst], timeout=self.seconds)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(RANK.pack(self.peer.rank))
+            self.sending[dst] = conn
+        return self.sending[dst]
+
+    def of(self, src: int) -> socket.socket:
+        """The connection this rank receives from ``src`` on (accepted when it arrives)."""
+        while src not in self.receiving:
+            conn, _ = self.listener.accept()
+            conn.settimeout(self.seconds)
+            buf = bytearray(RANK.size)
+            receive_into(conn, memoryview(buf), "a connecting rank")
+            self.receiving[RANK.unpack(buf)[0]] = conn
+        return self.receiving[src]
+
+    def close(self) -> None:
+        for conn in [*self.sending.values(), *self.receiving.values(), self.listener]:
+            conn.close()
+        self.sending, self.receiving = {}, {}
+
+
+def receive_into(conn: socket.socket, view: memoryview, who: str) -> None:
+    """Fills ``view`` from ``conn``; ``ConnectionError`` naming ``who`` if it closes first."""
+    got, size = 0, len(view)
+    while got < size:
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError(f"{who} closed the connection after {got} of {size} bytes")
+        got += n
+
+
+def send_parts(conn: socket.socket, parts: Iterable[memoryview]) -> int:
+    """Sends every part in order (``sendmsg``, gathered by the kernel); the bytes sent."""
+    views = [p for p in parts if len(p)]
+    total = sum(len(v) for v in views)
+    while views:
+        sent = conn.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
+    return total
+
+
+def as_view(t: torch.Tensor) -> memoryview:
+    """A contiguous uint8 tensor's bytes, without a copy."""
+    return memoryview(t.numpy()).cast("B")
+
+
+def message_parts(conn: socket.socket, message: Any) -> int:
+    """Sends one message (:class:`~coded_shuffle.distributed.transports.framing.Parts` or a
+    joined tensor); its bytes."""
+    if isinstance(message, torch.Tensor):
+        return send_parts(conn, [as_view(message)])
+    return send_parts(conn, [memoryview(message.header), as_view(message.payload)])
+
+
+def receive_message(
+    conn: socket.socket, size: int, target: torch.Tensor | None, who: str
+) -> torch.Tensor:
+    """One message of ``size`` bytes: the header alone with the payload received into
+    ``target``, or the whole message in a buffer of its own."""
+    if target is not None:
+        header = torch.empty(HEADER_BYTES, dtype=torch.uint8)
+        receive_into(conn, as_view(header), who)
+        if target.numel() != size - HEADER_BYTES:
+            raise ConnectionError(f"message of {size} bytes for a {target.numel()}-byte target")
+        receive_into(conn, as_view(target), who)
+        return header
+    buf = torch.empty(size, dtype=torch.uint8)
+    receive_into(conn, as_view(buf), who)
+    return buf
