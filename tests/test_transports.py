@@ -553,8 +553,8 @@ def test_the_socket_plane_sends_parts_whole_and_names_a_peer_that_hangs_up():
     connection closed mid-message is one ConnectionError naming the sender."""
     from coded_shuffle.distributed.transports.framing import Parts
     from coded_shuffle.distributed.transports.sockets import (
-        message_parts,
         receive_message,
+        send_message,
     )
 
     a, b = socket.socketpair()
@@ -567,7 +567,7 @@ def test_the_socket_plane_sends_parts_whole_and_names_a_peer_that_hangs_up():
             target=lambda: got.append(receive_message(b, 24 + payload.numel(), None, "rank 7"))
         )
         reader.start()
-        assert message_parts(a, Parts(header, payload)) == 24 + payload.numel()
+        assert send_message(a, Parts(header, payload)) == 24 + payload.numel()
         reader.join()
         assert got[0][:24].numpy().tobytes() == header and torch.equal(got[0][24:], payload)
         into = torch.empty(100, dtype=torch.uint8)

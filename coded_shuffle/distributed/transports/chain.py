@@ -27,8 +27,8 @@ from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, 
 from coded_shuffle.distributed.transports.sockets import (
     SocketPlane,
     as_view,
-    message_parts,
     receive_into,
+    send_message,
 )
 from coded_shuffle.distributed.transports.unicast import Targets, check_plane
 from coded_shuffle.errors import UsageError
@@ -130,7 +130,7 @@ class Chain(Transport):
             return
         conn = self.plane.to(self.next)
         for m in messages:
-            self.counts.egress += message_parts(conn, m)
+            self.counts.egress += send_message(conn, m)
 
     def _relay_sockets(
         self, index: int, stream: Stream, on_message: OnMessage, targets: Targets | None

@@ -117,7 +117,7 @@ def as_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def message_parts(conn: socket.socket, message: Any) -> int:
+def send_message(conn: socket.socket, message: Any) -> int:
     """Sends one message (:class:`~coded_shuffle.distributed.transports.framing.Parts` or a
     joined tensor); its bytes."""
     if isinstance(message, torch.Tensor):

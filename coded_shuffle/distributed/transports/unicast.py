@@ -29,7 +29,7 @@ from coded_shuffle.distributed.transports.base import (
     Transport,
     empty_messages,
 )
-from coded_shuffle.distributed.transports.sockets import SocketPlane, message_parts, receive_message
+from coded_shuffle.distributed.transports.sockets import SocketPlane, receive_message, send_message
 from coded_shuffle.errors import UsageError
 
 TAG = 0x7563  # gloo tag of direct point-to-point messages
@@ -124,7 +124,7 @@ class Unicast(Transport):
         def send(i: int, conn: Any) -> None:
             try:
                 for m in outgoing[i]:
-                    sent[i] += message_parts(conn, m)
+                    sent[i] += send_message(conn, m)
             except BaseException as exc:  # re-raised by the caller
                 errors.append(exc)
 
