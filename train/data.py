@@ -119,13 +119,11 @@ def load(cfg: Any, workers: int, seed: int) -> DataSet:
     x, y, x_test, y_test = source.raw(seed)
     classes = int(max(y.max(), -1 if y_test is None else y_test.max())) + 1
     if x_test is None:
-        order = np.random.default_rng([seed, 7]).permutation(x.shape[0])
-        n_test = source.test_count(x.shape[0])
-        test, train = order[:n_test], order[n_test:]
+        test, train = source.held_out(x.shape[0], seed)
         x, y, x_test, y_test = x[train], y[train], x[test], y[test]
     if source.normalise:
         x, x_test = _standardise(x, x_test)
-    keep = x.shape[0] - x.shape[0] % workers if workers >= 1 else x.shape[0]
+    keep = kept(x.shape[0], workers)
     return DataSet(
         x_train=torch.from_numpy(np.ascontiguousarray(x[:keep], dtype=np.float32)),
         y_train=torch.from_numpy(np.ascontiguousarray(y[:keep], dtype=np.int32)),
@@ -134,6 +132,11 @@ def load(cfg: Any, workers: int, seed: int) -> DataSet:
         classes=classes,
         dropped=int(x.shape[0] - keep),
     )
+
+
+def kept(points: int, workers: int) -> int:
+    """Training points kept: ``points`` trimmed to a multiple of ``workers``."""
+    return points - points % workers if workers >= 1 else points
 
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
@@ -163,6 +166,13 @@ class Source:
         if not 0.0 < self.test_fraction < 1.0:
             raise UsageError(f"data.test_fraction={self.test_fraction} out of range (0, 1)")
         return max(1, round(n * self.test_fraction))
+
+    def held_out(self, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(test, train)`` indices when the source brings no test split: ``test_count(n)``
+        of the ``n`` points, drawn from the seed."""
+        order = np.random.default_rng([seed, 7]).permutation(n)
+        n_test = self.test_count(n)
+        return order[:n_test], order[n_test:]
 
     def describe(self) -> DataInfo:
         x, y, x_test, _ = self.raw(seed=0)
@@ -359,7 +369,7 @@ class DatasetSource(Source):
 
     def describe(self) -> DataInfo:
         x, y, x_test, y_test = self.items()
-        shape = self._model_shape(x)
+        shape = self._model_shape(x, self.input_transform())
         labels = y if y_test is None else torch.cat([y.long(), y_test.long()])
         train = x.shape[0] if x_test is not None else x.shape[0] - self.test_count(x.shape[0])
         return DataInfo(
@@ -372,13 +382,13 @@ class DatasetSource(Source):
 
     def load(self, workers: int, seed: int) -> DataSet:
         x, y, x_test, y_test = self.items()
-        self._model_shape(x)
+        transform = self.input_transform()
+        self._model_shape(x, transform)
         if x_test is None:
-            order = torch.from_numpy(np.random.default_rng([seed, 7]).permutation(x.shape[0]))
-            test, train = order[: self.test_count(x.shape[0])], order[self.test_count(x.shape[0]) :]
+            test, train = (torch.from_numpy(i) for i in self.held_out(x.shape[0], seed))
             x, y, x_test, y_test = x[train], y[train], x[test], y[test]
         assert y_test is not None
-        keep = x.shape[0] - x.shape[0] % workers if workers >= 1 else x.shape[0]
+        keep = kept(x.shape[0], workers)
         return DataSet(
             x_train=x[:keep].contiguous(),
             y_train=y[:keep].contiguous(),
@@ -386,14 +396,14 @@ class DatasetSource(Source):
             y_test=y_test.long(),
             classes=int(max(int(y.max()), int(y_test.max()))) + 1,
             dropped=int(x.shape[0] - keep),
-            transform=self.input_transform(),
+            transform=transform,
         )
 
-    def _model_shape(self, x: torch.Tensor) -> tuple[int, ...]:
-        """The transform's output shape for one item; :class:`UsageError` unless it gives
+    def _model_shape(self, x: torch.Tensor, transform: Transform) -> tuple[int, ...]:
+        """``transform``'s output shape for one item; :class:`UsageError` unless it gives
         floating-point tensors."""
         try:
-            out = self.input_transform()(x[:1].clone())
+            out = transform(x[:1].clone())
         except UsageError:
             raise
         except Exception as exc:
@@ -421,15 +431,14 @@ class DatasetSource(Source):
             ) from None
         if n < 1:
             raise UsageError(f"{what} is empty: it needs at least one item per worker")
+        x0, y0 = self._item(dataset[0], 0, what)
         columns = getattr(dataset, "tensors", None)
         if isinstance(columns, tuple | list) and len(columns) == 2:  # a TensorDataset
-            x0, y0 = self._item(dataset[0], 0, what)
             xs, ys = columns[0], columns[1]
             if xs.shape[1:] != x0.shape or ys.ndim != 1:
                 raise UsageError(f"{what}: columns of shapes {xs.shape}, {ys.shape}")
             _check_labels(ys, what)
             return xs.contiguous(), ys.contiguous()
-        x0, y0 = self._item(dataset[0], 0, what)
         xs = torch.empty((n, *x0.shape), dtype=x0.dtype)
         ys = torch.empty(n, dtype=y0.dtype)
         last = time.perf_counter()

@@ -19,10 +19,9 @@ DEFAULT_CHUNK_BYTES = 256 << 10
 # multicast datagram header: session u32, stream u32, seq u32, round u16, flags u16
 DGRAM_FORMAT = "<IIIHH"
 DGRAM_HEADER_BYTES = struct.calcsize(DGRAM_FORMAT)  # 16
-IP_UDP_BYTES = 28  # IPv4 + UDP header of a datagram
+IPV4_BYTES, UDP_BYTES = 20, 8  # headers: IPv4 (every fragment), UDP (once per datagram)
 ETHERNET_HEADER_BYTES = 14  # what tc and the NIC counters count per frame
 ETHERNET_WIRE_BYTES = 38  # on a real link: header 14, FCS 4, preamble 8, inter-frame gap 12
-FRAGMENT_BYTES = ETHERNET_HEADER_BYTES + 20  # Ethernet + IPv4 header of every further fragment
 TCP_IP_BYTES = 52  # IPv4 20 + TCP 20 + timestamp option 12, per segment
 
 
@@ -73,13 +72,13 @@ def wire_bytes(datagram: int, mtu: int, frame: int = ETHERNET_HEADER_BYTES) -> i
 
     IPv4 fragments of at most ``mtu`` bytes, each with its own framing and IP header.
     """
-    ip_payload = datagram + 8
-    per_fragment = (mtu - 20) // 8 * 8
+    ip_payload = datagram + UDP_BYTES
+    per_fragment = (mtu - IPV4_BYTES) // 8 * 8  # fragment offsets count 8-byte units
     fragments = max(1, -(-ip_payload // per_fragment))
-    return ip_payload + fragments * (frame + 20)
+    return ip_payload + fragments * (frame + IPV4_BYTES)
 
 
 def default_datagram_bytes(mtu: int) -> int:
     """About four IPv4 fragments per datagram, between 8 KiB and 32 KiB: larger datagrams
     cost the receivers less CPU, more fragments make a lost one costlier."""
-    return max(8192, min(32768, 4 * (mtu - 20 - 8 - DGRAM_HEADER_BYTES) // 8 * 8))
+    return max(8192, min(32768, 4 * (mtu - IPV4_BYTES - UDP_BYTES - DGRAM_HEADER_BYTES) // 8 * 8))

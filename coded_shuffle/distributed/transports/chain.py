@@ -22,15 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.costs.wire import HEADER_BYTES
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.sockets import (
     SocketPlane,
-    as_view,
+    Targets,
+    check_plane,
+    landing,
     receive_into,
     send_message,
 )
-from coded_shuffle.distributed.transports.unicast import Targets, check_plane
 from coded_shuffle.errors import UsageError
 
 TAG = 0x6368  # gloo tag of the chain's point-to-point messages
@@ -143,12 +143,8 @@ class Chain(Transport):
         who = f"rank {self.prev}"
         for j, size in enumerate(stream.sizes):
             target = targets(index, j) if targets is not None else None
-            buf = torch.empty(HEADER_BYTES if target is not None else size, dtype=torch.uint8)
-            head = as_view(buf)[:HEADER_BYTES]
+            buf, head, payload = landing(size, target)
             receive_into(src, head, who)
-            payload = as_view(target) if target is not None else as_view(buf)[HEADER_BYTES:]
-            if len(payload) != size - HEADER_BYTES:
-                raise ConnectionError(f"message of {size} bytes for a {len(payload)}-byte target")
             if dst is not None:
                 dst.sendall(head)
             for a, b in self.segments(len(payload)):

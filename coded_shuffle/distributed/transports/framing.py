@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec.kernel import copy_rows
-from coded_shuffle.costs.wire import (  # the sizes, torch-free (re-exported: transports use them)
+from coded_shuffle.costs.wire import (  # the sizes' one home, torch-free
     HEADER_BYTES,
     HEADER_FORMAT,
     message_ranges,

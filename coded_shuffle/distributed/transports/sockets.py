@@ -20,17 +20,26 @@ import fcntl
 import os
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from coded_shuffle.costs.wire import HEADER_BYTES
-from coded_shuffle.distributed.transports.base import Peer
+from coded_shuffle.distributed.transports.base import KeyName, Peer
+from coded_shuffle.errors import UsageError
 
 SIOCGIFADDR = 0x8915
 RANK = struct.Struct("<I")
+PLANES = ("gloo", "socket")  # the data planes of unicast and chain (``plane`` option)
+Targets = Callable[[int, int], torch.Tensor | None]  # (stream, message) -> payload in place
+
+
+def check_plane(plane: str, name: KeyName) -> None:
+    """:class:`UsageError` for a ``plane`` option other than :data:`PLANES`."""
+    if plane not in PLANES:
+        raise UsageError(f"{name('plane')}={plane!r} unknown; valid: {', '.join(PLANES)}")
 
 
 def local_address() -> str:
@@ -125,18 +134,23 @@ def send_message(conn: socket.socket, message: Any) -> int:
     return send_parts(conn, [memoryview(message.header), as_view(message.payload)])
 
 
+def landing(size: int, target: torch.Tensor | None) -> tuple[torch.Tensor, memoryview, memoryview]:
+    """Where a message of ``size`` bytes lands: ``(what the receiver is handed, header view,
+    payload view)``; the header alone with the payload in ``target``, or the whole message in
+    a buffer of its own."""
+    buf = torch.empty(HEADER_BYTES if target is not None else size, dtype=torch.uint8)
+    payload = as_view(target) if target is not None else as_view(buf)[HEADER_BYTES:]
+    if len(payload) != size - HEADER_BYTES:
+        raise ConnectionError(f"message of {size} bytes for a {len(payload)}-byte target")
+    return buf, as_view(buf)[:HEADER_BYTES], payload
+
+
 def receive_message(
     conn: socket.socket, size: int, target: torch.Tensor | None, who: str
 ) -> torch.Tensor:
-    """One message of ``size`` bytes: the header alone with the payload received into
-    ``target``, or the whole message in a buffer of its own."""
-    if target is not None:
-        header = torch.empty(HEADER_BYTES, dtype=torch.uint8)
-        receive_into(conn, as_view(header), who)
-        if target.numel() != size - HEADER_BYTES:
-            raise ConnectionError(f"message of {size} bytes for a {target.numel()}-byte target")
-        receive_into(conn, as_view(target), who)
-        return header
-    buf = torch.empty(size, dtype=torch.uint8)
-    receive_into(conn, as_view(buf), who)
+    """One message of ``size`` bytes where :func:`landing` puts it; what the receiver is
+    handed."""
+    buf, head, payload = landing(size, target)
+    receive_into(conn, head, who)
+    receive_into(conn, payload, who)
     return buf

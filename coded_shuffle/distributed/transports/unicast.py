@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Any
@@ -29,18 +29,16 @@ from coded_shuffle.distributed.transports.base import (
     Transport,
     empty_messages,
 )
-from coded_shuffle.distributed.transports.sockets import SocketPlane, receive_message, send_message
-from coded_shuffle.errors import UsageError
+from coded_shuffle.distributed.transports.sockets import (
+    SocketPlane,
+    Targets,
+    check_plane,
+    receive_message,
+    send_message,
+)
 
 TAG = 0x7563  # gloo tag of direct point-to-point messages
 IN_FLIGHT = 8  # messages in flight per destination at a sender
-PLANES = ("gloo", "socket")
-Targets = Callable[[int, int], torch.Tensor | None]
-
-
-def check_plane(plane: str, name: KeyName) -> None:
-    if plane not in PLANES:
-        raise UsageError(f"{name('plane')}={plane!r} unknown; valid: {', '.join(PLANES)}")
 
 
 @dataclass
