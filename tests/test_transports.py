@@ -8,6 +8,7 @@ import hashlib
 import math
 import socket
 import threading
+import time
 from collections import deque
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +34,12 @@ from coded_shuffle.distributed.transports import (
 )
 from coded_shuffle.distributed.transports.chain import chain_order
 from coded_shuffle.distributed.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
-from coded_shuffle.distributed.transports.multicast import default_datagram_bytes, wire_bytes
+from coded_shuffle.distributed.transports.multicast import (
+    CATCH_UP_BYTES,
+    _Pacer,
+    default_datagram_bytes,
+    wire_bytes,
+)
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError, VerificationError
 from tests.ranks import is_root, private_netns, run_ranks
@@ -154,6 +160,19 @@ def test_a_tampered_payload_fails_its_checksum():
         send_and_receive(rows, np.arange(4), 20, tamper)
 
 
+def test_only_messages_with_kept_rows_are_checksummed():
+    """A relay's next hop checks what the relay keeps nothing of; a kept row is checked."""
+
+    def tamper(wire):
+        wire[0][HEADER_BYTES + 3] ^= 1  # message 0: rows 0 and 1
+
+    rows = torch.arange(40, dtype=torch.uint8).reshape(4, 10)
+    got = send_and_receive(rows, np.array([2, 3]), 20, tamper)
+    assert torch.equal(got, rows[2:])
+    with pytest.raises(VerificationError, match=r"payload checksum \(CRC-32\) mismatch"):
+        send_and_receive(rows, np.array([1, 2]), 20, tamper)
+
+
 def test_two_messages_swapped_on_the_wire_fail():
     """Same sizes, valid checksums: only the header's ``first`` tells them apart."""
 
@@ -184,6 +203,19 @@ def test_gloo_binomial_tree_children():
     assert [len(children(0, p)) for p in range(2, 18)] == [
         math.ceil(math.log2(p)) for p in range(2, 18)
     ]
+
+
+def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
+    pacer = _Pacer(8e6, 1000)  # 1 ms per 1000-byte datagram; slack: 2 MiB = 2.1 s
+    assert pacer.interval == pytest.approx(1e-3)
+    assert pacer.slack == pytest.approx(CATCH_UP_BYTES * 8 / 8e6)
+    held = pacer.due = time.perf_counter() - pacer.slack / 2  # held up, within the slack
+    pacer.wait()
+    assert pacer.due == held  # what fell due meanwhile goes out at once (no sleep)
+    before = time.perf_counter()
+    pacer.due = before - 10 * pacer.slack  # held up far longer
+    pacer.wait()
+    assert before - pacer.slack <= pacer.due <= time.perf_counter() - pacer.slack
 
 
 def test_default_datagrams_are_about_four_fragments():
