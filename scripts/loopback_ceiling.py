@@ -3,8 +3,8 @@
 Run by ``scripts/bench_transport.py --loopback`` (``torchrun --standalone --nproc-per-node P``,
 every rank on this machine, no ``tc`` limit). The master holds ``--mbytes`` MB of random rows
 and every worker needs all of them: one stream through :class:`~coded_shuffle.distributed.
-transports.Link` (framing, header checks, rows put in place) over each transport
-(``NAME/socket``: its ``socket`` data plane), and the same framed bytes from the master to
+transports.Link` (framing, header checks, rows put in place) over each transport (``NAME/gloo``:
+its ``gloo`` data plane; the default is ``socket``), and the same framed bytes from the master to
 every worker over one plain TCP socket each (``sendall`` into ``recv_into`` a buffer, nothing
 checked: the physical limit of this machine's loopback for these processes), timed before and
 after the transports (the faster counts: the machine's pace drifts within a run). Median
@@ -33,7 +33,7 @@ from coded_shuffle.distributed.reports import HostCpu
 from coded_shuffle.distributed.transports import Link, Peer, Routes, build_transport
 from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT
 
-TRANSPORTS = ("unicast", "chain", "tree", "unicast/socket", "chain/socket")  # NAME[/PLANE]
+TRANSPORTS = ("unicast", "chain", "tree", "unicast/gloo", "chain/gloo")  # NAME[/PLANE]
 
 
 def timed(step, repeats: int, before=None) -> tuple[float, float]:

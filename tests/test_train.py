@@ -224,7 +224,7 @@ TRANSPORTS = ("tree", "unicast", "p2p")  # besides the default chain; multicast:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """Sweeps over the SCHEMES (on the default chain), over the other TCP transports
-    (uncoded, as unicast and p2p require), over the excess-storage schemes and over the socket
+    (uncoded, as unicast and p2p require), over the excess-storage schemes and over the gloo
     data plane of chain and unicast; same seed."""
     root = tmp_path_factory.mktemp("train")
     found = {}
@@ -239,8 +239,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                 "-m",
                 "scheme=uncoded",
                 "dist.transport=chain,unicast",
-                "dist.chain.plane=socket",
-                "dist.unicast.plane=socket",
+                "dist.chain.plane=gloo",
+                "dist.unicast.plane=gloo",
             ],
         ),
     ):
@@ -252,7 +252,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                 "schemes": first["scheme"],
                 "transports": f"uncoded/{first['transport']}",
                 "excess": f"{first['scheme']} T={storage}",
-                "planes": f"uncoded/{first['transport']}/socket",
+                "planes": f"uncoded/{first['transport']}/gloo",
             }[name]
             found[key] = metrics.parent
     return found
@@ -262,7 +262,7 @@ RUNS = [
     *SCHEMES,
     *(f"uncoded/{t}" for t in TRANSPORTS),
     *(f"{n} T={t}" for n, t in EXCESS),
-    *(f"uncoded/{t}/socket" for t in ("chain", "unicast")),  # the socket data plane
+    *(f"uncoded/{t}/gloo" for t in ("chain", "unicast")),  # the gloo data plane
 ]
 
 

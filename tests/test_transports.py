@@ -355,14 +355,14 @@ WORLD = 4  # a master and three workers
 L = framed(N_ROWS, WIDTH, CHUNK)  # one broadcast stream of every row
 
 
-SOCKET = {"plane": "socket"}
+GLOO = {"plane": "gloo"}  # the default plane is socket
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     ("name", "options"),
-    [("tree", {}), ("chain", {}), ("unicast", {}), ("p2p", {}), ("chain", SOCKET),
-     ("unicast", SOCKET)],
+    [("tree", {}), ("chain", {}), ("unicast", {}), ("p2p", {}), ("chain", GLOO),
+     ("unicast", GLOO)],
 )  # fmt: skip
 def test_tcp_transports_deliver_exactly_and_count_their_model(name, options):
     results = run_ranks(WORLD, _deliver, name, options)

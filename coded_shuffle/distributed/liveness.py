@@ -46,10 +46,11 @@ class RankLost(RuntimeError):
 
 
 def is_peer_loss(exc: BaseException) -> bool:
-    """True for errors that a collective raises when another rank died or stalled."""
+    """True for errors that a collective (or the socket data plane) raises when another rank
+    died or stalled."""
     import torch.distributed as dist
 
-    if isinstance(exc, getattr(dist, "DistError", ())):
+    if isinstance(exc, (getattr(dist, "DistError", ()), ConnectionError, TimeoutError)):
         return True
     text = str(exc)
     return any(s in text for s in ("Connection closed by peer", "Timed out", "Connection reset"))

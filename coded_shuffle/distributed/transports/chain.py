@@ -7,9 +7,9 @@ received ahead, sends in flight at the same time). So every link of the chain is
 the time is about ``R / B + (K - 1) * segment / B`` (``R`` bytes, NICs of ``B`` bytes/s; with
 whole 256 KiB messages as the unit the pipeline's fill took four times longer), and the
 master's egress is the payload once. A message goes to its checks once all its segments are
-in. Point-to-point transfers go through gloo's ``isend``/``irecv``, or with ``plane: socket``
-over plain TCP connections (:mod:`~coded_shuffle.distributed.transports.sockets`: payloads
-received into place and relayed from there).
+in. Point-to-point transfers go over plain TCP connections (``plane: socket``, the default:
+:mod:`~coded_shuffle.distributed.transports.sockets`, payloads received into place and relayed
+from there) or through gloo's ``isend``/``irecv`` (``plane: gloo``).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ class ChainOptions:
     """Segments every relay receives ahead, >= 1."""
     segment_bytes: int = 64 << 10
     """Bytes a relay forwards at once (a message is cut into segments), >= 1024."""
-    plane: str = "gloo"
-    """gloo (its point-to-point calls) | socket (plain TCP connections, payloads sent from the
-    rows and received into place: transports.md, "Data planes")."""
+    plane: str = "socket"
+    """socket (plain TCP connections, payloads sent from the rows and received into place) |
+    gloo (its point-to-point calls): transports.md, "Data planes"."""
 
     def check(self, world_size: int, name: KeyName) -> None:
         check_plane(self.plane, name)

@@ -1,8 +1,8 @@
 """``unicast``: the master sends each worker exactly the rows it needs, nothing else.
 
 The honest uncoded baseline when only the master holds the data: every worker's stream goes
-straight to it (gloo ``isend``/``irecv``, or with ``plane: socket`` a plain TCP connection
-per worker, one sender thread each: :mod:`~coded_shuffle.distributed.transports.sockets`),
+straight to it (``plane: socket``, the default: a plain TCP connection per worker, one sender
+thread each, :mod:`~coded_shuffle.distributed.transports.sockets`; or gloo ``isend``/``irecv``),
 all streams in flight at once so that the master's NIC is never idle. The master's egress is
 the sum of what the workers need (the placement included); a row that two workers need travels
 twice. Coded symbols are meant for several workers at once, so a coded scheme on this
@@ -45,9 +45,9 @@ IN_FLIGHT = 8  # messages in flight per destination at a sender
 class UnicastOptions:
     """``dist.unicast`` / ``CodedShuffle(transport_options=...)`` of ``unicast``."""
 
-    plane: str = "gloo"
-    """gloo (its point-to-point calls) | socket (plain TCP connections, payloads sent from the
-    rows and received into place: transports.md, "Data planes")."""
+    plane: str = "socket"
+    """socket (plain TCP connections, payloads sent from the rows and received into place) |
+    gloo (its point-to-point calls): transports.md, "Data planes"."""
 
     def check(self, world_size: int, name: KeyName) -> None:
         del world_size
