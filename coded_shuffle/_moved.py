@@ -27,7 +27,7 @@ MOVED = {
     "epochs": "distributed.epochs",
     "delivery": "distributed.delivery",
     "transports": "distributed.transports",
-    "rates": "distributed.transports.rates",
+    "rates": "costs.rates",
     "cli": "tools.cli",
     "evaluate": "tools.evaluate",
     "cluster": "tools.cluster",

@@ -86,17 +86,12 @@ class Heartbeat:
 
 def local_address() -> str:
     """This host's address on the job's network (GLOO_SOCKET_IFNAME's, else the hostname)."""
+    from coded_shuffle.distributed.transports.sockets import interface_address
+
     name = os.environ.get("GLOO_SOCKET_IFNAME")
     if name:
-        try:
-            import fcntl
-            import struct
-
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-            return socket.inet_ntoa(packed[20:24])  # SIOCGIFADDR
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            return interface_address(name)
     return socket.gethostname()
 
 

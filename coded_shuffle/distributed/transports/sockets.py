@@ -42,14 +42,20 @@ def check_plane(plane: str, name: KeyName) -> None:
         raise UsageError(f"{name('plane')}={plane!r} unknown; valid: {', '.join(PLANES)}")
 
 
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (``SIOCGIFADDR``); ``OSError`` if it
+    has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = struct.pack("256s", name.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, packed)[20:24])
+
+
 def local_address() -> str:
     """This host's address for the other ranks: ``GLOO_SOCKET_IFNAME``'s IPv4 address, else
     the one the kernel routes to ``MASTER_ADDR`` from (loopback when unset)."""
     name = os.environ.get("GLOO_SOCKET_IFNAME")
     if name:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            packed = struct.pack("256s", name.encode()[:15])
-            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, packed)[20:24])
+        return interface_address(name)
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((socket.gethostbyname(master), 9))  # no packet: only the route is looked up
