@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from coded_shuffle.costs.wire import REACH_DTYPE
+
 COMBOS = (
     ("uncoded", "unicast"),
     ("uncoded", "p2p"),
@@ -86,8 +88,9 @@ def model_deviation(res: Result) -> float:
         control = r.get("control_bytes", 0)
         if res.transport == "tree":  # gloo's binomial tree: ceil(log2 P) copies at the master
             model = (math.ceil(math.log2(p)) * link, (p - 1) * link)
-        elif res.transport == "chain":  # the stream once per link of the chain
-            model = (link, res.workers * link)
+        elif res.transport == "chain":  # the stream to the first worker and its reach table;
+            # each message on as many links as it reaches (the master's model from the plan)
+            model = (link + REACH_DTYPE.itemsize * r["messages"], r["network_bytes_model"])
         elif res.transport == "multicast":  # once, 16 B per datagram, repairs, parity, feedback
             datagram = r["transport_settings"]["datagram_bytes"]
             sent = link + 16 * math.ceil(link / datagram) + r["repair_bytes"]

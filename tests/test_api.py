@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset, TensorDataset
 
 from coded_shuffle.codec.records import RecordLayout
+from coded_shuffle.costs.wire import REACH_DTYPE
 from coded_shuffle.distributed.transports.framing import HEADER_BYTES
 from coded_shuffle.errors import UsageError
 from tests.ranks import run_ranks
@@ -340,10 +341,11 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(tmp_path, sch
     resumed = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 5, 5, 4)
     report = resumed[0][0]
     assert report["replaced_workers"] == [1]
-    # the whole points behind worker 1's store (T * q points' worth), one header; never more
-    # than the placement of every point (T = 1: its batch only, tests/test_train.py)
+    # the whole points behind worker 1's store (T * q points' worth), one header and the
+    # chain's reach table of one message; never more than the placement of every point
+    # (T = 1: its batch only, tests/test_train.py)
     stored = int(storage * 48 / 3) * 24
-    assert stored < report["replacement_bytes"] <= 48 * 24 + HEADER_BYTES
+    assert stored < report["replacement_bytes"] <= 48 * 24 + HEADER_BYTES + REACH_DTYPE.itemsize
     for k in range(1, 4):
         assert intact[k][1][4] == unbroken[k][1][4]
         assert resumed[k][1][5] == unbroken[k][1][5]

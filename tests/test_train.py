@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from coded_shuffle.costs.wire import REACH_DTYPE
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import EpochChain, placement_points, store_from_points
 from coded_shuffle.errors import UsageError
@@ -306,8 +307,13 @@ def check_host_bytes(row: dict) -> None:
     )
     assert row["master_egress_bytes"] == egress[0] and row["network_bytes"] == sum(egress)
     assert sum(egress) == sum(ingress)
-    if row["transport"] == "chain":  # 0 -> 1 -> 2 -> 3 -> 4: the stream once on every link
-        assert egress == [link, link, link, link, 0] and ingress == [0, link, link, link, link]
+    if row["transport"] == "chain":  # 0 -> 1 -> 2 -> 3 -> 4, each message as far as it is kept
+        table = REACH_DTYPE.itemsize * row["messages"]  # the reach table, on every link
+        assert egress[0] == link + table and egress[4] == 0 and ingress[0] == 0
+        assert ingress[1:] == egress[:4]  # what a rank sent, its next one received
+        assert all(e <= i for e, i in zip(egress[1:], ingress[1:], strict=True))
+        assert row["control_bytes"] == 4 * table
+        assert row["network_bytes"] == row["network_bytes_model"]  # from the plan's keep sets
     elif row["transport"] == "tree":  # gloo's binomial tree: 0 -> 1, 2, 4; 1 -> 3
         assert egress == [3 * link, link, 0, 0, 0] and ingress == [0, link, link, link, link]
         assert row["gloo_tree_bytes"] == 4 * link

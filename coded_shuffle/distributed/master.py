@@ -188,6 +188,7 @@ class MasterSide:
         """The epoch's delivery metrics (README: "What the numbers mean")."""
         ctx = self.ctx
         counts, link_seconds = ctx.link.take_counts()
+        modelled = ctx.link.take_modelled()
         shared, payload = link_bytes
         b = ctx.record_bytes
         return {
@@ -214,6 +215,7 @@ class MasterSide:
             "uncoded_points": float(uncoded_points),
             "saved_percent": 100.0 * (1 - shared / uncoded_bytes) if uncoded_bytes else 0.0,
             **host_metrics(ctx.link.transport.name, counts, reports, cpu),
+            **({} if modelled is None else {"network_bytes_model": modelled}),
             "transport_settings": ctx.link.transport.settings(),
             "link_seconds": link_seconds,
             "delivery_seconds": seconds["delivery"],

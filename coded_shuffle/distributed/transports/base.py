@@ -115,6 +115,10 @@ class Transport(ABC):
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     routing: ClassVar[Routing] = "broadcast"
+    prunes: ClassVar[bool] = False
+    """A broadcast that forwards a message only towards workers that keep a row of it: its
+    :meth:`exchange` takes ``keepers`` at the master, and a worker may not hear a message it
+    keeps no row of."""
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, peer: Peer, options: Any = None) -> None:
@@ -177,6 +181,12 @@ class Transport(ABC):
         takes part in, in the same order as the other ranks; under ``broadcast`` routing that
         is every stream.
         """
+
+    def network_bytes(self, stream: Stream, keepers: Any) -> int:
+        """The bytes ``stream`` puts on all links, by the transport's byte model, where it
+        depends on who keeps what (``keepers``: ``message_keepers``); only transports that
+        prune (``prunes``) define it."""
+        raise NotImplementedError(f"{self.name} has no per-delivery byte model")
 
     def check_streams(self, streams: Sequence[Stream]) -> None:
         """Raises ValueError for a stream this transport cannot carry."""

@@ -7,7 +7,11 @@ received ahead, sends in flight at the same time). So every link of the chain is
 the time is about ``R / B + (K - 1) * segment / B`` (``R`` bytes, NICs of ``B`` bytes/s; with
 whole 256 KiB messages as the unit the pipeline's fill took four times longer), and the
 master's egress is the payload once. A message goes to its checks once all its segments are
-in. Point-to-point transfers go over plain TCP connections (``plane: socket``, the default:
+in. A relay forwards only the messages that some worker after it keeps a row of: the master
+sends each stream's *reach table* first (for every message, the position of the last worker
+that keeps one of its rows, :func:`~coded_shuffle.costs.wire.chain_reach`), and every relay
+passes it on; an uncoded stream, ordered by worker, crosses about ``(K + 1) / 2`` links instead
+of ``K``. Point-to-point transfers go over plain TCP connections (``plane: socket``, the default:
 :mod:`~coded_shuffle.distributed.transports.sockets`, payloads received into place and relayed
 from there) or through gloo's ``isend``/``irecv`` (``plane: gloo``).
 """
@@ -19,9 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.wire import REACH_DTYPE, chain_bytes, chain_reach
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.sockets import (
     SocketPlane,
@@ -31,7 +37,7 @@ from coded_shuffle.distributed.transports.sockets import (
     receive_into,
     send_message,
 )
-from coded_shuffle.errors import UsageError
+from coded_shuffle.errors import UsageError, VerificationError
 
 TAG = 0x6368  # gloo tag of the chain's point-to-point messages
 IN_FLIGHT = 2  # sends in flight per segment received ahead (memory bound of a relay)
@@ -81,6 +87,7 @@ class Chain(Transport):
     name = "chain"
     summary = "pipelined relay 0 -> 1 -> ... -> K: the master sends the payload once"
     routing = "broadcast"
+    prunes = True
     Options = ChainOptions
 
     def __init__(self, peer: Peer, options: ChainOptions | None = None) -> None:
@@ -90,6 +97,7 @@ class Chain(Transport):
         self.segment = int(self.options.segment_bytes)
         path = (0, *self.order)
         at = path.index(peer.rank)
+        self.position = at  # 0: the master, 1..K: the workers in relay order
         self.prev = path[at - 1] if at > 0 else None
         self.next = path[at + 1] if at + 1 < len(path) else None
         self.plane = SocketPlane(peer) if self.zero_copy else None
@@ -112,17 +120,64 @@ class Chain(Transport):
         outgoing: Mapping[int, Iterable[Any]],
         on_message: OnMessage,
         targets: Targets | None = None,
+        keepers: Sequence[np.ndarray] | None = None,
     ) -> None:
+        """``keepers[i]`` (at the master; None: every message to every worker):
+        :func:`~coded_shuffle.costs.wire.message_keepers` of stream ``i``."""
         self.check_streams(streams)
         for i, stream in enumerate(streams):
+            reach = self._reach_table(stream, None if keepers is None else keepers[i])
             if self.plane is not None and self.prev is None:
                 self._send_sockets(outgoing[i])
             elif self.plane is not None:
-                self._relay_sockets(i, stream, on_message, targets)
+                self._relay_sockets(i, stream, reach, on_message, targets)
             elif self.prev is None:
                 self._send_all(outgoing[i])
             else:
-                self._relay(stream, lambda j, buf, i=i: on_message(i, j, buf))
+                self._relay(stream, reach, lambda j, buf, i=i: on_message(i, j, buf))
+
+    def network_bytes(self, stream: Stream, keepers: np.ndarray | None) -> int:
+        """The bytes ``stream`` puts on the chain's links (its byte model, from the plan)."""
+        return chain_bytes(stream.sizes, self._reach(stream, keepers), len(self.order))
+
+    def _reach(self, stream: Stream, keepers: np.ndarray | None) -> np.ndarray:
+        k, m = len(self.order), len(stream.sizes)
+        if keepers is None:
+            return np.full(m, k, dtype=REACH_DTYPE)
+        if keepers.shape != (k, m):
+            raise ValueError(f"keepers of shape {keepers.shape}, expected {(k, m)}")
+        return chain_reach(keepers, self.order)
+
+    def _reach_table(self, stream: Stream, keepers: np.ndarray | None) -> np.ndarray:
+        """The stream's reach table: computed at the master, received from the previous rank
+        elsewhere (and checked), passed on to the next; counted as control bytes."""
+        k, m = len(self.order), len(stream.sizes)
+        if m == 0:
+            return np.zeros(0, dtype=REACH_DTYPE)
+        if self.prev is None:
+            reach = self._reach(stream, keepers)
+        else:
+            reach = np.empty(m, dtype=REACH_DTYPE)
+            if self.plane is not None:
+                receive_into(
+                    self.plane.of(self.prev), memoryview(reach).cast("B"), f"rank {self.prev}"
+                )
+            else:
+                dist.recv(_bytes_of(reach), self.prev, group=self.peer.group, tag=TAG)
+            self.counts.ingress += reach.nbytes
+            if reach.min() < 1 or reach.max() > k:
+                raise VerificationError(
+                    f"rank {self.prev} passed a chain reach table with positions "
+                    f"{int(reach.min())}..{int(reach.max())}, outside 1..{k}"
+                )
+        if self.next is not None:
+            if self.plane is not None:
+                self.plane.to(self.next).sendall(memoryview(reach).cast("B"))
+            else:
+                dist.send(_bytes_of(reach), self.next, group=self.peer.group, tag=TAG)
+            self.counts.egress += reach.nbytes
+            self.counts.control += reach.nbytes
+        return reach
 
     def _send_sockets(self, messages: Iterable[Any]) -> None:
         assert self.plane is not None
@@ -133,26 +188,35 @@ class Chain(Transport):
             self.counts.egress += send_message(conn, m)
 
     def _relay_sockets(
-        self, index: int, stream: Stream, on_message: OnMessage, targets: Targets | None
+        self,
+        index: int,
+        stream: Stream,
+        reach: np.ndarray,
+        on_message: OnMessage,
+        targets: Targets | None,
     ) -> None:
-        """Every message from the previous rank, its header forwarded at once and its payload
-        segment by segment as it arrives (into place where ``targets`` says), to the next."""
+        """Every message that reaches this rank, from the previous one; where it reaches
+        further, its header forwarded at once and its payload segment by segment as it
+        arrives (into place where ``targets`` says), to the next."""
         assert self.plane is not None and self.prev is not None
         src = self.plane.of(self.prev)
         dst = self.plane.to(self.next) if self.next is not None else None
         who = f"rank {self.prev}"
         for j, size in enumerate(stream.sizes):
+            if reach[j] < self.position:
+                continue
+            out = dst if reach[j] > self.position else None
             target = targets(index, j) if targets is not None else None
             buf, head, payload = landing(size, target)
             receive_into(src, head, who)
-            if dst is not None:
-                dst.sendall(head)
+            if out is not None:
+                out.sendall(head)
             for a, b in self.segments(len(payload)):
                 receive_into(src, payload[a:b], who)
-                if dst is not None:
-                    dst.sendall(payload[a:b])
+                if out is not None:
+                    out.sendall(payload[a:b])
             self.counts.ingress += size
-            self.counts.egress += size if dst is not None else 0
+            self.counts.egress += size if out is not None else 0
             on_message(index, j, buf)
 
     def segments(self, size: int) -> list[tuple[int, int]]:
@@ -170,13 +234,23 @@ class Chain(Transport):
             self.counts.egress += m.numel()
         _settle(sends, 0)
 
-    def _relay(self, stream: Stream, on_message: Callable[[int, torch.Tensor], None]) -> None:
-        """Receives every segment from the previous rank and forwards it to the next one; each
-        message goes to ``on_message`` once its last segment is forwarded, while later ones
-        arrive. Buffers live only while a message is in flight: memory stays bounded whatever
-        the stream."""
-        sizes, group = stream.sizes, self.peer.group
-        segs = [(i, a, b) for i, size in enumerate(sizes) for a, b in self.segments(size)]
+    def _relay(
+        self,
+        stream: Stream,
+        reach: np.ndarray,
+        on_message: Callable[[int, torch.Tensor], None],
+    ) -> None:
+        """Receives every segment that reaches this rank from the previous one and forwards
+        it to the next one where it reaches further; each message goes to ``on_message`` once
+        its last segment is in, while later ones arrive. Buffers live only while a message is
+        in flight: memory stays bounded whatever the stream."""
+        sizes, group, here = stream.sizes, self.peer.group, self.position
+        segs = [
+            (i, a, b)
+            for i, size in enumerate(sizes)
+            if reach[i] >= here
+            for a, b in self.segments(size)
+        ]
         bufs: dict[int, torch.Tensor] = {}
         recvs: deque = deque()
         sends: deque = deque()
@@ -190,14 +264,20 @@ class Chain(Transport):
                 posted += 1
             recvs.popleft().wait()
             buf = bufs[i]
-            if self.next is not None:
+            forward = self.next is not None and reach[i] > here
+            if forward:
                 sends.append((buf, dist.isend(buf[a:b], self.next, group=group, tag=TAG)))
             if b == sizes[i]:  # the message's last segment: it is whole
                 self.counts.ingress += sizes[i]
-                self.counts.egress += sizes[i] if self.next is not None else 0
+                self.counts.egress += sizes[i] if forward else 0
                 on_message(i, bufs.pop(i))
             _settle(sends, IN_FLIGHT * self.window)
         _settle(sends, 0)
+
+
+def _bytes_of(array: np.ndarray) -> torch.Tensor:
+    """A numpy array's bytes as a uint8 tensor (shared memory: gloo receives into it)."""
+    return torch.from_numpy(array.view(np.uint8))
 
 
 def _settle(sends: deque, keep: int) -> None:

@@ -182,7 +182,9 @@ class Inbox:
     """Checks the messages of one stream as they arrive and puts the kept rows in place.
 
     The stream carries ``num_rows`` rows; ``keep`` are the (sorted) stream rows to keep and
-    ``dest`` their rows in ``out``. :meth:`receive` is called once per message, in order.
+    ``dest`` their rows in ``out``. :meth:`receive` is called once per message, in order; with
+    ``skips``, a message this rank keeps no row of may not come (a chain relay forwards only
+    what is kept further on), and one it keeps rows of that does not come fails.
     """
 
     def __init__(
@@ -196,8 +198,10 @@ class Inbox:
         dest: np.ndarray,
         on_ready: Callable[[int], None] | None = None,
         checksums: bool = True,
+        skips: bool = False,
     ) -> None:
         self.header, self.row_bytes, self.checksums = header, row_bytes, checksums
+        self.skips = skips
         self.in_place: set[int] = set()  # messages whose payload was received into ``out``
         self.ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
         self.keep, self.out, self.dest = keep, out.numpy(), dest
@@ -220,10 +224,13 @@ class Inbox:
     def receive(self, index: int, message: torch.Tensor) -> None:
         """Message ``index`` checked and its kept rows put in place (``message``: the header
         alone where its payload was received in place, at :meth:`target`)."""
-        if index != self.received or index >= len(self.ranges):
+        if index >= len(self.ranges) or not (
+            index == self.received or (self.skips and index > self.received)
+        ):
             raise VerificationError(
                 f"message {index} arrived, expected {self.received} of {len(self.ranges)}"
             )
+        self._skip_to(index)
         first, count = self.ranges[index]
         expected = Header(*self.header, first, count, self.row_bytes)
         lo, hi = np.searchsorted(self.keep, [first, first + count])
@@ -237,7 +244,24 @@ class Inbox:
         if self.on_ready is not None:
             self.on_ready(int(hi))
 
+    def _skip_to(self, index: int) -> None:
+        """Messages up to ``index`` (excluded) that did not come: none may hold a kept row."""
+        if index == self.received:
+            return
+        start = self.ranges[self.received][0]
+        end = self.ranges[index - 1][0] + self.ranges[index - 1][1]
+        lo, hi = np.searchsorted(self.keep, [start, end])
+        if hi > lo:
+            missed = int(np.searchsorted([f for f, _ in self.ranges], self.keep[lo], "right")) - 1
+            raise VerificationError(
+                f"message {missed} of epoch {self.header[0]} part {self.header[1]} did not "
+                f"arrive, and this rank keeps row {int(self.keep[lo])} of it"
+            )
+        self.received = index
+
     def complete(self) -> None:
+        if self.skips:
+            self._skip_to(len(self.ranges))
         if self.received != len(self.ranges):
             raise VerificationError(
                 f"{self.received} of {len(self.ranges)} messages arrived in "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coded_shuffle.costs.wire import message_sizes
+from coded_shuffle.costs.wire import message_keepers, message_sizes
 from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
 from coded_shuffle.distributed.transports.framing import (
     Inbox,
@@ -71,6 +71,7 @@ class Link:
         self.chunk_bytes = chunk_bytes
         self.on_progress = on_progress  # (bytes this rank moved, its total) after each message
         self.seconds = 0.0
+        self.modelled: int | None = None  # the master's: network bytes by the transport's model
 
     @property
     def rank(self) -> int:
@@ -80,6 +81,12 @@ class Link:
         """This host's bytes and the seconds spent moving them, since the last call."""
         seconds, self.seconds = self.seconds, 0.0
         return self.transport.take_counts(), seconds
+
+    def take_modelled(self) -> int | None:
+        """The network bytes the transport's byte model gives the master's deliveries since
+        the last call (None where the transport has no per-delivery model)."""
+        done, self.modelled = self.modelled, None
+        return done
 
     def deliver(
         self,
@@ -142,14 +149,20 @@ class Link:
         if self.rank == 0:
             assert rows is not None and tuple(rows.shape) == (num_rows, row_bytes)
             outgoing = {0: meter.count(self._frame(rows, header))}
-            self.transport.exchange([stream], outgoing, _refuse, **self._targets(None))
+            extra = self._targets(None)
+            needs = [n for n in routes.needs if n is not None]
+            if self.transport.prunes and len(needs) == len(routes.needs):
+                keepers = message_keepers(needs, num_rows, row_bytes, self.chunk_bytes)
+                extra["keepers"] = [keepers]
+                self.modelled = (self.modelled or 0) + self.transport.network_bytes(stream, keepers)
+            self.transport.exchange([stream], outgoing, _refuse, **extra)
             return None
         keep = routes.needs[self.rank - 1]
         assert keep is not None
         out = _buffer(out, keep.size, row_bytes)
         inbox = Inbox(
             header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size),
-            on_rows, checksums=not self.transport.zero_copy,
+            on_rows, checksums=not self.transport.zero_copy, skips=self.transport.prunes,
         )  # fmt: skip
         sizes = stream.sizes
 
