@@ -7,11 +7,14 @@ busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethern
 
 * ``switch``: full bisection, every NIC sends and receives at once.
   ``unicast``: the master sends ``R_u``; ``p2p``: every worker sends and receives about
-  ``R_u / K``; ``chain``: ``R_c`` through every NIC, pipelined (plus ``K - 1`` segments to fill
-  the chain); ``tree``: ``ceil(log2 P)`` rounds of ``R_c`` at the master (gloo's binomial
-  tree); ``multicast``: ``R_c`` in datagrams once, paced at ``pace_share`` of the slowest NIC.
+  ``R_u / K``; ``chain``: ``R_c`` from the master, relayed pipelined (plus ``K - 1``
+  segments to fill the chain); ``tree``: ``ceil(log2 P)`` rounds of ``R_c`` at the master
+  (gloo's binomial tree); ``multicast``: ``R_c`` in datagrams once, paced at ``pace_share``
+  of the slowest NIC.
 * ``shared``: one medium that every transmission occupies (the papers' shared link): the sum
-  of every host's egress over the rate; multicast still sends once.
+  of every host's egress over the rate; multicast still sends once. ``chain`` counts every
+  relay's copy of the whole stream, an upper bound: a relay forwards only what a worker after
+  it keeps.
 * ``uplink``: a switch whose master sits behind a slower link (``master_rate < rate``).
 
 ``overhead_seconds`` is a fixed cost per delivery (reports, digests, round trips) and
