@@ -54,7 +54,7 @@ def message_keepers(
     """``(K, M)`` bools: worker ``k`` keeps a row of message ``j`` of the stream of
     ``num_rows`` rows (``needs[k]``: the stream rows it keeps)."""
     step = rows_per_message(row_bytes, chunk_bytes)
-    out = np.zeros((len(needs), len(message_ranges(num_rows, row_bytes, chunk_bytes))), bool)
+    out = np.zeros((len(needs), -(-num_rows // step)), dtype=bool)  # one column per message
     for k, need in enumerate(needs):
         out[k, np.asarray(need, dtype=np.int64) // step] = True
     return out

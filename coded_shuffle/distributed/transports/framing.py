@@ -252,7 +252,8 @@ class Inbox:
         end = self.ranges[index - 1][0] + self.ranges[index - 1][1]
         lo, hi = np.searchsorted(self.keep, [start, end])
         if hi > lo:
-            missed = int(np.searchsorted([f for f, _ in self.ranges], self.keep[lo], "right")) - 1
+            step = self.ranges[0][1]  # rows of every message but the last
+            missed = int(self.keep[lo]) // step
             raise VerificationError(
                 f"message {missed} of epoch {self.header[0]} part {self.header[1]} did not "
                 f"arrive, and this rank keeps row {int(self.keep[lo])} of it"
