@@ -8,6 +8,8 @@ docs/testing.md lists the faults these tests were checked against.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -71,23 +73,26 @@ def streamed(delivery: Delivery, data: torch.Tensor, rows: int) -> list[torch.Te
 
 def stream_decode(
     delivery: Delivery, w: int, symbols: list[torch.Tensor], store: WorkerStore, rows: int
-) -> tuple[torch.Tensor, list[codec.Workspace]]:
+) -> tuple[torch.Tensor, bytes]:
     """The worker's batch from the streaming decoder, told of ``rows`` more kept symbols at a
-    time (the rows not yet arrived hold garbage)."""
+    time (the rows not yet arrived hold garbage), and its SHA-256 hashed along the way."""
     kept = []
     for part, sym in enumerate(symbols):
         ids = torch.from_numpy(delivery.programs[part][w].symbol_ids)
         kept.append(sym.index_select(0, ids))
     buffers = [torch.full_like(k, 0xA5) for k in kept]
     decoders = delivery.decoders(w, buffers, store)
+    check = delivery.digest_stream(w, decoders)
     for buf, got, dec in zip(buffers, kept, decoders, strict=True):
         dec.advance(0)
+        check.update()
         for a in range(0, got.shape[0], rows):
             b = min(a + rows, got.shape[0])
             buf[a:b] = got[a:b]
             dec.advance(b)
+            check.update()
     works = [dec.finish() for dec in decoders]
-    return delivery.batch(w, works), works
+    return delivery.batch(w, works), check.digest()
 
 
 @pytest.mark.parametrize("rows_per_chunk", [1, 2, 3])
@@ -121,9 +126,11 @@ def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_p
         parts = part_states(tr.next_state)[0]
         for w in range(k):
             where = f"{name} T={storage} epoch {tr.epoch} worker {w}"
-            first, _ = stream_decode(delivery, w, symbols, stores[w], rows_per_chunk)
+            first, hashed = stream_decode(delivery, w, symbols, stores[w], rows_per_chunk)
             want_batch = records[tr.plans[0].new_batches[w]]
             assert np.array_equal(first.numpy(), want_batch), f"{where}: streaming decoder"
+            # hashed as points became final: garbage in a row not yet decoded would show
+            assert hashed == hashlib.sha256(want_batch.tobytes()).digest(), f"{where}: digest"
             batch, work = delivery.decode(w, symbols, stores[w])
             assert np.array_equal(batch.numpy(), want_batch), where
             caches = scheme.part_caches(tr.next_state, w)

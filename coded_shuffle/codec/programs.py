@@ -22,6 +22,7 @@ import mmap
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -319,7 +320,64 @@ class StreamDecoder:
     def finish(self) -> Workspace:
         """Runs what is left (every symbol has arrived) and returns the workspace."""
         self.advance(self.program.symbol_ids.size)
+        return self.workspace()
+
+    def workspace(self) -> Workspace:
+        """The workspace as it stands (rows whose symbols have not all arrived are not final)."""
         return Workspace(self.program, self.cache, self.batch, self.scratch)
+
+
+class StreamDigest:
+    """SHA-256 of a worker's new batch ``(q, B)`` (what :func:`digest` gives for
+    :meth:`~coded_shuffle.distributed.delivery.Delivery.batch`), computed while the symbols
+    arrive: after every :meth:`update` it hashes the points whose bytes are final in every
+    part, in batch order, so that the check reads each decoded row while it is still in cache
+    and only the last points are left when the stream ends.
+
+    A batch row is final once its last writer has run (its ``need``,
+    :func:`~coded_shuffle.math.index_decoder.arrival_order`); a point once every sub-row of it
+    is, in every part; the hash advances over the leading points that are final.
+    """
+
+    def __init__(
+        self, decoders: list[StreamDecoder], batch: Callable[[list[Workspace], slice], torch.Tensor]
+    ) -> None:
+        self.decoders, self.batch = decoders, batch  # batch(workspaces, points): those points
+        self.points = decoders[0].program.batch_rows.shape[0] if decoders else 0
+        self.needs = [_point_need(d) for d in decoders]
+        self.hasher = hashlib.sha256()
+        self.hashed = 0  # points hashed so far
+
+    def update(self) -> None:
+        """Hashes every leading point that is final now."""
+        ready = min(
+            (int(np.searchsorted(need, d.ready, side="right")) for need, d in
+             zip(self.needs, self.decoders, strict=True)),
+            default=0,
+        )  # fmt: skip
+        if ready > self.hashed:
+            works = [d.workspace() for d in self.decoders]
+            self.hasher.update(self.batch(works, slice(self.hashed, ready)).numpy())
+            self.hashed = ready
+
+    def digest(self) -> bytes:
+        """The batch's SHA-256; every decoder must have finished."""
+        self.update()
+        if self.hashed != self.points:
+            raise RuntimeError(f"digest of {self.hashed} of {self.points} points: not finished")
+        return self.hasher.digest()
+
+
+def _point_need(decoder: StreamDecoder) -> np.ndarray:
+    """Per batch point, the kept symbols that must have arrived before its bytes are final,
+    as a running maximum over the points (so that it is sorted: a prefix is final)."""
+    program = decoder.program
+    rows = np.zeros(program.batch_rows.size, dtype=np.int64)
+    for op, need in decoder.staged:  # program order: the last writer of a row comes last
+        if op.dest == BATCH:
+            rows[op.targets] = need
+    points = rows.reshape(program.batch_rows.shape).max(axis=1, initial=0)
+    return np.maximum.accumulate(points) if points.size else points
 
 
 def decode_workspace(
@@ -342,10 +400,12 @@ def decode_workspace(
     return Workspace(program, cache, batch, scratch)
 
 
-def batch_from_workspace(work: Workspace, program: WorkerProgram, point_bytes: int) -> torch.Tensor:
-    """The new batch ``(q, B)`` of a decoded workspace (a view when no padding is cut off)."""
+def batch_from_workspace(
+    work: Workspace, program: WorkerProgram, point_bytes: int, points: slice = slice(None)
+) -> torch.Tensor:
+    """The new batch ``(q, B)`` of a decoded workspace, or its ``points`` (a view)."""
     splits = program.batch_rows.shape[1]
-    return join_subpoints(work.batch, splits, point_bytes)
+    return join_subpoints(work.batch, splits, point_bytes)[points]
 
 
 def cache_bytes(data: torch.Tensor, plan: DeliveryPlan, worker: int) -> torch.Tensor:

@@ -142,10 +142,17 @@ class Delivery:
             for part in range(len(self.plans))
         ]
 
-    def batch(self, worker: int, workspaces: list[codec.Workspace]) -> torch.Tensor:
-        """The worker's new batch ``(q, B)`` from its decoded workspaces (one per part)."""
+    def digest_stream(self, worker: int, decoders: list[codec.StreamDecoder]) -> codec.StreamDigest:
+        """The SHA-256 of :meth:`batch`, hashed as the :meth:`decoders` make its points final."""
+        return codec.StreamDigest(decoders, lambda works, points: self.batch(worker, works, points))
+
+    def batch(
+        self, worker: int, workspaces: list[codec.Workspace], points: slice = slice(None)
+    ) -> torch.Tensor:
+        """The worker's new batch ``(q, B)`` (or its ``points``) from its decoded workspaces
+        (one per part)."""
         pieces = [
-            codec.batch_from_workspace(work, self.programs[part][worker], self.parts[part])
+            codec.batch_from_workspace(work, self.programs[part][worker], self.parts[part], points)
             for part, work in enumerate(workspaces)
         ]
         if len(pieces) == 1:

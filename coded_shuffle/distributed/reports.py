@@ -121,16 +121,16 @@ def cpu_per_gb(busy: Sequence[float], egress: Sequence[int], ingress: Sequence[i
 
 
 def worker_report(
-    batch: torch.Tensor,
+    batch_digest: bytes,
     decode_seconds: float,
     stored_bytes: int,
     counts: HostBytes,
     cpu: HostCpu,
 ) -> np.ndarray:
-    """A worker's :data:`REPORT` of one delivery; ``cpu`` started with the delivery runs until
-    the batch's digest is computed."""
+    """A worker's :data:`REPORT` of one delivery (``batch_digest``: the SHA-256 of its new
+    batch); ``cpu`` started with the delivery runs until the report is made."""
     mine = np.zeros(1, dtype=REPORT)
-    mine["digest"][0] = np.frombuffer(digest(batch), dtype=np.uint8)
+    mine["digest"][0] = np.frombuffer(batch_digest, dtype=np.uint8)
     used = cpu.stop()
     mine["cpu_user_seconds"], mine["cpu_system_seconds"] = used.user, used.system
     mine["decode_seconds"] = decode_seconds

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coded_shuffle.codec.programs import StreamDecoder, digest
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.epochs import (
@@ -79,7 +80,7 @@ class WorkerSide:
             self.store = store_from_points(self.delivery, k, keep, rows)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
-        self.send_report(batch, seconds, stored, cpu)
+        self.send_report(digest(batch), seconds, stored, cpu)
         if self.delivery is not None:
             self.persist(1)  # after the report: the disk is not part of the delivery's time
         return batch
@@ -95,6 +96,7 @@ class WorkerSide:
             for part, sub in enumerate(delivery.symbol_bytes())
         ]
         decoders = delivery.decoders(k, buffers, store)  # decode as the symbols arrive
+        check = delivery.digest_stream(k, decoders)  # and hash the batch as its points are final
         for part, plan in enumerate(delivery.plans):
             keep = delivery.programs[part][k].symbol_ids
             routes = symbol_routes(routing, plan, {k: keep})
@@ -104,10 +106,16 @@ class WorkerSide:
                     raise VerificationError(f"worker {k}: routes differ from its decoder")
                 row_ids, rows = outgoing_rows(routes, plan, k, store.caches[part])
             decoders[part].advance(0)  # what needs no symbol: while the first ones travel
+            check.update()
+
+            def on_rows(available: int, decoder: StreamDecoder = decoders[part]) -> None:
+                decoder.advance(available)
+                check.update()
+
             link.deliver(
                 epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
                 row_bytes=buffers[part].shape[1], routes=routes, rows=rows, row_ids=row_ids,
-                out=buffers[part], on_rows=decoders[part].advance,
+                out=buffers[part], on_rows=on_rows,
             )  # fmt: skip
         workspaces = [d.finish() for d in decoders]
         t0 = time.perf_counter()
@@ -115,18 +123,18 @@ class WorkerSide:
         next_caches = self.ctx.scheme.part_caches(tr.next_state, k)
         self.store = store.updated(delivery, k, workspaces, next_caches)
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
-        self.send_report(batch, seconds, self.store.stored_bytes(), cpu)
+        self.send_report(check.digest(), seconds, self.store.stored_bytes(), cpu)
         if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
             self.persist(tr.epoch)  # is found broken on restore and sent its store again
         return batch
 
     def send_report(
-        self, batch: torch.Tensor, decode_seconds: float, stored_bytes: int, cpu: HostCpu
+        self, batch_digest: bytes, decode_seconds: float, stored_bytes: int, cpu: HostCpu
     ) -> None:
-        """The batch digest, timings, this host's transport bytes and the CPU it spent since
+        """The batch's SHA-256, timings, this host's transport bytes and the CPU it spent since
         ``cpu`` started (checks, decode and digest included), gathered at the master."""
         counts, link_seconds = self.ctx.link.take_counts()
-        mine = worker_report(batch, decode_seconds, stored_bytes, counts, cpu)
+        mine = worker_report(batch_digest, decode_seconds, stored_bytes, counts, cpu)
         gather_reports(mine, self.ctx.rank, self.ctx.workers)
         self.report = {
             "batch_sha256": bytes(mine["digest"][0]).hex(),

@@ -5,8 +5,9 @@ group; the network (a switch or the emulated cluster's bridge) copies it to ever
 Datagrams are paced, since UDP has no congestion control. After each round the master tells
 every worker, over the process group, that the round is complete; the workers report what
 they missed (a bitmap per worker, and how many datagrams they lost or got late, gathered at the
-master) and the master multicasts the union again, round after round, until every worker holds
-every byte.
+master; a worker that holds every datagram reports at once, without waiting for that), the
+master sends every worker the union of the bitmaps and multicasts those datagrams again, round
+after round, until every worker holds every byte.
 
 Two things keep the rate up where receivers lose datagrams:
 
@@ -57,11 +58,11 @@ from coded_shuffle.costs.wire import (
     wire_bytes,
 )
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
-from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError
 
 DGRAM = struct.Struct(DGRAM_FORMAT)
-CONTROL_TAG = 0x6D63
+CONTROL_TAG = 0x6D63  # the master's "round sent"
+UNION_TAG = 0x6D64  # the union of the workers' missing datagrams
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RCVBUF_BYTES = 64 << 20
 DEFAULT_GROUP = "239.255.77.77"
@@ -379,7 +380,7 @@ class Multicast(Transport):
         self.rounds, sent_now, lossy = 0, n, False
         while True:
             self._control_round_done()
-            todo, lost = self._union_of_missing(np.zeros(n, dtype=bool), 0)
+            todo, lost = self._union_of_missing(n)
             lossy |= self._adapt(lost, sent_now)
             if todo.size == 0:
                 self.parity = self.parity_block > 0 and lossy
@@ -447,27 +448,40 @@ class Multicast(Transport):
         self.counts.ingress += ingress
         self.counts.control += egress
 
-    def _union_of_missing(self, missing: np.ndarray, lost: int) -> tuple[np.ndarray, int]:
-        """Gathers every worker's bitmap of missing datagrams and its count of datagrams lost
-        or late in the round (4 bytes after the bitmap); broadcasts the union of the bitmaps.
-        Returns the union's datagrams and the largest count (the master's; 0 elsewhere)."""
+    def _union_of_missing(self, n: int) -> tuple[np.ndarray, int]:
+        """Master: gathers every worker's :meth:`_report_missing` and sends the union of their
+        bitmaps to every worker itself (no worker relays it: a busy one would hold the others
+        up). Returns the union's datagrams and the largest count of lost or late ones."""
+        size, world, group = -(-n // 8) + 4, self.peer.world_size, self.peer.group
+        got = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
+        dist.gather(got[0], gather_list=got, dst=0, group=group)
+        each = torch.stack(got[1:]).numpy()
+        worst = int(each[:, -4:].copy().view("<u4").max())
+        union = torch.from_numpy(np.bitwise_or.reduce(each, axis=0))
+        sends = [dist.isend(union, w, group=group, tag=UNION_TAG) for w in self.peer.workers]
+        for w in sends:
+            w.wait()
+        self._control(egress=size * (world - 1), ingress=size * (world - 1))
+        return self._datagrams(union, n), worst
+
+    def _report_missing(self, missing: np.ndarray, lost: int) -> None:
+        """Worker -> master: its bitmap of missing datagrams and its count of datagrams lost
+        or late in the round (4 bytes after the bitmap)."""
         count = np.array([min(lost, 2**32 - 1)], dtype="<u4").view(np.uint8)
         bits = torch.from_numpy(np.concatenate([np.packbits(missing), count]))
-        size, world, group = bits.numel(), self.peer.world_size, self.peer.group
-        worst = 0
-        if self.peer.rank == 0:
-            got = [torch.empty_like(bits) for _ in range(world)]
-            dist.gather(bits, gather_list=got, dst=0, group=group)
-            each = torch.stack(got[1:]).numpy()
-            worst = int(each[:, -4:].copy().view("<u4").max())
-            bits = torch.from_numpy(np.bitwise_or.reduce(each, axis=0))
-            self._control(ingress=size * (world - 1))
-        else:
-            dist.gather(bits, dst=0, group=group)
-            self._control(egress=size, ingress=size)  # its bitmap out, the union in
-        dist.broadcast(bits, src=0, group=group)
-        self._control(egress=size * len(children(self.peer.rank, world)))
-        return np.flatnonzero(np.unpackbits(bits.numpy()[:-4])[: missing.size]), worst
+        dist.gather(bits, dst=0, group=self.peer.group)
+        self._control(egress=bits.numel())
+
+    def _receive_union(self, n: int) -> np.ndarray:
+        """Worker: the union of every worker's missing datagrams, from the master."""
+        union = torch.empty(-(-n // 8) + 4, dtype=torch.uint8)
+        dist.recv(union, 0, group=self.peer.group, tag=UNION_TAG)
+        self._control(ingress=union.numel())
+        return self._datagrams(union, n)
+
+    @staticmethod
+    def _datagrams(union: torch.Tensor, n: int) -> np.ndarray:
+        return np.flatnonzero(np.unpackbits(union.numpy()[:-4])[:n])
 
     def _receive(self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None]) -> None:
         """Worker: every byte of the stream, round after round; each message goes to
@@ -493,10 +507,13 @@ class Multicast(Transport):
 
         rnd = 0
         while True:
-            lost = self._receive_round(out, have, rnd, complete, parity)
-            todo, _ = self._union_of_missing(~have, lost)
+            lost, done = self._receive_round(out, have, rnd, complete, parity)
+            self._report_missing(~have, lost)  # (nothing missing: sent before "round sent")
+            complete(int(np.argmin(have)) if not have.all() else n)  # while the others report
+            todo = self._receive_union(n)
+            done.wait()  # the master's "round sent", in by now
+            self._control(ingress=4)
             if todo.size == 0:
-                complete(n)
                 return
             rnd += 1
 
@@ -507,10 +524,11 @@ class Multicast(Transport):
         rnd: int,
         complete: Callable[[int], None],
         parity: _Parity,
-    ) -> int:
+    ) -> tuple[int, _Arrival]:
         """Reads datagrams until it has them all, or the master says the round is sent and
         the socket stays quiet for ``grace`` seconds; returns how many of the round's
-        datagrams it lost or got late (those of an earlier round).
+        datagrams it lost or got late (those of an earlier round), and the master's "round
+        sent" (awaited by the caller: a receiver that has everything reports without it).
 
         A datagram is read straight into its slot when it is the one expected next (the common
         case); otherwise it lands in the first missing slot and is copied to its own. A parity
@@ -568,8 +586,6 @@ class Multicast(Transport):
             have[seq] = True
             count += 1
             received += 1
-        done.wait()
         rebuilt = parity.rebuild_all(out, have)  # parity that arrived before a late datagram
         self.rebuilt += rebuilt
-        self._control(ingress=4)
-        return lacked - received + late  # lost on the way (parity or not), and late
+        return lacked - received + late, done  # lost on the way (parity or not), and late
