@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
 from coded_shuffle.errors import UsageError
 
 STATE_DIR = Path("/run/coded-shuffle")
@@ -210,10 +211,10 @@ class Cluster:
             self._limit(ns, IFACE, self.host_rate(i))  # what host i sends
             self._limit(br, port, self.host_rate(i))  # what host i receives
 
-    @staticmethod
-    def _limit(ns: str, dev: str, rate: int) -> None:
-        """``tbf`` on ``dev``: ``rate`` bits/s, a burst of 2 ms (at least 128 KiB), 100 ms queue."""
-        burst = max(128 << 10, rate // 8 // 500)
+    def _limit(self, ns: str, dev: str, rate: int) -> None:
+        """``tbf`` on ``dev``: ``rate`` bits/s, a 100 ms queue, and a burst of 2 ms at ``rate``
+        but at least 4 frames (an idle NIC sends no more than that at once above its rate)."""
+        burst = max(4 * (self.mtu + ETHERNET_HEADER_BYTES), rate // 8 // 500)
         _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit",
             "burst", str(burst), "latency", "100ms")  # fmt: skip
 
