@@ -105,13 +105,12 @@ class WorkerSide:
                 if not np.array_equal(routes.needs[k], keep):
                     raise VerificationError(f"worker {k}: routes differ from its decoder")
                 row_ids, rows = outgoing_rows(routes, plan, k, store.caches[part])
-            decoders[part].advance(0)  # what needs no symbol: while the first ones travel
-            check.update()
 
             def on_rows(available: int, decoder: StreamDecoder = decoders[part]) -> None:
                 decoder.advance(available)
                 check.update()
 
+            on_rows(0)  # what needs no symbol: while the first ones travel
             link.deliver(
                 epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
                 row_bytes=buffers[part].shape[1], routes=routes, rows=rows, row_ids=row_ids,

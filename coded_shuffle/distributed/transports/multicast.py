@@ -100,6 +100,12 @@ def _mreqn(group: str, ifindex: int) -> bytes:
     return struct.pack("4s4si", socket.inet_aton(group), socket.inet_aton("0.0.0.0"), ifindex)
 
 
+def _feedback_bytes(n: int) -> int:
+    """A worker's report of a round of ``n`` datagrams (and the union the master sends back):
+    one bit per datagram, then a 4-byte count of the datagrams it lost or got late."""
+    return -(-n // 8) + 4
+
+
 class _Arrival:
     """The master's "round sent" message, awaited in a thread so that the caller can poll it.
 
@@ -452,7 +458,7 @@ class Multicast(Transport):
         """Master: gathers every worker's :meth:`_report_missing` and sends the union of their
         bitmaps to every worker itself (no worker relays it: a busy one would hold the others
         up). Returns the union's datagrams and the largest count of lost or late ones."""
-        size, world, group = -(-n // 8) + 4, self.peer.world_size, self.peer.group
+        size, world, group = _feedback_bytes(n), self.peer.world_size, self.peer.group
         got = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
         dist.gather(got[0], gather_list=got, dst=0, group=group)
         each = torch.stack(got[1:]).numpy()
@@ -474,7 +480,7 @@ class Multicast(Transport):
 
     def _receive_union(self, n: int) -> np.ndarray:
         """Worker: the union of every worker's missing datagrams, from the master."""
-        union = torch.empty(-(-n // 8) + 4, dtype=torch.uint8)
+        union = torch.empty(_feedback_bytes(n), dtype=torch.uint8)
         dist.recv(union, 0, group=self.peer.group, tag=UNION_TAG)
         self._control(ingress=union.numel())
         return self._datagrams(union, n)
