@@ -14,10 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from coded_shuffle import _moved
-
-_moved.install()  # the paths of the modules before the layers still import
-
 __all__ = ["CodedShuffle"]
 
 

@@ -129,7 +129,7 @@ def plot_bytes(ax: plt.Axes, runs: dict[str, list[dict[str, Any]]]) -> None:
     width = 0.8 / len(methods)
     for k, method in enumerate(methods):
         label, colour, _, _, _ = STYLE[method]
-        by_step = {r["step"]: r["bytes_moved"] for r in runs[method]}
+        by_step = {r["step"]: r["moved_bytes"] for r in runs[method]}
         heights = [by_step.get(step, 0) / 1024 for step, _ in marks]
         xs = np.arange(len(marks)) + (k - (len(methods) - 1) / 2) * width
         bars = ax.bar(xs, heights, width, color=colour, label=label)

@@ -87,12 +87,12 @@ def test_job_events_all_methods_and_plot(tmp_path: Path) -> None:
     assert [r["workers_available"] for r in coded] == [4] * 4 + [3] * 4 + [4] * 4
     assert max(r["grad_rel_error"] for r in coded) < 1e-9
     assert all(r["rows_used_max"] == N // r["workers_available"] for r in coded)
-    assert coded[4]["events"] == ["leave 2"] and coded[4]["bytes_moved"] == 0
-    assert coded[8]["bytes_moved"] == N // 2 * D * 8 + 64  # one coded block to the joiner
+    assert coded[4]["events"] == ["leave 2"] and coded[4]["moved_bytes"] == 0
+    assert coded[8]["moved_bytes"] == N // 2 * D * 8 + 64  # one coded block to the joiner
     clean = [r["train_loss"] for r in runs["nofailure"]]
     assert np.allclose([r["train_loss"] for r in coded], clean, rtol=1e-12)
     assert np.allclose(clean, reference_losses(12), rtol=1e-12)
-    assert runs["repartition"][4]["bytes_moved"] >= (N // 4) * (D + 2) * 8
+    assert runs["repartition"][4]["moved_bytes"] >= (N // 4) * (D + 2) * 8
     assert max(r["grad_rel_error"] for r in runs["repartition"]) < 1e-9
     assert runs["ignore"][5]["grad_rel_error"] > 0.1
     status = json.loads((tmp_path / "elastic_status.json").read_text())
@@ -142,7 +142,7 @@ def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> Non
     assert [r["workers_available"] for r in coded] == [4] * first + [3] * (steps - first)
     assert all(r["restarts"] == (r["step"] >= first) for r in coded)
     assert all(r["rows_used_max"] == N // r["workers_available"] for r in coded)
-    assert sum(r["bytes_moved"] for r in coded) == 0  # survivors reused their stored blocks
+    assert sum(r["moved_bytes"] for r in coded) == 0  # survivors reused their stored blocks
     assert stored_digests(tmp_path) == before
     assert max(r["grad_rel_error"] for r in coded) < 1e-9
     assert np.allclose([r["train_loss"] for r in coded], reference_losses(steps), rtol=1e-12)
@@ -180,7 +180,7 @@ def test_matmul_job_is_exact_for_every_method_with_the_time_breakdown(tmp_path: 
             )
     coded = runs["coded"]
     assert [r["rows_used_max"] for r in coded] == [60, 60, 80, 80, 60, 60]  # L b / n
-    assert coded[2]["bytes_moved"] == 0 and runs["uncoded"][2]["bytes_moved"] > 0
+    assert coded[2]["moved_bytes"] == 0 and runs["uncoded"][2]["moved_bytes"] > 0
     assert all(r["rows_used_max"] == 120 for r in runs["nonadaptive"])  # b, whatever n is
     assert "median step" in log and "worst relative error" in log
 
@@ -204,6 +204,6 @@ def test_fully_distributed_job_is_exact_without_a_master(tmp_path: Path) -> None
     assert [r["workers_available"] for r in coded] == [4] * 3 + [3] * 5
     assert all(r["mode"] == "fully_distributed" for r in coded)
     assert max(r["grad_rel_error"] for r in coded) < 1e-9
-    assert coded[3]["events"] == ["leave 2"] and coded[3]["bytes_moved"] == 0
+    assert coded[3]["events"] == ["leave 2"] and coded[3]["moved_bytes"] == 0
     assert np.allclose([r["train_loss"] for r in coded], reference_losses(8), rtol=1e-12)
     assert all(r["comm_bytes"] > 0 and r["test_loss"] is not None for r in coded)

@@ -254,19 +254,19 @@ def test_p6_l3_rows_used_per_worker_are_n_over_n(p6_run) -> None:
         assert r["rows_used_max"] == r["rows_used_min"] == 360 // n
 
 
-def test_p6_l3_bytes_moved(p6_run) -> None:
+def test_p6_l3_moved_bytes(p6_run) -> None:
     runs = by_method(p6_run[0])
     coded = {r["step"]: r for r in runs["coded"]}
-    assert coded[10]["events"] == ["leave 2,4"] and coded[10]["bytes_moved"] == 0
+    assert coded[10]["events"] == ["leave 2,4"] and coded[10]["moved_bytes"] == 0
     block = 120 * 20 * 8  # one coded block: N/L rows x d float64
     assert coded[25]["events"] == ["join 1"]
-    assert coded[25]["bytes_moved"] == block + 24 + 5 * 8  # plus header and STORE ints
-    assert sum(r["bytes_moved"] for r in runs["coded"]) == coded[25]["bytes_moved"]
+    assert coded[25]["moved_bytes"] == block + 24 + 5 * 8  # plus header and STORE ints
+    assert sum(r["moved_bytes"] for r in runs["coded"]) == coded[25]["moved_bytes"]
     assert coded[0]["placement_bytes"] == 6 * (block + 64)
     re = {r["step"]: r for r in runs["repartition"]}
     row = (20 + 2) * 8  # [id, x, y]
-    assert re[10]["bytes_moved"] >= 120 * row  # the 120 rows of workers 2 and 4 are re-sent
-    assert re[25]["bytes_moved"] >= 72 * row  # the joiner gets N/5 rows
+    assert re[10]["moved_bytes"] >= 120 * row  # the 120 rows of workers 2 and 4 are re-sent
+    assert re[25]["moved_bytes"] >= 72 * row  # the joiner gets N/5 rows
     assert max(r["grad_rel_error"] for r in runs["repartition"]) < 1e-9
 
 
@@ -282,7 +282,7 @@ def test_p6_l3_ignore_diverges_from_no_failure(p6_run) -> None:
 
 def test_records_carry_the_promised_keys(p6_run) -> None:
     keys = {"step", "workers_available", "train_loss", "grad_rel_error", "rows_used_max"}
-    keys |= {"bytes_moved", "step_seconds", "method", "events", "comm_bytes", "test_loss"}
+    keys |= {"moved_bytes", "step_seconds", "method", "events", "comm_bytes", "test_loss"}
     keys |= {"compute_seconds", "decode_seconds", "comm_seconds"}
     for r in p6_run[0]:
         assert set(r) >= keys
@@ -360,7 +360,7 @@ def test_simulated_kill_resumes_with_survivors_and_their_stored_blocks(tmp_path:
     assert [r["step"] for r in coded] == list(range(16))  # nothing lost, nothing repeated
     assert [r["workers_available"] for r in coded] == [4] * 6 + [3] * 10
     assert coded[6]["events"] == ["lost 3 (process died, job restarted)"]
-    assert all(r["bytes_moved"] == 0 for r in coded)  # survivors reuse their blocks
+    assert all(r["moved_bytes"] == 0 for r in coded)  # survivors reuse their blocks
     assert max(r["grad_rel_error"] for r in coded) < 1e-9
     clean = [r["train_loss"] for r in runs["nofailure"]]
     assert np.allclose([r["train_loss"] for r in coded], clean, rtol=1e-12)
@@ -393,7 +393,7 @@ def test_corrupted_store_is_detected_and_resent(tmp_path: Path) -> None:
     sink = ListSink()
     ElasticMaster(problem, s, LocalChannel(tmp_path), sink, ckpt).run()
     assert [r["step"] for r in sink.records] == [1, 2]
-    assert sink.records[0]["bytes_moved"] == 30 * 4 * 8 + 24 + 5 * 8  # worker 2's block again
+    assert sink.records[0]["moved_bytes"] == 30 * 4 * 8 + 24 + 5 * 8  # worker 2's block again
     assert max(r["grad_rel_error"] for r in sink.records) < 1e-9
 
 
@@ -422,7 +422,7 @@ def test_joins_beyond_p_use_fresh_rows_and_stay_exact(tmp_path: Path) -> None:
     coded = simulate(problem, s, tmp_path)
     assert [r["workers_available"] for r in coded] == [4] * 3 + [6] * 5
     assert coded[3]["rows_used_max"] == 240 // 6
-    assert coded[3]["bytes_moved"] == 2 * (120 * 5 * 8 + 64)
+    assert coded[3]["moved_bytes"] == 2 * (120 * 5 * 8 + 64)
     assert max(r["grad_rel_error"] for r in coded) < 1e-9
 
 

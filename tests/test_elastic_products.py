@@ -22,7 +22,7 @@ from coded_shuffle.errors import UsageError
 KEYS = {
     "method", "step", "workers_available", "result_rel_error", "step_seconds",
     "compute_seconds", "compute_cpu_seconds", "decode_seconds", "comm_seconds", "comm_bytes",
-    "bytes_moved", "placement_bytes", "events", "rows_used_max", "rows_used_min",
+    "moved_bytes", "placement_bytes", "events", "rows_used_max", "rows_used_min",
 }  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def test_every_method_is_exact_under_random_departures_and_joins(p, data, rhs):
         assert r["result_rel_error"] < 1e-10, r
     coded = [r for r in records if r["method"] == "coded"]
     assert [r["workers_available"] for r in coded] == [p, p - len(gone), p][: len(coded)]
-    assert coded[1]["bytes_moved"] == 0
+    assert coded[1]["moved_bytes"] == 0
     b = block_rows(7 * p * size if rhs == 1 else 5 * p * size, size)
     for r in coded:
         n = r["workers_available"]
@@ -64,7 +64,7 @@ def test_every_method_is_exact_under_random_departures_and_joins(p, data, rhs):
                if r["method"] == "nonadaptive")  # fmt: skip
     if gone:
         uncoded = [r for r in records if r["method"] == "uncoded"]
-        assert uncoded[1]["bytes_moved"] > 0  # the departed rows are re-sent
+        assert uncoded[1]["moved_bytes"] > 0  # the departed rows are re-sent
 
 
 def test_the_papers_setting_p6_l3_two_pre_empted_then_a_join():
@@ -74,7 +74,7 @@ def test_the_papers_setting_p6_l3_two_pre_empted_then_a_join():
     coded = [r for r in records if r["method"] == "coded"]
     assert [r["workers_available"] for r in coded] == [6, 6, 4, 4, 5, 5]
     assert [r["rows_used_max"] for r in coded] == [100, 100, 150, 150, 120, 120]  # N / n
-    assert coded[2]["bytes_moved"] == 0 and coded[4]["bytes_moved"] > 0
+    assert coded[2]["moved_bytes"] == 0 and coded[4]["moved_bytes"] > 0
     non = [r for r in records if r["method"] == "nonadaptive"]
     assert all(r["rows_used_max"] == 200 for r in non)  # N / L whatever n is
     assert max(r["result_rel_error"] for r in records) < 1e-12

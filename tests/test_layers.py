@@ -125,14 +125,10 @@ def test_no_import_inside_a_function_of_the_math():
     assert not {k: v for k, v in hidden.items() if v}
 
 
-def test_the_library_uses_absolute_imports_of_the_new_paths_only():
-    """No relative import, and no path from before the layers (those are aliases for users)."""
-    from coded_shuffle import _moved
-
+def test_the_library_uses_absolute_imports_only():
     for path in library_modules():
         for line, name in library_imports(path) + library_imports(path, True):
             assert not name.startswith("."), f"{path}:{line}: relative import {name}"
-            assert _moved.new_name(name) is None, f"{path}:{line}: old path {name}"
 
 
 def test_each_layer_imports_only_the_layers_below_it():
@@ -173,18 +169,15 @@ def test_no_import_circles():
             visit(node, [])
 
 
-def test_the_paths_before_the_layers_still_import_the_same_modules():
-    import coded_shuffle.transports.chain as old_chain
-    from coded_shuffle.schemes import get_scheme
+def test_the_paths_before_the_layers_are_gone():
+    """No alias of an old module path (the project has no release to stay compatible with)."""
+    import importlib
 
-    import coded_shuffle.distributed.transports.chain as chain
-    import coded_shuffle.math.schemes as schemes
+    import pytest
 
-    assert old_chain is chain and get_scheme is schemes.get_scheme
-    from coded_shuffle.codec import digest
-    from coded_shuffle.codec.programs import digest as programs_digest
-
-    assert digest is programs_digest
+    for old in ("coded_shuffle.transports.chain", "coded_shuffle.schemes", "coded_shuffle.rates"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 def test_both_registries_refuse_a_name_twice():

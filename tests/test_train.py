@@ -161,8 +161,8 @@ def test_invalid_configs_raise_one_usage_error(overrides, message):
     ("argv", "method"),
     [
         ([], "forkserver"),  # the default: ranks never forked from the threaded launcher
-        (["scheme=cycles", "dist.start_method=fork"], "fork"),
-        (["-m", "dist.start_method=spawn,fork"], "spawn"),
+        (["scheme=cycles", "dist.start_method=spawn"], "spawn"),
+        (["-m", "dist.start_method=spawn,forkserver"], "spawn"),
     ],
 )
 def test_the_launcher_reads_the_start_method_before_composing(argv, method):
@@ -316,7 +316,6 @@ def check_host_bytes(row: dict) -> None:
         assert row["network_bytes"] == row["network_bytes_model"]  # from the plan's keep sets
     elif row["transport"] == "tree":  # gloo's binomial tree: 0 -> 1, 2, 4; 1 -> 3
         assert egress == [3 * link, link, 0, 0, 0] and ingress == [0, link, link, link, link]
-        assert row["gloo_tree_bytes"] == 4 * link
     elif row["phase"] == "coded" and row["transport"] == "p2p":
         assert egress[0] == 0  # the workers send what leaves them, the master nothing
         assert row["network_bytes"] >= row["uncoded_points"] * row["point_bytes"]

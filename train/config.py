@@ -213,7 +213,7 @@ class DistConf:
     chunk_bytes: int = 262144
     """Payload bytes per message (one 52-byte header each), >= 1."""
     start_method: str = "forkserver"
-    """fork | spawn | forkserver (local launcher only)."""
+    """forkserver | spawn (local launcher only)."""
     monitor_interval: float = 0.1
     """Seconds between the launcher's liveness checks."""
     max_restarts: int = 0

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _set_pg_timeout  # no public setter (torch 2.13)
 
-from coded_shuffle.codec import set_threads as set_codec_threads
+from coded_shuffle.codec.kernel import set_threads as set_codec_threads
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, rank_label
 from coded_shuffle.errors import UsageError
 

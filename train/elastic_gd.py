@@ -244,7 +244,7 @@ class ProgressSink:
         error = float(record.get("grad_rel_error", 0.0))
         self.worst_error[method] = max(self.worst_error.get(method, 0.0), error)
         for text in record.get("events") or []:
-            moved = human_bytes(record["bytes_moved"])
+            moved = human_bytes(record["moved_bytes"])
             self.moved.setdefault(method, []).append(f"{text}: {moved}")
             log.info(
                 f"{method:11s} step {step:>4}/{self.steps}: {text} -> "

@@ -77,7 +77,7 @@ class ProgressSink(JsonlSink):
         for text in record["events"]:
             log.info(
                 f"{method:11s} step {step:>4}/{self.steps}: {text} -> "
-                f"{record['workers_available']} workers, {human_bytes(record['bytes_moved'])} moved"
+                f"{record['workers_available']} workers, {human_bytes(record['moved_bytes'])} moved"
             )
         if self.every and (step % self.every == 0 or step == self.steps - 1):
             log.info(
@@ -93,7 +93,7 @@ class ProgressSink(JsonlSink):
             rows = [r for r in self.records if r["method"] == method]
             ms = statistics.median(r["step_seconds"] for r in rows) * 1e3
             worst = max(r["result_rel_error"] for r in rows)
-            moved = sum(r["bytes_moved"] for r in rows)
+            moved = sum(r["moved_bytes"] for r in rows)
             lines.append(
                 f"{method:11s} median step {ms:.1f} ms, worst relative error {worst:.1e}, "
                 f"{human_bytes(moved)} moved at events"

@@ -97,7 +97,7 @@ def master(settings: Settings, problem: Problem, transport: Any, sink: Any) -> N
                     np.linalg.norm(grad - exact) / max(np.linalg.norm(exact), 1e-300)
                 ),
                 "rows_used_max": used,
-                "bytes_moved": 0,
+                "moved_bytes": 0,
                 "placement_bytes": placement if step == 0 else 0,
                 "comm_bytes": ring_bytes(members.size, used, d),
                 "step_seconds": float(seconds[0]),

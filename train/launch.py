@@ -42,6 +42,8 @@ from .entry import (
     write_config,
 )
 
+# never "fork": the launcher runs threads, and a child forked from it can inherit a held lock
+START_METHODS = ("forkserver", "spawn")
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
 
 
@@ -99,20 +101,17 @@ def launch(cfg: DictConfig, run_dir: str) -> None:
         nproc = num_processes(cfg, module)
         restarts = max_restarts(cfg, module)
         start_method = str(cfg.dist.start_method)
-        if start_method not in ("fork", "spawn", "forkserver"):
-            raise UsageError(f"dist.start_method={start_method!r}; valid: fork, spawn, forkserver")
+        if start_method not in START_METHODS:
+            raise UsageError(
+                f"dist.start_method={start_method!r} unknown; valid: {', '.join(START_METHODS)}"
+            )
     except UsageError as exc:
         fail(str(exc), 2)
     except OmegaConfBaseException as exc:  # a key missing or mistyped in the config
         fail(f"config: {str(exc).strip().splitlines()[0]}", 2)
     write_config(cfg, run_dir)
     os.environ["OMP_NUM_THREADS"] = str(int(cfg.threads))
-    if start_method == "fork":
-        import torch
-
-        # Imports torch's compiler config once here (about 1-3 s), not in every forked process.
-        torch.use_deterministic_algorithms(True)
-    elif start_method == "forkserver":
+    if start_method == "forkserver":
         start_forkserver()  # running already, unless a sweep switched to it
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -93,7 +93,7 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu
     user = [cpu.user, *(float(v) for v in reports["cpu_user_seconds"])]
     system = [cpu.system, *(float(v) for v in reports["cpu_system_seconds"])]
     busy = [u + s for u, s in zip(user, system, strict=True)]
-    row = {
+    return {
         "transport": name,
         "master_egress_bytes": egress[0],
         "host_egress_bytes_max": max(egress),
@@ -108,9 +108,6 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu
         "host_cpu_system_seconds": system,
         "cpu_seconds_per_gb_max": cpu_per_gb(busy, egress, ingress),
     }
-    if name == "tree":  # deprecated name of the same figure (README: "What the numbers mean")
-        row["gloo_tree_bytes"] = row["network_bytes"]
-    return row
 
 
 def cpu_per_gb(busy: Sequence[float], egress: Sequence[int], ingress: Sequence[int]) -> float:

@@ -167,7 +167,7 @@ class ProductRun(Rounds):
                     "decode_seconds": coding,
                     "comm_seconds": max(elapsed - compute - coding, 0.0),
                     "comm_bytes": self.comm,
-                    "bytes_moved": self.moved,
+                    "moved_bytes": self.moved,
                     "placement_bytes": placement,
                     "events": texts,
                     **info,

@@ -186,7 +186,7 @@ class MethodRun(Rounds):
                 "grad_rel_error": float(
                     np.linalg.norm(grad - exact) / max(np.linalg.norm(exact), 1e-300)
                 ),
-                "bytes_moved": self.moved + moved_first,
+                "moved_bytes": self.moved + moved_first,
                 "placement_bytes": placement,
                 "test_loss": problem.test_loss(self.w),
                 "comm_bytes": self.comm,
