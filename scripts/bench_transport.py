@@ -16,6 +16,9 @@ one table row per run:
   transport's cost model (transports.md), computed here from the shared-link bytes;
 * ``NIC/count``: what the master's NIC really sent over the whole run (``cluster.json``, IP
   and TCP headers included) over what the job counted;
+* with ``--medium shared`` (one medium of ``--rate`` that every frame crosses once):
+  ``medium/count``, what crossed the medium over the whole run (``cluster.json``) over the
+  network bytes the job counted (every host's egress);
 * ``cpu s/GB``: the costliest host's CPU seconds per GB through its NIC (median over the coded
   epochs; ``cpu_seconds_per_gb_max``);
 * ``cpu use``: the hosts' CPU seconds in the delivery summed, over the delivery's seconds times
@@ -116,6 +119,14 @@ def nic_ratio(res: Result) -> float:
     return res.cluster["hosts"][0]["nic_tx_bytes"] / counted if counted else math.nan
 
 
+def medium_ratio(res: Result) -> float:
+    """A shared medium's bytes over the whole run (Ethernet frames, the job's other traffic
+    included) / the network bytes the job counted (every host's egress, every epoch)."""
+    counted = sum(r["network_bytes"] for r in res.rows)
+    crossed = res.cluster.get("medium", {}).get("bytes")
+    return crossed / counted if crossed is not None and counted else math.nan
+
+
 def cpu_use(res: Result) -> tuple[float, float]:
     """Median over coded epochs of (all hosts' delivery CPU / (seconds x cores), the largest
     one host's CPU / seconds)."""
@@ -151,7 +162,8 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
         f"hydra.run.dir={run_dir}", *args.set,
     ]  # fmt: skip
     cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(k + 1),
-           "--rate", args.rate, "--mtu", str(args.mtu), "--", *overrides]  # fmt: skip
+           "--rate", args.rate, "--mtu", str(args.mtu), "--medium", args.medium,
+           "--", *overrides]  # fmt: skip
     with cpu_hog(args.cpu_hog):
         out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
@@ -173,8 +185,8 @@ HEADER = (
 
 
 def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
-    """``coded-shuffle predict``'s seconds for this row's cluster (the emulation: a switch,
-    ``tc`` counting 14 framing bytes per frame)."""
+    """``coded-shuffle predict``'s seconds for this row's cluster (the emulation: a switch or
+    a shared medium, ``tc`` counting 14 framing bytes per frame)."""
     from coded_shuffle.costs.model import Network, seconds
     from coded_shuffle.costs.rates import parse_rate
     from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
@@ -184,19 +196,22 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     if key not in _LOADS:
         points = args.points - args.points % res.workers
         cluster = Cluster(res.workers, points, 4 * args.features + 4, scheme=res.scheme)
-        _LOADS[key] = planned_load(cluster)
+        _LOADS[key] = planned_load(cluster, chain=args.medium == "shared")
     rate = parse_rate(args.rate)
-    net = Network("switch", rate, rate, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
-    traffic = _LOADS[key].traffic
-    stream = traffic.uncoded_bytes if res.scheme == "uncoded" else traffic.coded_bytes
-    return seconds(res.transport, stream, traffic, net)
+    net = Network(args.medium, rate, rate, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
+    t = _LOADS[key].traffic
+    if res.scheme == "uncoded":
+        return seconds(res.transport, t.uncoded_bytes, t, net, t.uncoded_links)
+    return seconds(res.transport, t.coded_bytes, t, net, t.coded_links)
 
 
 _LOADS: dict = {}
 
 
 def table(results: list[Result], args: argparse.Namespace) -> list[str]:
-    header = HEADER + (f" {'predicted':>9s} {'pred/meas':>9s}" if args.predict else "")
+    shared = args.medium == "shared"
+    header = HEADER + (f" {'medium/count':>12s}" if shared else "")
+    header += f" {'predicted':>9s} {'pred/meas':>9s}" if args.predict else ""
     lines = [header, "-" * len(header)]
     for k in sorted({r.workers for r in results}):
         mine = [r for r in results if r.workers == k]
@@ -213,6 +228,7 @@ def table(results: list[Result], args: argparse.Namespace) -> list[str]:
                 f"{r.median('network_bytes') / 1e6:10.1f} {model_deviation(r):6.2f}% "
                 f"{nic_ratio(r):9.3f} {r.median('cpu_seconds_per_gb_max'):8.2f} "
                 f"{machine:7.2f} {bound:>5s}"
+                + (f" {medium_ratio(r):12.3f}" if shared else "")
                 + (
                     f" {(p := predicted_seconds(args, r)):9.3f} {p / seconds:9.2f}"
                     if args.predict
@@ -296,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rate", default="400mbit", help="every NIC's rate (tc units)")
     parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument(
+        "--medium", default="switch", choices=("switch", "shared"),
+        help="the cluster's medium: every NIC on a switch, or one shared medium of --rate",
+    )  # fmt: skip
     parser.add_argument("--points", type=int, default=20000)
     parser.add_argument("--features", type=int, default=500, help="points of 4*F+4 bytes")
     parser.add_argument(
@@ -336,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     combos = [tuple(c.split("/", 1)) for c in args.combos]
     if ("uncoded", "unicast") not in combos:
         parser.error("the combos must include uncoded/unicast (the baseline of 'vs unicast')")
+    medium = "a shared medium" if args.medium == "shared" else "a switch"
     print(
-        f"emulated cluster: K+1 hosts, NICs {args.rate} both ways, MTU {args.mtu}; "
+        f"emulated cluster: K+1 hosts on {medium}, NICs {args.rate} both ways, MTU {args.mtu}; "
         f"{args.points} points of {4 * args.features + 4} bytes, {args.epochs - 1} coded epochs "
         f"(median); every epoch verified{'; a CPU-bound process beside' if args.cpu_hog else ''}",
         flush=True,

@@ -130,10 +130,11 @@ def test_stale_clusters_of_dead_owners_are_swept(tmp_path):
 @ROOT_ONLY
 @pytest.mark.distributed
 def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_nothing(tmp_path):
-    """K = 2 on 3 hosts, multicast with 10% of the datagrams lost at every receiver; host 2 is
-    killed mid-run and started again: the job restarts once (resuming from its checkpoint
-    with every store intact, nothing re-placed, when one was written before the kill) and
-    ends with the parameters of an unbroken run."""
+    """K = 2 on 3 hosts sharing one medium, multicast with 10% of the datagrams lost at every
+    receiver; host 2 is killed mid-run and started again: the job restarts once (resuming
+    from its checkpoint with every store intact, nothing re-placed, when one was written
+    before the kill) and ends with the parameters of an unbroken run. The medium carried
+    every byte the hosts counted, and each multicast frame once."""
     before = our_namespaces()
     run_dir, local = tmp_path / "run", tmp_path / "local"
     unbroken = subprocess.Popen(  # the same job, on one machine, meanwhile (it mostly sleeps)
@@ -141,7 +142,8 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
          f"hydra.run.dir={local}"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    args = ["--hosts", "3", "--rate", "400mbit", "--grace", "10", "--kill", "2@e2", "--",
+    args = ["--hosts", "3", "--rate", "400mbit", "--medium", "shared", "--grace", "10",
+            "--kill", "2@e2", "--",
             "scheme=cycles", "dist.transport=multicast", "dist.multicast.drop=0.1", *LONG,
             "dist.max_restarts=1", f"hydra.run.dir={run_dir}"]  # fmt: skip
     try:
@@ -178,6 +180,11 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     assert record["faults"][0]["kind"] == "kill" and record["faults"][0]["restarted"] is True
     counted = sum(r["master_egress_bytes"] for r in rows)
     assert record["hosts"][0]["nic_tx_bytes"] >= counted  # the NIC saw at least what we counted
+    medium = record["medium"]
+    assert medium["kind"] == "shared" and medium["rate_bits"] == 400_000_000
+    assert medium["bytes"] >= sum(r["network_bytes"] for r in rows)  # every host's egress
+    received = sum(h["nic_rx_bytes"] for h in record["hosts"])  # a multicast frame: twice
+    assert received - medium["bytes"] > 0.5 * counted  # ... but once on the medium
     assert (run_dir / "hosts" / "h2.log").is_file()
     assert our_namespaces() == before
     assert not list(netns.STATE_DIR.glob(f"{record['run_id']}.json"))
@@ -290,3 +297,67 @@ def test_machine_cpu_use_reads_proc_stat_shares(tmp_path):
     assert use["user_share"] == pytest.approx(80 / 240)
     assert use["softirq_share"] == pytest.approx(20 / 240)
     assert machine_cpu_use({}, before) == {} and machine_cpu_ticks(tmp_path / "none") == {}
+
+
+FLOW = """
+import socket, sys, time
+role, port = sys.argv[1], int(sys.argv[2])
+if role == "recv":
+    s = socket.create_server(("0.0.0.0", port))
+    print("ready", flush=True)
+    c, _ = s.accept()
+    while c.recv(1 << 16):
+        pass
+else:
+    c = socket.create_connection((sys.argv[3], port))
+    t0 = time.perf_counter()
+    c.sendall(bytes(int(sys.argv[4])))
+    c.shutdown(socket.SHUT_WR)
+    c.recv(1)
+    print(time.perf_counter() - t0, flush=True)
+"""
+
+
+def _flows(cluster: netns.Cluster, pairs: list[tuple[int, int]], nbytes: int) -> list[float]:
+    """Seconds of TCP flows ``src -> dst`` of ``nbytes`` each, all started together."""
+    receivers, senders = [], []
+    for i, (_, dst) in enumerate(pairs):
+        argv = cluster.exec_argv(dst, [sys.executable, "-c", FLOW, "recv", str(7000 + i)])
+        receivers.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
+    try:
+        for r in receivers:
+            assert r.stdout.readline().strip() == "ready"
+        for i, (src, dst) in enumerate(pairs):
+            argv = [sys.executable, "-c", FLOW, "send", str(7000 + i), cluster.address(dst)]
+            argv.append(str(nbytes))
+            senders.append(subprocess.Popen(cluster.exec_argv(src, argv), stdout=subprocess.PIPE))
+        return [float(s.communicate(timeout=60)[0]) for s in senders]
+    finally:
+        for p in receivers + senders:
+            p.kill()
+            p.wait()
+
+
+@ROOT_ONLY
+@pytest.mark.slow
+def test_a_shared_medium_is_one_budget_for_every_host_and_leaves_nothing():
+    """``--medium shared``: two flows between disjoint pairs of hosts share the medium's rate
+    (on a switch each has its own NICs' rate); the medium counts what crossed it; the ifb and
+    every namespace go with the cluster."""
+    before = our_namespaces()
+    nbytes, rate = 2_000_000, 40_000_000  # 0.4 s alone at 40 Mbit/s
+    with netns.Cluster(4, rate, medium="switch") as switch:
+        alone = max(_flows(switch, [(0, 1), (2, 3)], nbytes))
+    with netns.Cluster(4, rate, medium="shared") as shared:
+        first = shared.medium_counters()
+        together = max(_flows(shared, [(0, 1), (2, 3)], nbytes))
+        crossed = shared.medium_counters()["tx_bytes"] - first["tx_bytes"]
+        ifbs = subprocess.run(
+            ["ip", "-n", shared.bridge_ns, "-o", "link", "show", "type", "ifb"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert shared.medium_dev in ifbs
+    assert alone < 0.6 and together > 1.5 * alone, (alone, together)
+    assert 2 * nbytes < crossed < 2.2 * nbytes  # both flows, each frame once (and ACKs)
+    assert our_namespaces() == before
+    assert netns.Cluster(3, rate).medium_counters() == {}  # a switch has no medium to count

@@ -12,9 +12,9 @@ busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethern
   (gloo's binomial tree); ``multicast``: ``R_c`` in datagrams once, paced at ``pace_share``
   of the slowest NIC.
 * ``shared``: one medium that every transmission occupies (the papers' shared link): the sum
-  of every host's egress over the rate; multicast still sends once. ``chain`` counts every
-  relay's copy of the whole stream, an upper bound: a relay forwards only what a worker after
-  it keeps.
+  of every host's egress over the rate; multicast still sends once. ``chain`` pays for every
+  relay's copy: every message on as many links as it reaches down the chain (a relay forwards
+  only what a worker after it keeps; :attr:`Traffic.coded_links`, from the plan).
 * ``uplink``: a switch whose master sits behind a slower link (``master_rate < rate``).
 
 ``overhead_seconds`` is a fixed cost per delivery (reports, digests, round trips) and
@@ -30,11 +30,17 @@ from dataclasses import dataclass
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
     ETHERNET_WIRE_BYTES,
+    chain_bytes,
+    chain_reach,
     default_datagram_bytes,
+    message_keepers,
+    message_sizes,
     tcp_wire_bytes,
     wire_bytes,
 )
 from coded_shuffle.errors import UsageError
+from coded_shuffle.math.index_decoder import decode_plan
+from coded_shuffle.math.plan import Plan, byte_parts, subpoint_bytes
 
 TOPOLOGIES = ("switch", "shared", "uplink")
 TRANSPORTS = ("unicast", "p2p", "tree", "chain", "multicast")
@@ -87,10 +93,19 @@ class Traffic:
     workers: int
     coded_bytes: float  # R_c: the coded broadcast
     uncoded_bytes: float  # R_u: every worker's missing rows, uncoded
+    # links a byte of the stream crosses on a chain, on average (network bytes / stream
+    # bytes): K when every relay forwards everything; less where later workers keep nothing
+    coded_links: float | None = None
+    uncoded_links: float | None = None
 
 
-def seconds(transport: str, stream: float, traffic: Traffic, net: Network) -> float:
-    """Delivery seconds of ``stream`` message bytes (``R_c`` or ``R_u``) over ``transport``."""
+def seconds(
+    transport: str, stream: float, traffic: Traffic, net: Network, links: float | None = None
+) -> float:
+    """Delivery seconds of ``stream`` message bytes (``R_c`` or ``R_u``) over ``transport``.
+
+    ``links``: the chain links a byte of the stream crosses on average (``Traffic.coded_links``
+    or ``uncoded_links``; None: ``K``, every relay forwards everything)."""
     k, r, rm = traffic.workers, net.rate / 8, net.master_rate / 8
     first = min(r, rm)  # the master's stream is as fast as its NIC and the receivers'
     shared = net.topology == "shared"
@@ -106,8 +121,10 @@ def seconds(transport: str, stream: float, traffic: Traffic, net: Network) -> fl
         busy = net.tcp(stream) / r if shared else net.tcp(stream / k) / r
         busy += (k - 1) * net.peer_seconds
     elif transport == "chain":
-        rest = (k - 1) * net.tcp(stream if shared else min(stream, CHAIN_SEGMENT_BYTES)) / r
-        busy = net.tcp(stream) / first + rest
+        if shared:  # every relay's copy crosses the medium
+            busy = net.tcp(stream * (k if links is None else links)) / r
+        else:
+            busy = net.tcp(stream) / first + (k - 1) * net.tcp(min(stream, CHAIN_SEGMENT_BYTES)) / r
     elif transport == "tree":
         rounds = math.ceil(math.log2(k + 1))
         if shared:  # every one of the K copies crosses the medium; the master sends `rounds`
@@ -127,3 +144,21 @@ def master_bytes(transport: str, stream: float, workers: int) -> float:
     if transport == "tree":
         return math.ceil(math.log2(workers + 1)) * stream
     return stream
+
+
+def chain_links(plan: Plan, point_bytes: int, chunk_bytes: int) -> float:
+    """The links a byte of ``plan``'s streams crosses on a chain ``1..K``, on average: every
+    message as far as the last worker that keeps one of its rows, every reach table on every
+    link (the chain's byte model, :func:`~coded_shuffle.costs.wire.chain_bytes`; each
+    worker's kept rows from its decoding program)."""
+    network = stream = 0
+    parts = byte_parts(point_bytes, plan.fractions)
+    for part, b in zip(plan.plans, parts, strict=True):
+        sub = subpoint_bytes(b, part.splits)
+        sizes = message_sizes(part.num_symbols, sub, chunk_bytes)
+        keep = [program.symbol_ids for program in decode_plan(part)]
+        keepers = message_keepers(keep, part.num_symbols, sub, chunk_bytes)
+        order = range(1, part.num_workers + 1)
+        network += chain_bytes(sizes, chain_reach(keepers, order), part.num_workers)
+        stream += sum(sizes)
+    return network / stream if stream else 0.0

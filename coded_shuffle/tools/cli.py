@@ -32,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="coded-shuffle", description="Coded data shuffling: plan, encode, decode, measure."
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_evaluate(sub)
+    _add_predict(sub)
+    sub.add_parser("schemes", help="list the registered schemes")
+    sub.add_parser("transports", help="list the registered transports")
+    _add_cluster(sub)
+    return parser
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser(
         "evaluate", help="run a scheme on random bytes and verify every worker's decode"
     )
@@ -60,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--new", type=Path, help="next assignment (.npy), with --old")
     ev.add_argument("--json", action="store_true", help="one JSON object per line per transition")
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser(
         "predict",
         help="predict every transport's delivery seconds for a described cluster",
@@ -78,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--topology",
         default="switch",
-        help="switch (full bisection, default) | shared (one medium) | uplink (a master "
-        "behind a slower link: --master-rate below --rate)",
+        help="switch (full bisection, default) | shared (one medium of --rate) | uplink (a "
+        "master behind a slower link: --master-rate below --rate)",
     )
     pr.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
     pr.add_argument(
@@ -92,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--chunk-bytes", type=int, default=256 << 10, help="payload per message")
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--json", action="store_true", help="one JSON object per row")
-    sub.add_parser("schemes", help="list the registered schemes")
-    sub.add_parser("transports", help="list the registered transports")
+
+
+def _add_cluster(sub: argparse._SubParsersAction) -> None:
     cl = sub.add_parser(
         "cluster",
         help="run the training job (or a torchrun script) on an emulated cluster of hosts",
@@ -103,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--hosts", type=int, help="hosts P (host 0 runs the master)")
     cl.add_argument("--rate", help="every NIC's rate in both directions, e.g. 400mbit")
     cl.add_argument("--master-rate", help="host 0's NIC rate (default: --rate)")
+    cl.add_argument(
+        "--medium",
+        default="switch",
+        help="switch (default: every NIC on a switch) | shared (one medium of --rate that "
+        "every frame of every host crosses once, a multicast frame once: the papers' link)",
+    )
     cl.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
     cl.add_argument(
         "--grace", type=float, default=30.0, help="seconds the others get after a host fails"
@@ -132,7 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="check everything, print what would run, exit"
     )
     cl.add_argument("args", nargs=argparse.REMAINDER, help="-- then overrides or script args")
-    return parser
 
 
 def _load_assignment(path: Path, name: str) -> np.ndarray:
@@ -244,7 +262,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         chunk_bytes=args.chunk_bytes,
         seed=args.seed,
     )
-    load = planned_load(cluster)
+    load = planned_load(cluster, chain=net.topology == "shared")
     rows = predict(cluster, net, load)
     if args.json:
         for obj in as_json(cluster, net, load, rows):

@@ -15,13 +15,20 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from coded_shuffle.costs.model import BROADCASTS, TRANSPORTS, Network, Traffic, master_bytes
+from coded_shuffle.costs.model import (
+    BROADCASTS,
+    TRANSPORTS,
+    Network,
+    Traffic,
+    chain_links,
+    master_bytes,
+)
 from coded_shuffle.costs.model import seconds as transport_seconds
 from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES, framed_parts_bytes
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batch_size, random_assignment
-from coded_shuffle.math.plan import byte_parts, plan_load, subpoint_bytes
+from coded_shuffle.math.plan import Plan, byte_parts, plan_load, subpoint_bytes
 from coded_shuffle.math.schemes import get_scheme
 
 PLAN_POINTS = 1 << 17  # largest N planned as it is (K = 256: under a second)
@@ -64,13 +71,11 @@ class Load:
     planned_points: int  # N' (= N when N <= PLAN_POINTS)
 
 
-def planned_load(cluster: Cluster) -> Load:
-    """The scheme's first transition on random shuffles of ``N'`` points (with excess
-    storage ``T > 1`` the second: its caches change with the deliveries), scaled."""
-    cluster.check()
-    k, n = cluster.workers, cluster.points
-    planned = n if n <= PLAN_POINTS else k * max(1, PLAN_POINTS // k)
-    scheme = get_scheme(cluster.scheme, cluster.point_bytes)
+def _last_plan(cluster: Cluster, name: str, planned: int) -> Plan:
+    """Scheme ``name``'s first transition on random shuffles of ``planned`` points (with
+    excess storage ``T > 1`` the second: its caches change with the deliveries)."""
+    k = cluster.workers
+    scheme = get_scheme(name, cluster.point_bytes)
     scheme.check(planned, k, cluster.storage)
     scheme.check_point_bytes(k, cluster.storage)
     rng = np.random.default_rng(cluster.seed)
@@ -79,6 +84,19 @@ def planned_load(cluster: Cluster) -> Load:
         new = random_assignment(planned, k, rng)
         plan = scheme.plan(state, new)
         state = scheme.next_state(state, plan, new)
+    return plan
+
+
+def planned_load(cluster: Cluster, chain: bool = False) -> Load:
+    """The scheme's load on a random reshuffle (:func:`_last_plan`), scaled to ``N``.
+
+    ``chain``: also the links a byte crosses on a chain, coded and uncoded (what a chain costs
+    on a shared medium; :func:`~coded_shuffle.costs.model.chain_links`, which decodes every
+    worker's program: slower at large ``K``)."""
+    cluster.check()
+    k, n = cluster.workers, cluster.points
+    planned = n if n <= PLAN_POINTS else k * max(1, PLAN_POINTS // k)
+    plan = _last_plan(cluster, cluster.scheme, planned)
     scale = n / planned
     parts = byte_parts(cluster.point_bytes, plan.fractions)
     sizes = [subpoint_bytes(b, p.splits) for p, b in zip(plan.plans, parts, strict=True)]
@@ -87,10 +105,18 @@ def planned_load(cluster: Cluster) -> Load:
     uncoded_points = sum(
         p.uncoded_points * f for p, f in zip(plan.plans, plan.fractions, strict=True)
     )
+    links = {}
+    if chain:
+        uncoded_plan = _last_plan(cluster, "uncoded", planned)
+        links = {
+            "coded_links": chain_links(plan, cluster.point_bytes, cluster.chunk_bytes),
+            "uncoded_links": chain_links(uncoded_plan, cluster.point_bytes, cluster.chunk_bytes),
+        }
     traffic = Traffic(
         workers=k,
         coded_bytes=framed_parts_bytes(coded, sizes, cluster.chunk_bytes),
         uncoded_bytes=framed_parts_bytes(uncoded, sizes, cluster.chunk_bytes),
+        **links,
     )
     return Load(traffic, plan_load(plan) * scale, uncoded_points * scale, planned)
 
@@ -108,12 +134,12 @@ def predict(cluster: Cluster, net: Network, load: Load | None = None) -> list[Ro
     """Every (delivery, transport) that can run: uncoded over all five, coded over the
     broadcasts (unless the scheme is ``uncoded``)."""
     net.check()
-    load = load or planned_load(cluster)
+    load = load or planned_load(cluster, chain=net.topology == "shared")
     t = load.traffic
-    combos = [("uncoded", x, t.uncoded_bytes) for x in TRANSPORTS]
+    combos = [("uncoded", x, t.uncoded_bytes, t.uncoded_links) for x in TRANSPORTS]
     if cluster.scheme != "uncoded":
-        combos += [("coded", x, t.coded_bytes) for x in BROADCASTS]
-    timed = [(d, x, transport_seconds(x, s, t, net), s) for d, x, s in combos]
+        combos += [("coded", x, t.coded_bytes, t.coded_links) for x in BROADCASTS]
+    timed = [(d, x, transport_seconds(x, s, t, net, links), s) for d, x, s, links in combos]
     best = min(sec for d, _, sec, _ in timed if d == "uncoded")
     return [Row(d, x, sec, master_bytes(x, s, t.workers), sec / best) for d, x, sec, s in timed]
 

@@ -13,6 +13,7 @@ from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import Cluster, check_privileges, sweep_stale
 from coded_shuffle.tools.cluster.run import (
+    Counters,
     Fault,
     check_training_config,
     last_error,
@@ -46,7 +47,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         rest = rest[1:]
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
-    cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu)
+    cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu, medium=args.medium)
     faults = [Fault.parse(kind, text, args.hosts) for kind in ("kill", "cut")
               for text in getattr(args, kind, None) or []]  # fmt: skip
     if not args.dry_run:
@@ -72,18 +73,20 @@ def run_cluster_command(args: argparse.Namespace) -> int:
             argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
             rate = format_rate(cluster.host_rate(i))
             print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
+        if cluster.medium == "shared":
+            print(f"medium: shared, {format_rate(cluster.rate)} for every frame of every host")
         print(f"logs: {logs}; record: {record}")
         return 0
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with cluster:
-            before, ticks = cluster.nic_counters(), machine_cpu_ticks()
+            before, ticks = Counters.read(cluster), machine_cpu_ticks()
             t0 = time.perf_counter()
             results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults)
             wall = time.perf_counter() - t0
             cpu = machine_cpu_use(ticks, machine_cpu_ticks())
             record.parent.mkdir(parents=True, exist_ok=True)
-            after = cluster.nic_counters()
+            after = Counters.read(cluster)
             write_record(record, cluster, before, after, results, wall, faults, cpu)
     finally:
         for s, handler in old.items():

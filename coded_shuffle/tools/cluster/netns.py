@@ -2,7 +2,16 @@
 
 Every host ``h<i>`` is a namespace with one NIC, ``eth0`` (a veth pair), plugged into a
 bridge that lives in a namespace of its own; ``tc tbf`` limits every NIC in both directions
-(the host's ``eth0`` limits what it sends, the bridge's port what it receives). Addresses
+(the host's ``eth0`` limits what it sends, the bridge's port what it receives).
+
+The medium between the NICs is a switch (``medium="switch"``: full bisection, the bridge
+forwards at once) or a **shared medium** (``medium="shared"``: the papers' broadcast link,
+one bus or radio channel): every frame that enters the bridge from any host is first
+redirected (an ``ingress`` qdisc on every bridge port, a ``u32`` filter matching every frame,
+the ``mirred`` action) into one ``ifb`` device whose ``tbf`` is the medium's budget of
+``rate``; the ifb hands it back to the bridge, which then forwards it (and copies a multicast
+frame to every port after the medium: a multicast frame is paid once). The ifb's counters
+are what crossed the medium. Addresses
 (``10.77.0.<i+1>/24``) and the multicast route exist only inside these namespaces. Names
 carry a random run id, so two clusters never collide, and every cluster is registered in
 :data:`STATE_DIR` with the pid that owns it: :func:`sweep_stale` removes what a killed owner
@@ -29,6 +38,7 @@ NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.77.0"
 MAX_HOSTS = 250
 IFACE = "eth0"
+MEDIA = ("switch", "shared")
 
 
 class ClusterError(RuntimeError):
@@ -131,6 +141,7 @@ class Cluster:
     rate: int
     master_rate: int | None = None
     mtu: int = 1500
+    medium: str = "switch"
     run_id: str = field(default_factory=lambda: os.urandom(3).hex())
     created: list[str] = field(default_factory=list)
 
@@ -139,6 +150,8 @@ class Cluster:
             raise UsageError(f"--hosts {self.hosts} out of range 2..{MAX_HOSTS}")
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"--mtu {self.mtu} out of range 576..65535")
+        if self.medium not in MEDIA:
+            raise UsageError(f"--medium {self.medium!r} unknown; valid: {', '.join(MEDIA)}")
 
     # -- names -----------------------------------------------------------------------------
 
@@ -148,6 +161,11 @@ class Cluster:
 
     def host_ns(self, i: int) -> str:
         return f"cs{self.run_id}h{i}"
+
+    @property
+    def medium_dev(self) -> str:
+        """The shared medium's ``ifb`` device (in the bridge's namespace)."""
+        return f"cs{self.run_id}md"
 
     def address(self, i: int) -> str:
         return f"{SUBNET}.{i + 1}"
@@ -210,6 +228,22 @@ class Cluster:
             _ip("-n", br, "link", "set", port, "up")
             self._limit(ns, IFACE, self.host_rate(i))  # what host i sends
             self._limit(br, port, self.host_rate(i))  # what host i receives
+        if self.medium == "shared":
+            self._share_medium()
+
+    def _share_medium(self) -> None:
+        """Every frame any host sends passes one ``ifb`` limited to ``rate`` before the bridge
+        forwards it (module docstring)."""
+        br, medium = self.bridge_ns, self.medium_dev
+        _ip("-n", br, "link", "add", medium, "type", "ifb")
+        _ip("-n", br, "link", "set", medium, "up")
+        self._limit(br, medium, self.rate)
+        for i in range(self.hosts):
+            port = f"p{i}"
+            _tc(br, "qdisc", "add", "dev", port, "handle", "ffff:", "ingress")
+            _tc(br, "filter", "add", "dev", port, "parent", "ffff:", "protocol", "all",
+                "u32", "match", "u32", "0", "0",
+                "action", "mirred", "egress", "redirect", "dev", medium)  # fmt: skip
 
     def _limit(self, ns: str, dev: str, rate: int) -> None:
         """``tbf`` on ``dev``: ``rate`` bits/s, a 100 ms queue, and a burst of 2 ms at ``rate``
@@ -231,12 +265,21 @@ class Cluster:
 
     def nic_counters(self) -> list[dict[str, int]]:
         """Bytes every host's NIC has sent and received so far."""
-        out = []
-        for i in range(self.hosts):
-            got = _ip("-n", self.host_ns(i), "-j", "-s", "link", "show", "dev", IFACE, check=False)
-            try:
-                stats = json.loads(got.stdout)[0]["stats64"]
-                out.append({"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"]})
-            except (ValueError, LookupError):
-                out.append({"tx_bytes": -1, "rx_bytes": -1})
-        return out
+        return [_counters(self.host_ns(i), IFACE) for i in range(self.hosts)]
+
+    def medium_counters(self) -> dict[str, int]:
+        """Bytes and frames that crossed the shared medium so far (empty on a switch)."""
+        if self.medium != "shared":
+            return {}
+        return _counters(self.bridge_ns, self.medium_dev)
+
+
+def _counters(ns: str, dev: str) -> dict[str, int]:
+    """``dev``'s bytes and frames sent and received (-1 where unreadable)."""
+    got = _ip("-n", ns, "-j", "-s", "link", "show", "dev", dev, check=False)
+    try:
+        stats = json.loads(got.stdout)[0]["stats64"]
+        return {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"],
+                "tx_packets": stats["tx"]["packets"]}  # fmt: skip
+    except (ValueError, LookupError):
+        return {"tx_bytes": -1, "rx_bytes": -1, "tx_packets": -1}

@@ -313,11 +313,36 @@ def machine_cpu_use(before: dict[str, int], after: dict[str, int]) -> dict[str, 
     }
 
 
+@dataclass
+class Counters:
+    """The cluster's NIC and medium counters at one moment."""
+
+    nics: list[dict[str, int]]
+    medium: dict[str, int]
+
+    @classmethod
+    def read(cls, cluster: Cluster) -> Counters:
+        return cls(cluster.nic_counters(), cluster.medium_counters())
+
+
+def medium_record(cluster: Cluster, before: Counters, after: Counters) -> dict:
+    """What ``cluster.json`` says of the medium: a switch, or the shared medium's rate and
+    what crossed it (Ethernet frames: headers included)."""
+    if cluster.medium != "shared":
+        return {"kind": cluster.medium}
+    return {
+        "kind": "shared",
+        "rate_bits": cluster.rate,
+        "bytes": after.medium["tx_bytes"] - before.medium["tx_bytes"],
+        "frames": after.medium["tx_packets"] - before.medium["tx_packets"],
+    }
+
+
 def write_record(
     path: Path,
     cluster: Cluster,
-    before: list[dict],
-    after: list[dict],
+    before: Counters,
+    after: Counters,
     results,
     wall: float,
     faults: Sequence[Fault] = (),
@@ -331,14 +356,15 @@ def write_record(
                 "address": cluster.address(i),
                 "rate_bits": cluster.host_rate(i),
                 "exit_code": results[i].code,
-                "nic_tx_bytes": after[i]["tx_bytes"] - before[i]["tx_bytes"],
-                "nic_rx_bytes": after[i]["rx_bytes"] - before[i]["rx_bytes"],
+                "nic_tx_bytes": after.nics[i]["tx_bytes"] - before.nics[i]["tx_bytes"],
+                "nic_rx_bytes": after.nics[i]["rx_bytes"] - before.nics[i]["rx_bytes"],
             }
         )
     record = {
         "run_id": cluster.run_id,
         "mtu": cluster.mtu,
         "wall_seconds": wall,
+        "medium": medium_record(cluster, before, after),
         "hosts": hosts,
         "faults": [f.record() for f in faults],
         "machine_cpu": cpu or {},
