@@ -13,11 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset, TensorDataset
 
-from coded_shuffle.codec.records import RecordLayout
+from coded_shuffle.codec import buffers
+from coded_shuffle.codec.records import ColumnDataset, RecordLayout, item_labels
 from coded_shuffle.costs.wire import REACH_DTYPE
 from coded_shuffle.distributed.transports.framing import HEADER_BYTES
 from coded_shuffle.errors import UsageError
 from tests.ranks import run_ranks
+from tests.test_packed import mapped_file
 
 # every dtype a record can hold: two of the same size (float16, bfloat16) must not be confused
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -71,7 +73,7 @@ def test_records_round_trip_byte_identical(n, fields, columns, seed):
     ds = TensorDataset(*cols) if columns else Items(cols, single)
     layout = RecordLayout.from_json(RecordLayout.of(ds).to_json())
     assert layout.single == single
-    rows = layout.pack(ds, n)
+    rows = layout.pack(ds, n).rows(0, n)
     assert rows.dtype == torch.uint8 and rows.shape == (n, layout.record_bytes)
     for got, want in zip(layout.unpack(rows), cols, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
@@ -88,7 +90,7 @@ def test_every_dtype_round_trips_through_its_layout(dtype, columns):
     ds = TensorDataset(*cols) if columns else Items(cols)
     layout = RecordLayout.from_json(RecordLayout.of(ds).to_json())
     assert [f.dtype for f in layout.fields] == [str(dtype).removeprefix("torch."), "float16"]
-    got = layout.unpack(layout.pack(ds, 5))
+    got = layout.unpack(layout.pack(ds, 5).rows(0, 5))
     for g, want in zip(got, cols, strict=True):
         assert g.dtype == want.dtype and g.shape == want.shape
         assert raw_bytes(g) == raw_bytes(want)
@@ -97,7 +99,7 @@ def test_every_dtype_round_trips_through_its_layout(dtype, columns):
 def test_the_jobs_records_are_features_then_the_int32_label():
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     y = torch.tensor([7, -1], dtype=torch.int32)
-    rows = RecordLayout.of(TensorDataset(x, y)).pack(TensorDataset(x, y), 2)
+    rows = RecordLayout.of(TensorDataset(x, y)).pack(TensorDataset(x, y), 2).rows(0, 2)
     want = np.concatenate(
         [
             x.numpy().astype("<f4").view(np.uint8).reshape(2, 12),
@@ -106,6 +108,30 @@ def test_the_jobs_records_are_features_then_the_int32_label():
         axis=1,
     )
     assert rows.numpy().tobytes() == want.tobytes() and rows.shape == (2, 16)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 40), picked=st.integers(0, 2**16), seed=st.integers(0, 2**16))
+def test_records_apart_or_through_an_index_read_the_joined_bytes(n, picked, seed):
+    """Columns kept apart (a large data set: never joined) and read through an index (a
+    held-out split of a packed directory) give every row, pick and digest of the same records
+    joined in memory; nothing is copied whole (the columns are the dataset's own memory)."""
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.standard_normal((n + 3, 2, 3), dtype=np.float32))
+    y = torch.from_numpy(rng.integers(0, 9, n + 3, dtype=np.int64))
+    index = rng.permutation(n + 3)[:n]
+    apart = ColumnDataset(x, y, index=index)
+    joined = TensorDataset(x[torch.from_numpy(index)], y[torch.from_numpy(index)])
+    layout = RecordLayout.of(joined)
+    want, got = layout.pack(joined, n), layout.pack(apart, n)
+    assert want.array is not None and got.array is None  # the index keeps the columns apart
+    assert got.columns[0].ctypes.data == x.data_ptr()  # read where it is: no copy
+    assert torch.equal(got.rows(0, n), want.rows(0, n))
+    ids = np.random.default_rng(picked).integers(0, n, 7)
+    assert np.array_equal(got.gather(ids), want.array.numpy()[ids])
+    assert torch.equal(got.pick(ids).rows(2, 4), want.pick(ids).rows(2, 4))
+    assert got.digest(ids) == want.digest(ids) == hashlib.sha256(want.gather(ids)).digest()
+    assert np.array_equal(item_labels(apart, n), y.numpy()[index])
 
 
 def test_items_of_mixed_shapes_or_types_are_named():
@@ -318,13 +344,22 @@ def epochs_with_store(rank, world, scheme, storage, store_dir, first, last, resu
         if rank:
             assert torch.equal(local.tensors[0], x[cs.indices])
             got[epoch] = cs.indices.tolist()
+            if store_dir is not None:  # decoded into a file of the store, trained from it
+                where = mapped_file(local.rows.data_ptr())
+                assert where is not None and where.startswith(f"{store_dir}/worker-{rank - 1}/")
     cs.close()
     return restored, got
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("scheme", "storage"), [("elmahdy-mohajer", 2.0)])  # cycles: job tests
-def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(tmp_path, scheme, storage):
+def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
+    tmp_path, scheme, storage, monkeypatch
+):
+    """A restart resumes from the stores on disk; a damaged one is found and re-placed. With
+    ``store_dir`` every worker decodes into files of its folder there and trains from them
+    (the ranks fork with every buffer in a file, however small)."""
+    monkeypatch.setattr(buffers, "FILE_MIN_BYTES", 0)
     unbroken = run_ranks(4, epochs_with_store, scheme, storage, None, 1, 5, 0)
     run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 1, 3, 0)  # then "killed"
     intact = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 4, 4, 3)

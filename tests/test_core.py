@@ -10,8 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle.codec import kernel
-from coded_shuffle.codec import programs as codec
+from coded_shuffle.codec import buffers, decode, encode, kernel
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UndecodableError, UsageError
 from coded_shuffle.math.assignment import (
@@ -87,9 +86,9 @@ def test_elimination_fallback_decodes_byte_exactly(point_bytes):
     programs = decode_plan(plan)
     assert programs[0].eliminated > 0 and programs[1].eliminated == 0
     data = random_bytes(6, point_bytes)
-    symbols = codec.encode(plan, data)
+    symbols = encode.encode(plan, data)
     for k, program in enumerate(programs):
-        out = codec.decode(program, symbols, codec.cache_bytes(data, plan, k), point_bytes)
+        out = decode.decode(program, symbols, decode.cache_bytes(data, plan, k), point_bytes)
         assert torch.equal(out, data[torch.from_numpy(plan.new_batches[k])])
 
 
@@ -102,9 +101,9 @@ def test_undecodable_plan_is_rejected():
 
 def test_split_points_pads_and_joins():
     data = random_bytes(5, 10)
-    subs = codec.split_points(data, 3)
+    subs = encode.split_points(data, 3)
     assert subs.shape == (15, 4)
-    assert torch.equal(codec.join_subpoints(subs, 3, 10), data)
+    assert torch.equal(encode.join_subpoints(subs, 3, 10), data)
     assert torch.all(subs.view(5, 12)[:, 10:] == 0)
 
 
@@ -134,8 +133,8 @@ def test_peeling_chains_and_subpoints(points, splits, point_bytes):
     store = WorkerStore.from_master(data, delivery, 1)
     batch, workspaces = delivery.decode(1, symbols, store)
     assert torch.equal(batch, data)
-    kept = store.updated(delivery, 1, workspaces, [np.arange(points * splits)])
-    assert torch.equal(codec.join_subpoints(kept.caches[0], splits, point_bytes), data)
+    kept = store.updated(workspaces, [np.arange(points * splits)])
+    assert torch.equal(encode.join_subpoints(kept.caches[0], splits, point_bytes), data)
     sub = -(-point_bytes // splits)  # a sub-point: the point's bytes / splits, rounded up
     assert delivery.payload_bytes() == (points * splits - 1) * sub
 
@@ -172,7 +171,7 @@ def test_shared_plan_splits_bytes_and_weights_the_load():
 
 def _poison_recycled_buffers(rows: int, row_bytes: int) -> None:
     """Hands out, fills with 0xAB and drops codec buffers, so later outputs reuse garbage."""
-    bufs = [codec.empty_rows(rows, row_bytes) for _ in range(4)]
+    bufs = [buffers.empty_rows(rows, row_bytes) for _ in range(4)]
     for b in bufs:
         b.fill_(0xAB)
     del bufs
@@ -189,7 +188,7 @@ def _poison_recycled_buffers(rows: int, row_bytes: int) -> None:
 def test_decode_writes_every_byte_of_recycled_outputs(k, q, seed, b, name):
     """All outputs recycled (garbage inside); kept symbols or whole broadcast; store update."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(codec, "HUGE_PAGE_BYTES", 1)
+        mp.setattr(buffers, "HUGE_PAGE_BYTES", 1)
         _round_trip_with_garbage(k, q, seed, b, name)
 
 
@@ -211,9 +210,7 @@ def _round_trip_with_garbage(k: int, q: int, seed: int, b: int, name: str) -> No
             batch, work = delivery.decode(w, heard, store)
             assert torch.equal(batch, expected)
         ids = plan.caches[w]
-        nxt = store.updated(
-            delivery, w, work, [np.union1d(ids[: ids.size // 2], plan.new_batches[w])]
-        )
+        nxt = store.updated(work, [np.union1d(ids[: ids.size // 2], plan.new_batches[w])])
         want = np.union1d(ids[: ids.size // 2], plan.new_batches[w])
         assert torch.equal(nxt.caches[0], data[torch.from_numpy(want)])
 
@@ -238,25 +235,25 @@ def test_store_update_reads_cache_scratch_and_batch_rows():
     store = WorkerStore.from_master(data, delivery, 1)
     batch, work = delivery.decode(1, delivery.encode(data), store)
     assert torch.equal(batch, data[5:6])
-    kept = store.updated(delivery, 1, work, [np.array([0, 2, 4, 5])])
+    kept = store.updated(work, [np.array([0, 2, 4, 5])])
     assert torch.equal(kept.caches[0], data[[0, 2, 4, 5]])
     with pytest.raises(ValueError, match="worker 1 cannot keep sub-point 6: never received"):
-        store.updated(delivery, 1, work, [np.array([5, 6])])
+        store.updated(work, [np.array([5, 6])])
 
 
 def test_recycled_buffers_are_never_shared_while_in_use(monkeypatch):
-    monkeypatch.setattr(codec, "HUGE_PAGE_BYTES", 1)
-    first = codec.empty_rows(1000, 40)
+    monkeypatch.setattr(buffers, "HUGE_PAGE_BYTES", 1)
+    first = buffers.empty_rows(1000, 40)
     address = first.data_ptr()
     view = first[500:]
     del first
-    second = codec.empty_rows(1000, 40)  # the view keeps the first buffer in use
+    second = buffers.empty_rows(1000, 40)  # the view keeps the first buffer in use
     assert second.data_ptr() != address
     second.fill_(7)
     view.fill_(9)
     assert torch.all(second == 7)
     del view
-    third = codec.empty_rows(1000, 40)  # now idle: recycled
+    third = buffers.empty_rows(1000, 40)  # now idle: recycled
     assert third.data_ptr() == address
 
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.errors import UsageError
@@ -31,27 +31,27 @@ def test_a_record_is_exactly_the_items_bytes():
     cfg = compose("data=dataset", TINY, TINY_TEST, "model=cnn").data
     items = TinyImages()
     ds = data.load(cfg, workers=7, seed=0)
-    assert ds.x_train.dtype == torch.uint8 and ds.x_train.shape[1:] == (3, 8, 8)
+    x_train = ds.train.tensors[0]
+    assert x_train.dtype == torch.uint8 and x_train.shape[1:] == (3, 8, 8)
     assert ds.num_points == 238 and ds.dropped == 2  # 240 trimmed to a multiple of 7
-    records = RecordLayout.of(TensorDataset(ds.x_train, ds.y_train)).pack(
-        TensorDataset(ds.x_train, ds.y_train), ds.num_points
-    )
+    records = RecordLayout.of(ds.train).pack(ds.train, ds.num_points)
     assert records.shape == (238, 3 * 8 * 8 + 8)  # uint8 pixels and an int64 label
     for i in (0, 1, 117, 237):
         image, label = items[i]
         expected = image.numpy().tobytes() + torch.tensor(label).numpy().tobytes()
-        assert records[i].numpy().tobytes() == expected
+        assert records.gather(np.array([i]))[0].tobytes() == expected
     info = data.describe(cfg)
     assert (info.train_points, info.point_bytes, info.input_shape) == (240, 200, (3, 8, 8))
-    assert info.classes == 4 and ds.x_test.shape == (60, 3, 8, 8)
+    assert info.classes == 4 and ds.test.tensors[0].shape == (60, 3, 8, 8)
 
 
 def test_the_transform_makes_the_models_floats_on_the_decoded_inputs():
     cfg = compose("data=dataset", TINY, "+data.transform.mean=0.5", "+data.transform.std=0.25")
     ds = data.load(cfg.data, workers=4, seed=0)
-    assert ds.x_test.shape[0] == 48 and ds.num_points == 192  # test_fraction 0.2 held out
-    x = model_inputs(data.transform_of(cfg.data), ds.x_train[:5])
-    expected = (ds.x_train[:5].reshape(5, -1).double() / 255 - 0.5) / 0.25
+    assert len(ds.test) == 48 and ds.num_points == 192  # test_fraction 0.2 held out
+    first = ds.train.tensors[0][:5]
+    x = model_inputs(data.transform_of(cfg.data), first)
+    expected = (first.reshape(5, -1).double() / 255 - 0.5) / 0.25
     assert x.dtype == torch.float32 and torch.allclose(x.double(), expected, atol=1e-6)
     shuffle_sgd.validate(compose("data=dataset", TINY, "model=cnn", "workers=4"))
 
@@ -59,7 +59,7 @@ def test_the_transform_makes_the_models_floats_on_the_decoded_inputs():
 def test_dict_items_name_their_input_and_label():
     base = ("data=dataset", "++data.dataset={_target_:tests.image_sets.TinyImages,dict_items:true}")
     ds = data.load(compose(*base).data, workers=2, seed=0)
-    assert ds.x_train.dtype == torch.uint8 and ds.y_train.dtype == torch.int64
+    assert [t.dtype for t in ds.train.tensors] == [torch.uint8, torch.int64]
     extra = "++data.dataset={_target_:tests.image_sets.TinyImages,dict_items:true,extra_key:true}"
     with pytest.raises(UsageError, match=r"input keys \['image', 'mask'\]: set data.input_key"):
         data.describe(compose("data=dataset", extra).data)

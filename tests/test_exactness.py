@@ -16,11 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle.codec import programs as codec
-from coded_shuffle.codec.programs import digest
+from coded_shuffle.codec import decode, encode, ops
+from coded_shuffle.codec.digest import digest
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.epochs import EpochChain
-from coded_shuffle.distributed.reports import batch_digests, verify_digests
+from coded_shuffle.distributed.reports import verify_digests
 from coded_shuffle.errors import VerificationError
 from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import DeliveryPlan, symbol_blocks
@@ -113,7 +113,7 @@ def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_p
         delivery = Delivery.prepare(tr.plan, b)
         sizes = delivery.symbol_bytes()
         # a chunk of rows_per_chunk rows of the widest part (fewer bytes than any row: 1 row)
-        monkeypatch.setattr(codec, "CHUNK_BYTES", rows_per_chunk * max(sizes))
+        monkeypatch.setattr(ops, "CHUNK_BYTES", rows_per_chunk * max(sizes))
         if stores is None:
             stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
         symbols = delivery.encode(data)
@@ -134,7 +134,7 @@ def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_p
             batch, work = delivery.decode(w, symbols, stores[w])
             assert np.array_equal(batch.numpy(), want_batch), where
             caches = scheme.part_caches(tr.next_state, w)
-            stores[w] = stores[w].updated(delivery, w, work, caches)
+            stores[w] = stores[w].updated(work, caches)
             for part, ids in enumerate(caches):
                 want = subpoint_rows(records, slices[part], parts[part].splits, ids)
                 assert np.array_equal(stores[w].caches[part].numpy(), want), f"{where}: store"
@@ -161,12 +161,12 @@ def test_elimination_uses_the_cached_terms_it_needs(point_bytes):
     program = decode_plan(plan)[0]
     assert program.eliminated == 3  # no symbol has a single unknown: peeling alone fails
     data = np.random.default_rng(point_bytes).integers(0, 256, (6, point_bytes), dtype=np.uint8)
-    symbols = codec.encode(plan, torch.from_numpy(data))
+    symbols = encode.encode(plan, torch.from_numpy(data))
     x = data
     want = np.stack([x[0] ^ x[1] ^ x[5], x[1] ^ x[2] ^ x[5], x[0] ^ x[1] ^ x[2]])
     assert np.array_equal(symbols.numpy(), want)
     cache = torch.from_numpy(x[[5]])
-    out = codec.decode(program, symbols, cache, point_bytes)
+    out = decode.decode(program, symbols, cache, point_bytes)
     assert np.array_equal(out.numpy(), x[[0, 1, 2]])
 
 
@@ -183,7 +183,7 @@ def test_a_wrong_batch_makes_verification_fail():
     delivery = Delivery.prepare(tr.plan, b)
     stores = [WorkerStore.from_master(data, delivery, w) for w in range(k)]
     symbols = delivery.encode(data)
-    expected = batch_digests(data, tr.plans[0].new_batches)
+    expected = [digest(data[torch.from_numpy(p)]) for p in tr.plans[0].new_batches]
     reported = [digest(delivery.decode(w, symbols, stores[w])[0]) for w in range(k)]
     assert verify_digests(2, reported, expected) is True
     victim = next(w for w in range(k) if delivery.programs[0][w].symbol_ids.size)

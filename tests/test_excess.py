@@ -130,7 +130,7 @@ def run_epochs(
             batch, work = delivery.decode(w, symbols, stores[w])
             want = data.index_select(0, torch.from_numpy(delivery.plans[0].new_batches[w]))
             assert torch.equal(batch, want), f"worker {w} decoded wrong bytes"
-            updated.append(stores[w].updated(delivery, w, work, scheme.part_caches(nxt, w)))
+            updated.append(stores[w].updated(work, scheme.part_caches(nxt, w)))
         stores = updated
         q = batch_size(n, k)
         parts, _ = part_states(nxt)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle.codec import programs as codec
+from coded_shuffle.codec import buffers, encode, ops
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import (
@@ -60,7 +60,7 @@ def deliver(name: str, old: np.ndarray, new: np.ndarray, k: int, point_bytes: in
         batch, work = delivery.decode(worker, symbols, store)
         expected = data[torch.from_numpy(plan.new_batches[worker])]
         assert torch.equal(batch, expected), f"{name}: worker {worker} decoded wrong bytes"
-        kept = store.updated(delivery, worker, work, [nxt.caches[worker]])
+        kept = store.updated(work, [nxt.caches[worker]])
         assert torch.equal(kept.caches[0], expected)
     return plan, delivery
 
@@ -228,10 +228,10 @@ def test_best_takes_candidates_from_the_registry(monkeypatch):
 
 def test_codec_huge_page_buffers_decode_byte_exactly(monkeypatch):
     """The codec's huge-page outputs (normally from 32 MiB on) carry the same bytes."""
-    monkeypatch.setattr(codec, "HUGE_PAGE_BYTES", 1)
+    monkeypatch.setattr(buffers, "HUGE_PAGE_BYTES", 1)
     rng = np.random.default_rng(2)
     old, new = random_assignment(600, 6, rng), random_assignment(600, 6, rng)
-    out = codec.empty_rows(600, 40)
+    out = buffers.empty_rows(600, 40)
     assert out.shape == (600, 40) and out.dtype == torch.uint8
     deliver("cycles", old, new, 6, point_bytes=40)
 
@@ -239,13 +239,13 @@ def test_codec_huge_page_buffers_decode_byte_exactly(monkeypatch):
 @pytest.mark.parametrize(("row_bytes", "degree"), [(8, 1), (12, 2), (7, 3)])
 def test_run_blocks_scatters_non_contiguous_targets(monkeypatch, row_bytes, degree):
     """Blocks whose targets are not one run of rows, across several chunks."""
-    monkeypatch.setattr(codec, "CHUNK_BYTES", 5 * row_bytes)
+    monkeypatch.setattr(ops, "CHUNK_BYTES", 5 * row_bytes)
     rng = np.random.default_rng(row_bytes)
     src = torch.from_numpy(rng.integers(0, 256, (50, row_bytes), dtype=np.uint8))
     dst = torch.zeros((40, row_bytes), dtype=torch.uint8)
     targets = rng.permutation(40)[:23]
     sources = rng.integers(0, 50, (23, degree))
-    codec.run_blocks((XorBlock(targets, sources),), src, dst)
+    encode.run_blocks((XorBlock(targets, sources),), src, dst)
     expected = np.zeros((40, row_bytes), dtype=np.uint8)
     expected[targets] = np.bitwise_xor.reduce(src.numpy()[sources], axis=1)
     assert np.array_equal(dst.numpy(), expected)
@@ -256,7 +256,7 @@ def test_run_blocks_with_an_unaligned_source():
     raw = torch.from_numpy(np.random.default_rng(4).integers(0, 256, 8 * 9 + 1, dtype=np.uint8))
     src = raw[1:].view(9, 8)  # storage offset 1: not viewable as int64
     dst = torch.zeros((4, 8), dtype=torch.uint8)
-    codec.run_blocks(
+    encode.run_blocks(
         (XorBlock(np.arange(4), np.array([[0, 1], [2, 3], [4, 5], [6, 8]])),), src, dst
     )
     s = src.numpy()

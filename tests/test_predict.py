@@ -74,12 +74,36 @@ def test_a_shared_medium_carries_every_hosts_sends_and_an_uplink_slows_the_maste
     traffic = Traffic(k, rc, 2 * rc)
     shared = Network("shared", 400e6, 400e6, mtu=9000, frame=14)
     one = shared.tcp(rc) / 50e6
-    assert seconds("chain", rc, traffic, shared) == pytest.approx(k * one + 0.02)
+    # a chain pays every relay's copy: K links per byte unless told how far messages reach
+    assert seconds("chain", rc, traffic, shared) == pytest.approx(shared.tcp(k * rc) / 50e6 + 0.02)
+    reach = seconds("chain", rc, traffic, shared, links=2.5)
+    assert reach == pytest.approx(shared.tcp(2.5 * rc) / 50e6 + 0.02)
     assert seconds("tree", rc, traffic, shared) == pytest.approx(k * one + 0.02)
     assert seconds("multicast", rc, traffic, shared) == seconds("multicast", rc, traffic, SWITCH)
     uplink = Network("uplink", 400e6, 100e6, mtu=9000, frame=14)
     assert seconds("unicast", rc, traffic, uplink) == pytest.approx(4 * one + 0.02)
     assert seconds("p2p", rc, traffic, uplink) == seconds("p2p", rc, traffic, SWITCH)
+
+
+def test_a_master_faster_than_its_workers_streams_at_the_workers_rate():
+    """Multicast and chain from a fast master: the receivers' NICs set the pace."""
+    k, rc = 4, 10 * MB
+    traffic = Traffic(k, rc, 2 * rc)
+    fast = Network("switch", 100e6, 400e6, mtu=9000, frame=14)
+    slow = Network("switch", 100e6, 100e6, mtu=9000, frame=14)
+    for transport in ("multicast", "chain"):
+        assert seconds(transport, rc, traffic, fast) == seconds(transport, rc, traffic, slow)
+    assert seconds("multicast", rc, traffic, fast) > fast.datagrams(rc) / (100e6 / 8)
+
+
+def test_chain_links_follow_how_far_each_message_is_kept():
+    """An uncoded stream ordered by worker: a message reaches the worker that keeps it, about
+    (K + 1) / 2 links per byte; a coded one reaches further (its symbols serve two)."""
+    from coded_shuffle.tools.predict import Cluster, planned_load
+
+    coded = planned_load(Cluster(8, 8 * 2000, 2004, chunk_bytes=8192), chain=True).traffic
+    assert 4.0 < coded.uncoded_links < 5.0 and coded.uncoded_links < coded.coded_links <= 8
+    assert planned_load(Cluster(8, 8 * 2000, 2004)).traffic.coded_links is None
 
 
 def test_the_cost_models_constants_are_the_transports_defaults():

@@ -56,8 +56,8 @@ def test_digits_are_trimmed_to_a_multiple_of_the_workers():
     cfg = compose("data=digits").data
     ds = data.load(cfg, workers=7, seed=0)
     assert ds.num_points % 7 == 0 and 0 <= ds.dropped < 7
-    assert ds.num_points + ds.dropped + ds.x_test.shape[0] == 1797
-    assert abs(float(ds.x_train.mean())) < 1e-3  # standardised with the training statistics
+    assert ds.num_points + ds.dropped + len(ds.test) == 1797
+    assert abs(float(ds.train.tensors[0].mean())) < 1e-3  # standardised with the statistics
     assert data.describe(cfg).train_points == ds.num_points + ds.dropped
 
 
@@ -123,7 +123,7 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
             batch, work = mine.decode(k, heard, stores[k])
             want = records[torch.from_numpy(tr.plans[0].new_batches[k])]
             assert torch.equal(batch, want), f"{name} epoch {tr.epoch} worker {k}"
-            stores[k] = stores[k].updated(mine, k, work, scheme.part_caches(tr.next_state, k))
+            stores[k] = stores[k].updated(work, scheme.part_caches(tr.next_state, k))
 
 
 # --- validation: before any process starts -------------------------------------------------
@@ -138,7 +138,10 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
         (["workers=0"], "workers=0 out of range"),
         (["optim.batch_size=0"], "optim.batch_size=0"),
         (["model=cnn", "data=synthetic", "data.features=10"], "square"),
-        (["data=file", "data.path=/no/such.npz"], "is not a file"),
+        (
+            ["data=file", "data.path=/no/such.npz"],
+            "is neither a directory of .npy files nor a file",
+        ),
         (["debug.die_rank=7"], "debug.die_rank=7 out of range 0..4"),
         (["dist.transport=smoke"], "dist.transport='smoke' unknown; valid: chain, multicast"),
         (["dist.transport=p2p"], "dist.transport=p2p carries uncoded deliveries only"),

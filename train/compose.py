@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, open_dict
 
+from coded_shuffle.errors import UsageError
 from coded_shuffle.math.schemes import REGISTRY
 
 from .config import SchemeConf, register_schemas
@@ -53,7 +54,8 @@ def group_options(group: str) -> list[str]:
 
 
 def check_group_overrides(argv: list[str]) -> None:
-    """Unknown ``scheme=``/``data=``/... values fail in one line (Hydra's own spans many)."""
+    """Unknown ``scheme=``/``data=``/... values: :class:`UsageError` in one line (Hydra's own
+    spans many)."""
     for arg in argv:
         m = re.fullmatch(r"[+~]?(\w+)=(.*)", arg)
         if not m or m.group(1) not in GROUPS or re.search(r"[()\[\]{}*$]", m.group(2)):
@@ -61,7 +63,7 @@ def check_group_overrides(argv: list[str]) -> None:
         valid = group_options(m.group(1))
         for name in filter(None, m.group(2).split(",")):
             if name not in valid:
-                fail(f"unknown {m.group(1)} {name!r}; valid: {', '.join(valid)}", 2)
+                raise UsageError(f"unknown {m.group(1)} {name!r}; valid: {', '.join(valid)}")
 
 
 def compose_argv(argv: list[str]) -> tuple[DictConfig, str]:

@@ -68,13 +68,18 @@ class SyntheticConf:
 class FileConf:
     _target_: str = "train.data.File"
     source: str = "file"
-    """X (n, ...) and y (n,) integer labels from an .npz or .pt file."""
+    """X (n, ...) and y (n,) integer labels: a directory of .npy files (memory-mapped, never
+    loaded whole; coded-shuffle pack writes one), or an .npz or .pt file."""
     path: str = MISSING
-    """The file (required)."""
+    """DIR (X.npy, y.npy, optional X_test.npy, y_test.npy), FILE.npz or FILE.pt (required)."""
     test_fraction: float = 0.2
-    """Share held out for evaluation when the file has no X_test / y_test, in (0, 1)."""
-    normalise: bool = True
-    """Per-feature standardisation with the training split's statistics."""
+    """Share held out for evaluation when there is no X_test / y_test, in (0, 1)."""
+    normalise: bool | None = None
+    """Per-feature standardisation with the training split's statistics; null: true for a
+    file, false for a directory (its records move as stored)."""
+    transform: Any = field(default_factory=lambda: {"_target_": "train.data.ToFloat"})
+    """Decoded inputs (n, ...) -> the model's floats (default ToFloat: uint8 scaled by 1/255,
+    float32 as it is)."""
     placement: str = "random"
     """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
     shards)."""
@@ -219,6 +224,9 @@ class DistConf:
     max_restarts: int = 0
     """How often the launcher restarts the job's processes after a failure (>= 0); the
     job resumes from its checkpoint."""
+    store_dir: str | None = None
+    """Where every worker's store lives, memory-mapped (one folder per worker); null: the
+    run directory's stores/."""
     chain: ChainOptions = field(default_factory=ChainOptions)
     """The transports' own options: their dataclasses, the library's (one source)."""
     multicast: MulticastOptions = field(default_factory=MulticastOptions)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from coded_shuffle.codec.records import ColumnDataset, as_tensor
 from coded_shuffle.errors import UsageError
+
+from .packed import Packed
 
 log = logging.getLogger("train")
 
@@ -58,22 +61,24 @@ class DataInfo:
         return self.shape or (self.features,)
 
 
+EVAL_ROWS = 1 << 16  # test items the master evaluates at a time
+
+
 @dataclass(frozen=True)
 class DataSet:
     """The master's data: the (trimmed) training split and the held-out test split, as the
-    records will carry them (inputs in the items' dtype and shape, integer labels)."""
+    records will carry them (inputs in the items' dtype and shape, integer labels), as
+    ``(input, label)`` columns read where they are: in memory, or memory-mapped files."""
 
-    x_train: torch.Tensor  # (N, *item shape)
-    y_train: torch.Tensor  # (N,) integer labels (int32 for the array sources)
-    x_test: torch.Tensor
-    y_test: torch.Tensor  # int64
+    train: ColumnDataset
+    test: ColumnDataset
     classes: int
     dropped: int  # training points trimmed so that the workers divide N
     transform: Transform = field(default=_identity)  # decoded inputs -> the model's floats
 
     @property
     def num_points(self) -> int:
-        return int(self.x_train.shape[0])
+        return len(self.train)
 
     @property
     def features(self) -> int:
@@ -82,7 +87,13 @@ class DataSet:
     @property
     def input_shape(self) -> tuple[int, ...]:
         """One model input's shape: the transform's output for one item."""
-        return tuple(self.transform(self.x_train[:1]).shape[1:])
+        return tuple(self.transform(self.train[0][0][None]).shape[1:])
+
+    def test_batches(self, rows: int = EVAL_ROWS) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The test split's ``(inputs, labels)``, ``rows`` items at a time (labels int64)."""
+        for a in range(0, len(self.test), rows):
+            inputs, labels = self.test.take(a, a + rows)
+            yield inputs, labels.long()
 
 
 def record_bytes(features: int) -> int:
@@ -113,24 +124,31 @@ def describe(cfg: Any) -> DataInfo:
 
 def load(cfg: Any, workers: int, seed: int) -> DataSet:
     """The configured data set, split, normalised and trimmed to a multiple of ``workers``."""
-    source = source_of(cfg)
-    if isinstance(source, DatasetSource):
-        return source.load(workers, seed)
+    return source_of(cfg).load(workers, seed)
+
+
+def arrays_data_set(source: Source, workers: int, seed: int) -> DataSet:
+    """An array source's data set (in memory): float32 features and int32 labels."""
     x, y, x_test, y_test = source.raw(seed)
     classes = int(max(y.max(), -1 if y_test is None else y_test.max())) + 1
     if x_test is None:
         test, train = source.held_out(x.shape[0], seed)
         x, y, x_test, y_test = x[train], y[train], x[test], y[test]
-    if source.normalise:
+    if source.standardise:
         x, x_test = _standardise(x, x_test)
     keep = kept(x.shape[0], workers)
     return DataSet(
-        x_train=torch.from_numpy(np.ascontiguousarray(x[:keep], dtype=np.float32)),
-        y_train=torch.from_numpy(np.ascontiguousarray(y[:keep], dtype=np.int32)),
-        x_test=torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.float32)),
-        y_test=torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
+        train=ColumnDataset(
+            torch.from_numpy(np.ascontiguousarray(x[:keep], dtype=np.float32)),
+            torch.from_numpy(np.ascontiguousarray(y[:keep], dtype=np.int32)),
+        ),
+        test=ColumnDataset(
+            torch.from_numpy(np.ascontiguousarray(x_test, dtype=np.float32)),
+            torch.from_numpy(np.ascontiguousarray(y_test, dtype=np.int64)),
+        ),
         classes=classes,
         dropped=int(x.shape[0] - keep),
+        transform=source.input_transform(),
     )
 
 
@@ -157,6 +175,15 @@ class Source:
 
     def raw(self, seed: int) -> Arrays:
         raise NotImplementedError
+
+    def load(self, workers: int, seed: int) -> DataSet:
+        """The data set, split, normalised and trimmed to a multiple of ``workers``."""
+        return arrays_data_set(self, workers, seed)
+
+    @property
+    def standardise(self) -> bool:
+        """Whether the features are standardised with the training split's statistics."""
+        return bool(self.normalise)
 
     def input_transform(self) -> Transform:
         """What turns decoded inputs into the model's floats (the array sources: nothing)."""
@@ -212,27 +239,107 @@ class Synthetic(Source):
         return DataInfo(self.points, self.features, self.classes)
 
     def raw(self, seed: int) -> Arrays:
+        n = self.points
+        blocks = list(self.blocks(seed, self.points + self.test_points))
+        x = np.concatenate([b for b, _ in blocks])
+        y = np.concatenate([b for _, b in blocks])
+        return x[:n], y[:n], x[n:], y[n:]
+
+    def blocks(self, seed: int, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The points (training then test) and their labels, ``rows`` at a time: the same
+        values whatever ``rows`` (NumPy draws a stream of normals in order)."""
         self.check()
-        n, n_test, d, c = self.points, self.test_points, self.features, self.classes
+        n, d, c = self.points + self.test_points, self.features, self.classes
         rng = np.random.default_rng([seed, 11])
         means = rng.standard_normal((c, d), dtype=np.float32) * float(self.separation) / np.sqrt(d)
-        y = rng.integers(0, c, size=n + n_test)
-        x = means[y] + rng.standard_normal((n + n_test, d), dtype=np.float32)
-        return x[:n], y[:n], x[n:], y[n:]
+        y = rng.integers(0, c, size=n)
+        for a in range(0, n, rows):
+            labels = y[a : a + rows]
+            yield means[labels] + rng.standard_normal((labels.size, d), dtype=np.float32), labels
 
 
 @dataclass(frozen=True, kw_only=True)
 class File(Source):
-    """``X``/``y`` (and optional ``X_test``/``y_test``) from an ``.npz`` or ``.pt`` file."""
+    """``X``/``y`` (and optional ``X_test``/``y_test``): a directory of ``.npy`` files
+    (:mod:`train.packed`: memory-mapped, records of any dtype as stored, ``data.transform``
+    on the decoded inputs), or an ``.npz`` / ``.pt`` file (read whole: float32 features,
+    standardised unless ``data.normalise=false``)."""
 
     path: str
+    normalise: bool | None = None  # null: true for .npz/.pt, false for a directory
+    transform: Any = None
+
+    @property
+    def directory(self) -> bool:
+        return bool(self.path) and Path(self.path).is_dir()
+
+    @property
+    def standardise(self) -> bool:
+        if self.directory and self.normalise:
+            raise UsageError(
+                f"data.normalise=true: a directory's records move as stored (no copy of "
+                f"{self.path!r} is made); leave data.normalise null or false (coded-shuffle "
+                "pack writes standardised features where the source standardises)"
+            )
+        return self.normalise is not False and not self.directory
+
+    def input_transform(self) -> Transform:
+        return _transform(self.transform)
+
+    def describe(self) -> DataInfo:
+        if not self.directory:
+            return super().describe()
+        self.standardise  # noqa: B018 (checks data.normalise)
+        packed = Packed.open(Path(self.path))
+        x = as_tensor(np.ascontiguousarray(packed.x[:1]))
+        shape = model_shape(x, self.input_transform())
+        train = packed.x.shape[0]
+        if packed.x_test is None:
+            train -= self.test_count(train)
+        record = int(np.prod(packed.x.shape[1:], dtype=np.int64)) * packed.x.itemsize
+        return DataInfo(
+            train_points=int(train),
+            features=int(np.prod(shape)),
+            classes=packed.classes,
+            record_bytes=record + packed.y.itemsize,
+            shape=shape,
+        )
+
+    def load(self, workers: int, seed: int) -> DataSet:
+        if not self.directory:
+            return super().load(workers, seed)
+        self.standardise  # noqa: B018 (checks data.normalise)
+        packed = Packed.open(Path(self.path))
+        x, y = as_tensor(packed.x), as_tensor(packed.y)
+        transform = self.input_transform()
+        model_shape(x[:1].clone(), transform)
+        if packed.x_test is None or packed.y_test is None:
+            test, train = self.held_out(x.shape[0], seed)
+            keep = kept(train.size, workers)
+            train_set = ColumnDataset(x, y, index=train[:keep], mapped=True)
+            test_set = ColumnDataset(x, y, index=test, mapped=True)
+        else:
+            train = np.arange(x.shape[0])
+            keep = kept(train.size, workers)
+            train_set = ColumnDataset(x[:keep], y[:keep], mapped=True)
+            test = (as_tensor(packed.x_test), as_tensor(packed.y_test))
+            test_set = ColumnDataset(*test, mapped=True)
+        return DataSet(
+            train=train_set,
+            test=test_set,
+            classes=packed.classes,
+            dropped=int(train.size - keep),
+            transform=transform,
+        )
 
     def raw(self, seed: int) -> Arrays:
         path = Path(self.path)
         if not self.path:
-            raise UsageError("data.path is empty; give data.path=FILE.npz or FILE.pt")
+            raise UsageError("data.path is empty; give data.path=DIR, FILE.npz or FILE.pt")
         if not path.is_file():
-            raise UsageError(f"data.path {str(path)!r} is not a file")
+            raise UsageError(
+                f"data.path {str(path)!r} is neither a directory of .npy files nor a file"
+            )
         if path.suffix == ".npz":
             with np.load(path) as f:
                 arrays = {k: f[k] for k in f.files}
@@ -256,19 +363,62 @@ class File(Source):
 
 def _standardise(x: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature zero mean and unit variance with the training split's statistics."""
-    mean = x.mean(axis=0, dtype=np.float64)
-    std = x.std(axis=0, dtype=np.float64)
-    std[std == 0] = 1.0
+    mean, std = column_stats(x)
     return _scaled(x, mean, std), _scaled(x_test, mean, std)
 
 
-def _scaled(x: np.ndarray, mean: np.ndarray, std: np.ndarray, rows: int = 1 << 16) -> np.ndarray:
+STATS_ROWS = 1 << 16  # rows read at a time for the statistics
+
+
+def column_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every column's mean and standard deviation (a zero deviation as 1), in float64, read
+    :data:`STATS_ROWS` rows at a time (a memory-mapped file is never loaded whole)."""
+    return block_stats(lambda: (x[a : a + STATS_ROWS] for a in range(0, x.shape[0], STATS_ROWS)))
+
+
+def block_stats(blocks: Callable[[], Iterator[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`column_stats` of the rows that ``blocks()`` yields in order (called twice).
+
+    Bit for bit ``x.mean(axis=0, dtype=float64)`` and ``x.std(...)`` of the rows stacked:
+    NumPy sums along the first axis row after row, so each block's sum goes on from the
+    previous one's."""
+    total = _row_sum(blocks(), lambda rows: rows)
+    mean = total[0] / total[1]
+    std = np.sqrt(_row_sum(blocks(), lambda rows: np.square(rows - mean))[0] / total[1])
+    std[std == 0] = 1.0
+    return mean, std
+
+
+def _row_sum(
+    blocks: Iterator[np.ndarray], term: Callable[[np.ndarray], np.ndarray]
+) -> tuple[np.ndarray, int]:
+    """``sum_i term(row_i)`` in float64, row by row in order, and the number of rows."""
+    total: np.ndarray | None = None
+    count = 0
+    for block in blocks:
+        rows = term(np.asarray(block, dtype=np.float64))
+        total = np.add.reduce(rows if total is None else np.concatenate([total[None], rows]))
+        count += block.shape[0]
+    assert total is not None
+    return total, count
+
+
+def _scaled(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     """``((x - mean) / std)`` in float64, stored as float32, a block of rows at a time (the
     same values as on the whole array, without a float64 copy of it)."""
     out = np.empty(x.shape, dtype=np.float32)
-    for a in range(0, x.shape[0], rows):
-        out[a : a + rows] = (x[a : a + rows] - mean) / std
+    scale_in_place(out, mean, std, source=x)
     return out
+
+
+def scale_in_place(
+    out: np.ndarray, mean: np.ndarray, std: np.ndarray, source: np.ndarray | None = None
+) -> None:
+    """``out = (source - mean) / std`` (``source`` None: ``out`` itself), computed in float64
+    a block of :data:`STATS_ROWS` rows at a time, stored in ``out``'s dtype."""
+    x = out if source is None else source
+    for a in range(0, x.shape[0], STATS_ROWS):
+        out[a : a + STATS_ROWS] = (x[a : a + STATS_ROWS] - mean) / std
 
 
 def _xy(arrays: dict, xk: str, yk: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -344,21 +494,15 @@ class DatasetSource(Source):
     normalise: bool = False  # inputs move as they are: data.transform scales them
 
     def input_transform(self) -> Transform:
-        """``data.transform`` instantiated (null: the inputs as they are)."""
-        if not self.transform:
-            return _identity
-        fn = _instantiate(self.transform, "data.transform")
-        if not callable(fn):
-            raise UsageError(f"data.transform: {type(fn).__name__} is not callable")
-        return fn
+        return _transform(self.transform)
 
     def items(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Every item's input and label, checked (one line naming the first bad item)."""
-        x, y = self._read(_instantiate(self.dataset, "data.dataset"), "data.dataset")
+        x, y = self._read(instantiate_node(self.dataset, "data.dataset"), "data.dataset")
         if not self.test_dataset:
             return x, y, None, None
         x_test, y_test = self._read(
-            _instantiate(self.test_dataset, "data.test_dataset"), "data.test_dataset"
+            instantiate_node(self.test_dataset, "data.test_dataset"), "data.test_dataset"
         )
         if (x_test.shape[1:], x_test.dtype) != (x.shape[1:], x.dtype):
             raise UsageError(
@@ -369,7 +513,7 @@ class DatasetSource(Source):
 
     def describe(self) -> DataInfo:
         x, y, x_test, y_test = self.items()
-        shape = self._model_shape(x, self.input_transform())
+        shape = model_shape(x, self.input_transform())
         labels = y if y_test is None else torch.cat([y.long(), y_test.long()])
         train = x.shape[0] if x_test is not None else x.shape[0] - self.test_count(x.shape[0])
         return DataInfo(
@@ -383,55 +527,23 @@ class DatasetSource(Source):
     def load(self, workers: int, seed: int) -> DataSet:
         x, y, x_test, y_test = self.items()
         transform = self.input_transform()
-        self._model_shape(x, transform)
+        model_shape(x, transform)
         if x_test is None:
             test, train = (torch.from_numpy(i) for i in self.held_out(x.shape[0], seed))
             x, y, x_test, y_test = x[train], y[train], x[test], y[test]
         assert y_test is not None
         keep = kept(x.shape[0], workers)
         return DataSet(
-            x_train=x[:keep].contiguous(),
-            y_train=y[:keep].contiguous(),
-            x_test=x_test,
-            y_test=y_test.long(),
+            train=ColumnDataset(x[:keep].contiguous(), y[:keep].contiguous()),
+            test=ColumnDataset(x_test, y_test.long()),
             classes=int(max(int(y.max()), int(y_test.max()))) + 1,
             dropped=int(x.shape[0] - keep),
             transform=transform,
         )
 
-    def _model_shape(self, x: torch.Tensor, transform: Transform) -> tuple[int, ...]:
-        """``transform``'s output shape for one item; :class:`UsageError` unless it gives
-        floating-point tensors."""
-        try:
-            out = transform(x[:1].clone())
-        except UsageError:
-            raise
-        except Exception as exc:
-            raise UsageError(f"data.transform failed on item 0: {_first_line(exc)}") from None
-        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
-            got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
-            raise UsageError(
-                f"data.transform must return a floating-point tensor for the model, got {got} "
-                "(the default train.data.ToFloat converts)"
-            )
-        if out.ndim < 2 or out.shape[0] != 1:
-            raise UsageError(
-                f"data.transform maps a batch (n, ...) to (n, ...); for 1 item it gave "
-                f"shape {tuple(out.shape)}"
-            )
-        return tuple(int(s) for s in out.shape[1:])
-
     def _read(self, dataset: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         """All items as two columns: inputs ``(n, *shape)`` in their dtype, labels ``(n,)``."""
-        try:
-            n = len(dataset)
-        except TypeError:
-            raise UsageError(
-                f"{what}: a {type(dataset).__name__} has no len(): a map-style Dataset is needed"
-            ) from None
-        if n < 1:
-            raise UsageError(f"{what} is empty: it needs at least one item per worker")
-        x0, y0 = self._item(dataset[0], 0, what)
+        n, x0, y0 = self.first_item(dataset, what)
         columns = getattr(dataset, "tensors", None)
         if isinstance(columns, tuple | list) and len(columns) == 2:  # a TensorDataset
             xs, ys = columns[0], columns[1]
@@ -441,21 +553,54 @@ class DatasetSource(Source):
             return xs.contiguous(), ys.contiguous()
         xs = torch.empty((n, *x0.shape), dtype=x0.dtype)
         ys = torch.empty(n, dtype=y0.dtype)
+        self.read_items(dataset, what, np.arange(n), xs, ys)
+        return xs, ys
+
+    def first_item(self, dataset: Any, what: str) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """The data set's length and its item 0's input and label (one line if it has none)."""
+        try:
+            n = len(dataset)
+        except TypeError:
+            raise UsageError(
+                f"{what}: a {type(dataset).__name__} has no len(): a map-style Dataset is needed"
+            ) from None
+        if n < 1:
+            raise UsageError(f"{what} is empty: it needs at least one item per worker")
+        x0, y0 = self._item(dataset[0], 0, what)
+        return n, x0, y0
+
+    def read_items(
+        self,
+        dataset: Any,
+        what: str,
+        items: np.ndarray,
+        xs: torch.Tensor,
+        ys: torch.Tensor,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """``xs[j], ys[j]`` = the input and label of item ``items[j]``, every one checked
+        against ``xs``'s and ``ys``'s shape and dtype (one line naming the first that
+        differs); ``progress(done, total)`` now and then (default: a log line every
+        :data:`PROGRESS_SECONDS`)."""
         last = time.perf_counter()
-        for i in range(n):
-            x, y = (x0, y0) if i == 0 else self._item(dataset[i], i, what)
-            if x.shape != x0.shape or x.dtype != x0.dtype:
+        for j, i in enumerate(items.tolist()):
+            x, y = self._item(dataset[i], i, what)
+            if x.shape != xs.shape[1:] or x.dtype != xs.dtype:
                 raise UsageError(
                     f"{what}: item {i} has input {tuple(x.shape)} {x.dtype}, item 0 "
-                    f"{tuple(x0.shape)} {x0.dtype}: every input needs the same shape and dtype"
+                    f"{tuple(xs.shape[1:])} {xs.dtype}: every input needs the same shape and dtype"
                 )
-            if y.dtype != y0.dtype:
-                raise UsageError(f"{what}: item {i} has a {y.dtype} label, item 0 a {y0.dtype} one")
-            xs[i], ys[i] = x, y
-            if time.perf_counter() - last > PROGRESS_SECONDS:
+            if y.dtype != ys.dtype:
+                raise UsageError(f"{what}: item {i} has a {y.dtype} label, item 0 a {ys.dtype} one")
+            xs[j], ys[j] = x, y
+            if time.perf_counter() - last > (1.0 if progress else PROGRESS_SECONDS):
                 last = time.perf_counter()
-                log.info(f"  ... {what}: read {i + 1:,} of {n:,} items")
-        return xs, ys
+                if progress is not None:
+                    progress(j + 1, items.size)
+                else:
+                    log.info(f"  ... {what}: read {j + 1:,} of {items.size:,} items")
+        if progress is not None:
+            progress(items.size, items.size)
 
     def _item(self, item: Any, i: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
         """An item's input tensor and its label as a 0-d integer tensor."""
@@ -492,6 +637,39 @@ class DatasetSource(Source):
                 "torchvision set needs transform=torchvision.transforms.PILToTensor)"
             )
         return x, _label(label, i, what)
+
+
+def model_shape(x: torch.Tensor, transform: Transform) -> tuple[int, ...]:
+    """``transform``'s output shape for one item; :class:`UsageError` unless it gives
+    floating-point tensors."""
+    try:
+        out = transform(x[:1].clone())
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"data.transform failed on item 0: {_first_line(exc)}") from None
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        got = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UsageError(
+            f"data.transform must return a floating-point tensor for the model, got {got} "
+            "(the default train.data.ToFloat converts)"
+        )
+    if out.ndim < 2 or out.shape[0] != 1:
+        raise UsageError(
+            f"data.transform maps a batch (n, ...) to (n, ...); for 1 item it gave "
+            f"shape {tuple(out.shape)}"
+        )
+    return tuple(int(s) for s in out.shape[1:])
+
+
+def _transform(node: Any) -> Transform:
+    """``data.transform`` instantiated (null: the inputs as they are)."""
+    if not node:
+        return _identity
+    fn = instantiate_node(node, "data.transform")
+    if not callable(fn):
+        raise UsageError(f"data.transform: {type(fn).__name__} is not callable")
+    return fn
 
 
 def _label(value: Any, i: int, what: str) -> torch.Tensor:
@@ -534,7 +712,7 @@ def _row_bytes(x: torch.Tensor) -> int:
     return int(np.prod(x.shape[1:], dtype=np.int64)) * x.element_size()
 
 
-def _instantiate(node: Any, key: str) -> Any:
+def instantiate_node(node: Any, key: str) -> Any:
     """``node`` (a config with ``_target_``) instantiated; one line for a missing or
     unimportable target and for a constructor that fails."""
     from hydra.utils import get_object, instantiate
@@ -543,12 +721,16 @@ def _instantiate(node: Any, key: str) -> Any:
     if not isinstance(node, DictConfig | dict) or "_target_" not in node:
         raise UsageError(f"{key} needs a _target_ (e.g. {key}._target_=pkg.module.Class)")
     target = str(node["_target_"])
+    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure in lines of its own
+    level, hydra_log.level = hydra_log.level, logging.CRITICAL
     try:
         get_object(target)
     except Exception:
         raise UsageError(
             f"{key}._target_={target!r} cannot be imported (no such module or attribute)"
         ) from None
+    finally:
+        hydra_log.setLevel(level)
     try:
         return instantiate(node)
     except Exception as exc:

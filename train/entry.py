@@ -39,6 +39,7 @@ from .compose import available_jobs, check_group_overrides, compose_argv, config
 from .dist import (
     PEER_LOSS_GRACE_SECONDS,
     deterministic,
+    return_freed_arrays,
     setup,
     stalled_ranks,
     teardown,
@@ -115,6 +116,7 @@ def run_rank(cfg: DictConfig, run_dir: str) -> None:
     """One rank: deterministic torch, process group, the job's ``run(cfg)``."""
     rank = int(os.environ.get("RANK", "0"))
     stacks_on_signal()
+    return_freed_arrays()
     deterministic(int(cfg.threads))
     _logging(run_dir, rank)
     module = job_module(str(cfg.job.name))
@@ -144,8 +146,8 @@ def _config_error(exc: BaseException) -> None:
 
 def check_main(argv: list[str]) -> None:
     """``python -m train --check [overrides]``: compose and validate, nothing else."""
-    check_group_overrides(argv)
     try:
+        check_group_overrides(argv)
         cfg, _ = compose_argv(argv)
         validate(cfg)
     except UsageError as exc:

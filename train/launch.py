@@ -166,7 +166,10 @@ def main() -> None:
     argv = sys.argv[1:]
     if start_method_of(argv) == "forkserver":
         start_forkserver()
-    check_group_overrides(argv)
+    try:
+        check_group_overrides(argv)
+    except UsageError as exc:
+        fail(str(exc), 2)
     register_configs()
     if not any(a.startswith(("--", "hydra/")) for a in argv if a != "--multirun"):
         check_overrides(argv)

@@ -22,6 +22,7 @@ import math
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset
 
 from coded_shuffle import CodedShuffle
 from coded_shuffle.codec.records import LocalBatch
+from coded_shuffle.distributed import faults
 from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.distributed.shuffle import check_transport
 from coded_shuffle.distributed.transports import JOB_NAMES
@@ -220,7 +222,7 @@ class _Rank:
         self.average_every = int(cfg.optim.get("average_every", 0))  # 0: gradients every step
         self.cs_policy = policy(cfg)
 
-    def coded_shuffle(self, dataset: TensorDataset | None) -> CodedShuffle:
+    def coded_shuffle(self, dataset: Dataset | None) -> CodedShuffle:
         return CodedShuffle(
             dataset,
             scheme=str(self.cfg.scheme.name),
@@ -234,8 +236,17 @@ class _Rank:
             chunk_bytes=int(self.cfg.dist.chunk_bytes),
             epochs=self.epochs,
             liveness=liveness(),  # ticked by every message it moves
-            store_dir=self.ctx.run_dir / "stores" if self.checkpointing else None,
+            store_dir=self.store_dir,
         )
+
+    @property
+    def store_dir(self) -> Path | None:
+        """Where the workers' stores live (memory-mapped) and persist: ``dist.store_dir``,
+        else the run directory's ``stores/``; None without checkpoints (in memory)."""
+        if not self.checkpointing:
+            return None
+        given = self.cfg.dist.get("store_dir")
+        return Path(given) if given else self.ctx.run_dir / "stores"
 
     @property
     def checkpointing(self) -> bool:
@@ -285,13 +296,14 @@ class Master(_Rank):
         self.meta([ds.features, ds.classes, ds.dropped, done])
         # records of the inputs' and labels' own bytes (the array sources: float32 features
         # and an int32 label, 4 d + 4 bytes; data=dataset: the items' dtypes)
-        train = TensorDataset(ds.x_train, ds.y_train)
+        train = ds.train
         self.cs = self.coded_shuffle(train)
-        self.cs.before_send = self.corrupt_if_asked
+        if self.cfg.debug.corrupt_epoch is not None:
+            faults.set_before_send(self.corrupt_if_asked)
         self.n, self.b = self.cs.settings.num_points, self.cs.settings.layout.record_bytes
         self.model = self.build_model(ds.input_shape, ds.classes)
-        self.x_test, self.y_test = model_inputs(ds.transform, ds.x_test), ds.y_test
-        del ds, train  # the coded shuffle holds the training split as records
+        self.data = ds  # its test split, evaluated a block at a time
+        del train  # the coded shuffle reads the training split as records
         self.writer = MetricsWriter(self.ctx.run_dir, self.epochs, bool(self.cfg.tensorboard))
         self.steps = math.ceil(self.n // self.workers / int(self.cfg.optim.batch_size))
         log.info(
@@ -408,9 +420,7 @@ class Master(_Rank):
         models.load_flat(self.model, flat)
         self.model.eval()
         with torch.no_grad():
-            logits = self.model(self.x_test)
-            row["test_loss"] = float(F.cross_entropy(logits, self.y_test))
-            row["test_accuracy"] = float((logits.argmax(1) == self.y_test).double().mean())
+            row["test_loss"], row["test_accuracy"] = self.evaluate()
         if self.checkpointing and self.momentum:
             self.momentum_flat = torch.zeros_like(flat)
             dist.broadcast(self.momentum_flat, src=1, group=self.pair)
@@ -423,6 +433,18 @@ class Master(_Rank):
         row["elapsed_seconds"] = before + now - first
         row["time"] = time.time()  # when the record was written (Unix time)
         return row
+
+    def evaluate(self) -> tuple[float, float]:
+        """Test loss and accuracy of the model, the test split read a block at a time."""
+        losses, correct, count = [], 0.0, 0
+        for inputs, labels in self.data.test_batches():
+            logits = self.model(model_inputs(self.data.transform, inputs))
+            losses.append((float(F.cross_entropy(logits, labels)), labels.numel()))
+            correct += float((logits.argmax(1) == labels).double().sum())
+            count += labels.numel()
+        if len(losses) == 1:
+            return losses[0][0], correct / count
+        return sum(loss * n for loss, n in losses) / count, correct / count
 
     def allreduce_bytes(self, model_bytes: int) -> int:
         """What the workers' all-reduce carries in an epoch (payload): a gradient per step, or
@@ -541,8 +563,9 @@ class Worker(_Rank):
         )
 
     def train(self, epoch: int, batch: LocalBatch) -> None:
-        """One epoch of synchronous SGD over the own batch; worker 0 sends the result."""
-        x, y = model_inputs(self.transform, batch.tensors[0]), batch.tensors[1].long()
+        """One epoch of synchronous SGD over the own batch (each minibatch read from the
+        batch's records where they are: memory or the store's file); worker 0 sends the
+        result."""
         order = torch.from_numpy(minibatch_order(self.seed, epoch, self.k, self.q))
         size = int(self.cfg.optim.batch_size)
         params = list(self.model.parameters())
@@ -557,9 +580,11 @@ class Worker(_Rank):
             if delay:  # debug: a slow model (long epochs without changing the data)
                 time.sleep(delay)
             idx = order[a : a + size]
+            inputs, labels = batch.fields(idx)
+            x, y = model_inputs(self.transform, inputs), labels.long()
             # local SGD: no gradient synchronisation (every step stays inside no_sync)
             with self.ddp.no_sync() if every else contextlib.nullcontext():
-                loss = F.cross_entropy(self.ddp(x[idx]), y[idx])
+                loss = F.cross_entropy(self.ddp(x), y)
                 self.opt.zero_grad(set_to_none=False)
                 loss.backward()  # DDP: the gradients averaged over the workers
             self.opt.step()

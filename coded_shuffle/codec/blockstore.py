@@ -18,12 +18,16 @@ from typing import Any
 
 import numpy as np
 
+DIGEST_BYTES = 16 << 20  # bytes hashed at a time (a mapped array is read, never copied whole)
+
 
 def array_digest(array: np.ndarray) -> bytes:
     """SHA-256 of an array's shape, dtype and bytes (to recognise a stored array)."""
     a = np.ascontiguousarray(array)
     h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
-    h.update(a.tobytes())
+    flat = a.reshape(-1).view(np.uint8) if a.size else np.zeros(0, np.uint8)
+    for start in range(0, flat.size, DIGEST_BYTES):
+        h.update(flat[start : start + DIGEST_BYTES])
     return h.digest()
 
 
@@ -44,7 +48,7 @@ class BlockStore:
 
     def save(self, slot: str, array: np.ndarray, meta: dict[str, Any] | None = None) -> bytes:
         """Persists ``array`` in ``slot`` atomically; returns its digest."""
-        data, info = self._paths(slot)
+        data = self._paths(slot)[0]
         array = np.ascontiguousarray(array, dtype=self.dtype)
         d = array_digest(array)
         tmp = data.with_suffix(".npy.tmp")
@@ -53,20 +57,43 @@ class BlockStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, data)
-        tmp_info = info.with_suffix(".json.tmp")
-        tmp_info.write_text(json.dumps({"digest": d.hex(), **(meta or {})}))
-        os.replace(tmp_info, info)
+        self._describe(slot, d, meta)
         self._cache[slot] = array
         return d
 
-    def load(self, slot: str) -> np.ndarray | None:
-        """The slot's array if present and intact (digest matches), else None."""
+    def adopt(
+        self, slot: str, path: Path, array: np.ndarray, meta: dict[str, Any] | None = None
+    ) -> bytes:
+        """Makes the ``.npy`` file at ``path`` (``array``: its rows, memory-mapped, written in
+        place) the slot, without a copy: synced to disk, then renamed and described. Returns
+        its digest."""
+        data, _ = self._paths(slot)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the mapping's dirty pages too (they are the file's page cache)
+        finally:
+            os.close(fd)
+        os.replace(path, data)
+        d = array_digest(array)
+        self._describe(slot, d, meta)
+        self._cache[slot] = array
+        return d
+
+    def _describe(self, slot: str, digest: bytes, meta: dict[str, Any] | None) -> None:
+        info = self._paths(slot)[1]
+        tmp_info = info.with_suffix(".json.tmp")
+        tmp_info.write_text(json.dumps({"digest": digest.hex(), **(meta or {})}))
+        os.replace(tmp_info, info)
+
+    def load(self, slot: str, mapped: bool = False) -> np.ndarray | None:
+        """The slot's array if present and intact (digest matches), else None; ``mapped``:
+        memory-mapped read-only instead of read into memory."""
         if slot in self._cache:
             return self._cache[slot]
         data, info = self._paths(slot)
         try:
             meta = json.loads(info.read_text())
-            array = np.load(data)
+            array = _read(data, mapped)
         except (OSError, ValueError):
             return None
         if array_digest(array).hex() != meta.get("digest"):
@@ -94,3 +121,13 @@ class BlockStore:
                 shutil.rmtree(child)
             else:
                 child.unlink()
+
+
+def _read(path: Path, mapped: bool) -> np.ndarray:
+    """``np.load`` of ``path``, memory-mapped read-only where asked (an empty array, which
+    cannot be mapped, is read)."""
+    if mapped:
+        array = np.load(path, mmap_mode="r")
+        if array.size:
+            return array
+    return np.load(path)

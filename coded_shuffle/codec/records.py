@@ -4,11 +4,17 @@ A coded delivery moves rows of bytes. An item of a map-style data set (a tensor,
 tensors, of fixed shapes and dtypes) becomes one record: its fields' bytes, in field order, in
 the host's byte order (every rank of a job runs on the same architecture). Decoding the records
 gives the fields back with the same shapes and dtypes, byte-identical.
+
+The master's :class:`Records` read the fields where they are: a data set that exposes its
+columns (a ``TensorDataset``, a :class:`ColumnDataset` of memory-mapped ``.npy`` files) is
+never copied whole; its rows are gathered message by message as they are sent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,22 +76,30 @@ class RecordLayout:
         raw = json.loads(text)
         return cls(tuple(Field(tuple(s), d) for s, d in raw["fields"]), bool(raw["single"]))
 
-    def pack(self, dataset: Any, num_items: int) -> torch.Tensor:
-        """The first ``num_items`` items as an ``(num_items, record_bytes)`` uint8 tensor.
+    def pack(self, dataset: Any, num_items: int) -> Records:
+        """The first ``num_items`` items as :class:`Records` of ``record_bytes`` each.
 
-        A data set that exposes its columns (``TensorDataset.tensors``) is packed column by
-        column; any other is read item by item, each checked against the layout.
+        A data set that exposes its columns (``TensorDataset.tensors``, a
+        :class:`ColumnDataset`) is read column by column where it is: small columns are
+        joined into one array, large ones (or a column set through an ``index``) are kept
+        apart and gathered when read. Any other data set is read item by item, each checked
+        against the layout, into one array.
         """
         columns = getattr(dataset, "tensors", None)
         if isinstance(columns, Sequence) and len(columns) == len(self.fields):
-            tensors = [c[:num_items] for c in columns]
+            index = getattr(dataset, "index", None)
+            tensors = [c if index is not None else c[:num_items] for c in columns]
             for i, (t, f) in enumerate(zip(tensors, self.fields, strict=True)):
                 if Field.of(t[0]) != f:
                     raise UsageError(f"field {i} of the dataset's items changes its shape or dtype")
-        else:
-            tensors = self._stack(dataset, num_items)
-        parts = [_as_bytes(t, num_items) for t in tensors]
-        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()
+            parts = [_as_bytes(t, t.shape[0]) for t in tensors]
+            picked = None if index is None else np.asarray(index[:num_items], dtype=np.int64)
+            mapped = getattr(dataset, "mapped", False)
+            if picked is None and not mapped and num_items * self.record_bytes <= JOIN_MAX_BYTES:
+                return Records([_joined(parts)])
+            return Records([p.numpy() for p in parts], picked)
+        parts = [_as_bytes(t, num_items) for t in self._stack(dataset, num_items)]
+        return Records([_joined(parts)])
 
     def _stack(self, dataset: Any, num_items: int) -> list[torch.Tensor]:
         out = [torch.empty((num_items, *f.shape), dtype=f.torch_dtype) for f in self.fields]
@@ -123,6 +137,136 @@ class RecordLayout:
         return tuple(out)
 
 
+JOIN_MAX_BYTES = 256 << 20  # columns up to this are joined into one array (the fastest codec)
+DIGEST_ROWS_BYTES = 4 << 20  # rows hashed (and gathered) at a time
+
+
+def _joined(parts: list[torch.Tensor]) -> np.ndarray:
+    """A copy of the columns' bytes side by side, as one ``(n, B)`` array."""
+    return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()).numpy()
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor on the same memory (a read-only mapping too: nothing writes it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+class Records:
+    """The master's ``N`` records of ``B`` bytes, read where they are.
+
+    ``columns``: ``(M, b_i)`` uint8 arrays side by side (a record is row ``r`` of each, in
+    order), e.g. memory-mapped ``.npy`` files viewed as bytes; ``index``: the rows ``r`` of the
+    ``N`` records (None: rows ``0 .. N - 1``). Rows are read on demand (:meth:`rows`,
+    :meth:`gather`, :meth:`pick`), a message at a time, so that the master never holds the
+    data set (or an epoch of it) in its own memory.
+    """
+
+    def __init__(self, columns: Sequence[np.ndarray], index: np.ndarray | None = None) -> None:
+        self.columns = [np.asarray(c) for c in columns]
+        self.index = index
+        self.widths = [int(c.shape[1]) for c in self.columns]
+        n = int(self.columns[0].shape[0]) if index is None else int(index.size)
+        self.shape = (n, sum(self.widths))
+
+    @property
+    def array(self) -> torch.Tensor | None:
+        """The ``(N, B)`` rows as one tensor on their memory, when they are one array (the
+        codec's kernel reads them where they are); None otherwise."""
+        if len(self.columns) != 1 or self.index is not None:
+            return None
+        return as_tensor(self.columns[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def gather(self, points: np.ndarray) -> np.ndarray:
+        """Fresh ``(n, B)`` rows of ``points`` (any order)."""
+        rows = np.asarray(points, dtype=np.int64)
+        if self.index is not None:
+            rows = self.index[rows]
+        if len(self.columns) == 1:
+            return self.columns[0][rows]
+        out = np.empty((rows.size, self.shape[1]), dtype=np.uint8)
+        at = 0
+        for column, width in zip(self.columns, self.widths, strict=True):
+            out[:, at : at + width] = column[rows]
+            at += width
+        return out
+
+    def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Records ``first .. first + count`` (a :class:`RowSource` of the framing)."""
+        got = self.gather(np.arange(first, first + count, dtype=np.int64))
+        if out is None:
+            return torch.from_numpy(got)
+        out.numpy()[...] = got
+        return out
+
+    def pick(self, points: np.ndarray) -> PickedRecords:
+        """The records ``points``, in that order, read as they are sent."""
+        return PickedRecords(self, np.asarray(points, dtype=np.int64))
+
+    def digest(self, points: np.ndarray) -> bytes:
+        """SHA-256 of the records ``points`` in that order (a worker's batch), read a bounded
+        run at a time."""
+        h = hashlib.sha256()
+        step = max(1, DIGEST_ROWS_BYTES // max(self.shape[1], 1))
+        array = self.array
+        for a in range(0, points.size, step):
+            run = points[a : a + step]
+            if array is not None:
+                h.update(array.index_select(0, torch.from_numpy(run)).numpy())
+            else:
+                h.update(self.gather(run))
+        return h.digest()
+
+
+class PickedRecords:
+    """Records ``points`` of :class:`Records`, in that order, as a row source."""
+
+    def __init__(self, records: Records, points: np.ndarray) -> None:
+        self.records, self.points = records, points
+        self.shape = (int(points.size), records.shape[1])
+
+    def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        got = self.records.gather(self.points[first : first + count])
+        if out is None:
+            return torch.from_numpy(got)
+        out.numpy()[...] = got
+        return out
+
+    def pick(self, ids: np.ndarray) -> PickedRecords:
+        return PickedRecords(self.records, self.points[ids])
+
+
+class ColumnDataset(torch.utils.data.Dataset):
+    """Items ``(column[index[i]] for column in columns)``: fields stored as whole columns,
+    through ``index`` (None: every row in order). ``mapped``: the columns are memory-mapped
+    files, which :class:`Records` read where they are, never copied into memory (nor joined,
+    however small)."""
+
+    def __init__(
+        self, *columns: torch.Tensor, index: np.ndarray | None = None, mapped: bool = False
+    ) -> None:
+        self.tensors, self.index, self.mapped = columns, index, mapped
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[0] if self.index is None else self.index.size)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        row = int(i if self.index is None else self.index[i])
+        return tuple(c[row] for c in self.tensors)
+
+    def take(self, first: int, stop: int) -> tuple[torch.Tensor, ...]:
+        """Items ``first .. stop - 1`` as columns (views where the rows are one run)."""
+        if self.index is None:
+            return tuple(c[first:stop] for c in self.tensors)
+        rows = torch.from_numpy(np.asarray(self.index[first:stop], dtype=np.int64))
+        return tuple(c.index_select(0, rows) for c in self.tensors)
+
+
 def check_labels(layout: RecordLayout) -> None:
     """:class:`UsageError` unless the items' last field is an integer scalar (a class label:
     what ``placement="by_label"`` sorts by)."""
@@ -140,7 +284,9 @@ def item_labels(dataset: Any, num_items: int) -> np.ndarray:
     """The first ``num_items`` items' labels (their last field) as int64."""
     columns = getattr(dataset, "tensors", None)
     if isinstance(columns, Sequence) and columns:
-        return columns[-1][:num_items].numpy().astype(np.int64)
+        index = getattr(dataset, "index", None)
+        rows = slice(num_items) if index is None else np.asarray(index[:num_items])
+        return np.asarray(columns[-1].numpy()[rows], dtype=np.int64)
     return np.array([int(dataset[i][-1]) for i in range(num_items)], dtype=np.int64)
 
 
@@ -171,17 +317,33 @@ def _as_bytes(t: torch.Tensor, n: int) -> torch.Tensor:
 class LocalBatch(torch.utils.data.Dataset):
     """A worker's batch of one epoch: items with the data set's structure, shapes and dtypes.
 
-    ``tensors`` holds the fields as whole columns (``(n, *shape)``) for vectorised use;
-    ``indices`` the data set indices of the items, in order.
+    ``rows`` holds the records (``(n, record_bytes)`` uint8, where the worker decoded them: in
+    memory, or its store's memory-mapped file); items and minibatches (:meth:`fields`) are
+    unpacked from them on demand. ``tensors`` holds the fields as whole columns
+    (``(n, *shape)``, unpacked once on first use) for vectorised use; ``indices`` the data set
+    indices of the items, in order.
     """
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...], single: bool, indices: np.ndarray):
-        self.tensors, self.single, self.indices = tensors, single, indices
+    def __init__(self, rows: torch.Tensor, layout: RecordLayout, indices: np.ndarray) -> None:
+        self.rows, self.layout, self.indices = rows, layout, indices
+        self.single = layout.single
+        self._tensors: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        if self._tensors is None:
+            self._tensors = self.layout.unpack(self.rows)
+        return self._tensors
+
+    def fields(self, items: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, ...]:
+        """The fields of the items ``items`` (positions in this batch), each ``(n, *shape)``:
+        a minibatch read from the records without unpacking the rest."""
+        picked = torch.as_tensor(np.asarray(items), dtype=torch.int64)
+        return self.layout.unpack(self.rows.index_select(0, picked))
 
     def __len__(self) -> int:
         return int(self.indices.size)
 
     def __getitem__(self, i: int) -> Any:
-        if self.single:
-            return self.tensors[0][i]
-        return tuple(t[i] for t in self.tensors)
+        fields = tuple(f[0] for f in self.fields(np.array([i])))
+        return fields[0] if self.single else fields

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from coded_shuffle.codec import programs as codec
+from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
+from coded_shuffle.codec.encode import subpoints_of
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.transports import Routes
-from coded_shuffle.math.plan import DeliveryPlan, Plan, direct_routes
+from coded_shuffle.distributed.transports.framing import PickedRows
+from coded_shuffle.math.plan import DeliveryPlan, Plan, direct_routes, subpoint_bytes
 from coded_shuffle.math.policies import ShufflePolicy, full_assignment
 from coded_shuffle.math.schemes import Scheme
 from coded_shuffle.math.state import CacheState, part_states
@@ -74,6 +76,7 @@ class EpochChain:
             next_state = self.scheme.next_state(state, plan, new)
             yield Transition(epoch, state, new, plan, next_state, time.perf_counter() - t0)
             state = next_state
+            del plan, next_state  # not alive while the next plan is made
 
 
 def placement_points(scheme: Scheme, state: CacheState, worker: int) -> np.ndarray:
@@ -100,35 +103,46 @@ def symbol_routes(routing: str, plan: DeliveryPlan, known: dict[int, np.ndarray]
 
 def outgoing_rows(
     routes: Routes, plan: DeliveryPlan, worker: int, cache: torch.Tensor
-) -> tuple[np.ndarray, torch.Tensor]:
+) -> tuple[np.ndarray, PickedRows]:
     """The symbol rows ``worker`` sends under ``peers`` routing, cut from its own cache.
 
-    Returns ``(row ids, rows)``: every row whose sender is this worker, in id order.
+    Returns ``(row ids, rows)``: every row whose sender is this worker, in id order, read
+    from the cache as they are sent.
     """
     assert routes.senders is not None
     mine = [n[s == worker + 1] for n, s in zip(routes.needs, routes.senders, strict=True)]
     ids = np.unique(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.int64)
     subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])[ids]
-    local = np.searchsorted(plan.caches[worker], subs)
-    return ids, cache.index_select(0, torch.from_numpy(local))
+    return ids, PickedRows(cache, np.searchsorted(plan.caches[worker], subs))
 
 
 def store_from_points(
-    delivery: Delivery, worker: int, points: np.ndarray, rows: torch.Tensor
+    delivery: Delivery,
+    worker: int,
+    points: np.ndarray,
+    rows: torch.Tensor,
+    buffers: Buffers = IN_MEMORY,
+    slots: list[str | None] | None = None,
 ) -> WorkerStore:
     """The worker's store before ``delivery``, cut from whole points it received at placement.
 
     ``rows[i]`` holds the bytes of point ``points[i]`` (sorted); only the sub-points that the
-    placement gives ``worker`` are kept.
+    placement gives ``worker`` are kept, in ``buffers`` as ``slots[part]`` (the rows
+    themselves where the store is exactly them: whole points, one part).
     """
+    slots = slots or [None] * len(delivery.plans)
     caches = []
-    for plan, cols in zip(delivery.plans, delivery.column_slices(), strict=True):
+    for plan, cols, slot in zip(delivery.plans, delivery.column_slices(), slots, strict=True):
         ids = plan.caches[worker]
         local = np.searchsorted(points, ids // plan.splits)
         if ids.size and (local.max() >= points.size or np.any(points[local] != ids // plan.splits)):
             raise ValueError(f"worker {worker}: placement lacks points of its cache")
-        subs = codec.split_points(rows[:, cols].contiguous(), plan.splits)
+        whole = plan.splits == 1 and cols == slice(0, rows.shape[1])
+        if whole and np.array_equal(local, np.arange(points.size)):
+            caches.append(rows)
+            continue
+        out = buffers.empty(ids.size, subpoint_bytes(cols.stop - cols.start, plan.splits), slot)
         caches.append(
-            subs.index_select(0, torch.from_numpy(local * plan.splits + ids % plan.splits))
+            subpoints_of(rows, cols, plan.splits, local * plan.splits + ids % plan.splits, out)
         )
-    return WorkerStore(caches)
+    return WorkerStore(caches, list(slots))

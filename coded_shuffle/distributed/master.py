@@ -10,15 +10,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from coded_shuffle.codec.programs import Encoder
+from coded_shuffle.codec.encode import Encoder, GatherEncoder
+from coded_shuffle.codec.records import Records
 from coded_shuffle.costs.wire import framed_bytes
+from coded_shuffle.distributed import faults
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
 from coded_shuffle.distributed.reports import (
     REPORT,
     HostCpu,
-    batch_digests,
     gather_reports,
     host_metrics,
     verify_digests,
@@ -34,6 +35,10 @@ from coded_shuffle.math.schemes.base import Scheme
 from coded_shuffle.math.state import CacheState
 from coded_shuffle.math.transition_bounds import lower_bound
 
+ENCODE_AHEAD_MAX_BYTES = 256 << 20  # an epoch's symbols encoded ahead up to this; else streamed
+
+Symbols = list[torch.Tensor] | list[Encoder | GatherEncoder]
+
 
 @dataclass
 class ReadyEpoch:
@@ -41,7 +46,7 @@ class ReadyEpoch:
 
     tr: Transition
     delivery: Delivery
-    symbols: list[torch.Tensor] | list[Encoder]  # encoders: encoded as they are sent
+    symbols: Symbols  # encoders: encoded as they are sent
     expected: list[bytes]  # SHA-256 of every worker's new batch
     bound: tuple[float, bool]
     plan_seconds: float
@@ -51,10 +56,9 @@ class ReadyEpoch:
 class MasterSide:
     """Rank 0's epochs: holds the records, prepares each epoch ahead, delivers and verifies."""
 
-    def __init__(self, ctx: EpochContext, records: torch.Tensor, stream: bool) -> None:
+    def __init__(self, ctx: EpochContext, records: Records, stream: bool) -> None:
         self.ctx, self.records, self.stream = ctx, records, stream
         self.ready: ReadyEpoch | None = None
-        self.before_send: Any = None  # (epoch, symbols) hook: fault injection in tests
 
     @property
     def scheme(self) -> Scheme:
@@ -68,6 +72,7 @@ class MasterSide:
             ready = self.ready or self.prepare(next(self.ctx.transitions), stream=self.stream)
             self.ready = None
             row = self.deliver(ready)
+            del ready  # its plan and programs go before the next epoch's are made
         if self.ctx.epochs is not None and epoch < self.ctx.epochs:
             self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train
         return row
@@ -79,11 +84,12 @@ class MasterSide:
         needs = tuple(
             placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)
         )
-        expected = batch_digests(self.records, batches(ctx.chain.first, ctx.workers))
+        expected = [self.records.digest(p) for p in batches(ctx.chain.first, ctx.workers)]
+        rows = self.records.array
         t0, cpu = time.perf_counter(), HostCpu.start()
         ctx.link.deliver(
             epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=b,
-            routes=Routes(needs), rows=self.records,
+            routes=Routes(needs), rows=self.records if rows is None else rows,
         )  # fmt: skip
         reports, cpu = self.reports(), cpu.stop()
         verified = verify_digests(1, [bytes(r) for r in reports["digest"]], expected)
@@ -109,32 +115,35 @@ class MasterSide:
         the bound, the encoded symbols and the digests every worker's batch must have.
 
         ``stream``: the symbols are encoded message by message while earlier ones are on the
-        link (an epoch that was not made ready while the workers trained)."""
+        link (an epoch that was not made ready while the workers trained, or whose symbols
+        would not fit :data:`ENCODE_AHEAD_MAX_BYTES`, or whose records are not one array in
+        memory: the master never holds an epoch of a large data set)."""
         t0 = time.perf_counter()
-        delivery = Delivery.prepare(tr.plan, self.ctx.record_bytes)
+        delivery = Delivery.prove(tr.plan, self.ctx.record_bytes)
         plan_seconds = tr.plan_seconds + time.perf_counter() - t0
         bound = lower_bound(tr.state, tr.new_assignment)
         t1 = time.perf_counter()
-        symbols: list[torch.Tensor] | list[Encoder]
-        if stream and self.before_send is None:
+        large = delivery.payload_bytes() > ENCODE_AHEAD_MAX_BYTES or self.records.array is None
+        symbols: Symbols
+        if (stream or large) and faults.before_send is None:
             symbols = delivery.encoders(self.records)
         else:
             symbols = delivery.encode(self.records)
         encode_seconds = time.perf_counter() - t1
-        expected = batch_digests(self.records, tr.plans[0].new_batches)
+        expected = [self.records.digest(p) for p in tr.plans[0].new_batches]
         return ReadyEpoch(tr, delivery, symbols, expected, bound, plan_seconds, encode_seconds)
 
     def deliver(self, ready: ReadyEpoch) -> dict[str, Any]:
         """A coded epoch: send every part's symbols, compare the workers' batch digests."""
         tr, delivery, symbols, link = ready.tr, ready.delivery, ready.symbols, self.ctx.link
-        if self.before_send is not None:
+        if faults.before_send is not None:
             assert all(isinstance(x, torch.Tensor) for x in symbols)
-            self.before_send(tr.epoch, symbols)
+            faults.before_send(tr.epoch, symbols)  # type: ignore[arg-type]
         sizes = delivery.symbol_bytes()
         chunk, routing = link.chunk_bytes, link.transport.routing
         t0, cpu = time.perf_counter(), HostCpu.start()
         for part, plan in enumerate(delivery.plans):
-            known = {k: delivery.programs[part][k].symbol_ids for k in range(self.ctx.workers)}
+            known = {k: delivery.keeps(part, k) for k in range(self.ctx.workers)}
             link.deliver(
                 epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
                 row_bytes=sizes[part], routes=symbol_routes(routing, plan, known),
@@ -156,7 +165,7 @@ class MasterSide:
                 "delivery": time.perf_counter() - t0,
                 "plan": ready.plan_seconds,
                 "encode": ready.encode_seconds
-                + sum(x.seconds for x in symbols if isinstance(x, Encoder)),
+                + sum(x.seconds for x in symbols if not isinstance(x, torch.Tensor)),
             },
             stored=self.scheme.stored_points_max(tr.next_state),
             breakdown=delivery.breakdown(),
@@ -250,6 +259,5 @@ class MasterSide:
         )
         self.ctx.link.deliver(
             epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
-            row_bytes=self.ctx.record_bytes, routes=routes,
-            rows=self.records.index_select(0, torch.from_numpy(union)),
+            row_bytes=self.ctx.record_bytes, routes=routes, rows=self.records.pick(union),
         )  # fmt: skip

@@ -1,5 +1,7 @@
-"""A worker's store on its disk after every epoch, so that a restarted job resumes without
-moving it again (``CodedShuffle(store_dir=...)``, :meth:`~coded_shuffle.CodedShuffle.restore`)."""
+"""A worker's store on its disk (``CodedShuffle(store_dir=...)``): the memory-mapped files the
+worker decodes into and trains from, persisted after every epoch so that a restarted job
+resumes without moving them again (:meth:`~coded_shuffle.CodedShuffle.restore`). The store a
+worker works with and the one it restarts from are the same file."""
 
 from __future__ import annotations
 
@@ -10,23 +12,45 @@ from typing import Any
 import torch
 
 from coded_shuffle.codec.blockstore import BlockStore
+from coded_shuffle.codec.buffers import FileBuffers
+from coded_shuffle.codec.records import as_tensor
 from coded_shuffle.distributed.context import ShuffleSettings
 from coded_shuffle.distributed.delivery import WorkerStore
 
 
-class StorePersistence:
-    """Worker ``worker``'s store, one slot per epoch and part (the one before it dropped)."""
+def rank_folder(root: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` keeps its files under a job's store directory."""
+    return Path(root) / ("master" if rank == 0 else f"worker-{rank - 1}")
 
-    def __init__(
-        self, root: str | os.PathLike[str], worker: int, settings: ShuffleSettings, scheme: str
-    ) -> None:
-        self.disk = BlockStore(Path(root) / f"worker-{worker}", dtype=None)
+
+def slot(epoch: int, part: int) -> str:
+    """The name of a store's part after ``epoch``."""
+    return f"e{epoch}-part{part}"
+
+
+class StorePersistence:
+    """A worker's store, one slot per epoch and part (the one before it dropped), in the
+    folder of ``buffers`` (:func:`rank_folder`), where its rows live from the start."""
+
+    def __init__(self, buffers: FileBuffers, settings: ShuffleSettings, scheme: str) -> None:
+        self.disk = BlockStore(buffers.root, dtype=None)
+        self.buffers = buffers
         self.settings, self.scheme = settings, scheme
 
+    def slots(self, epoch: int, parts: int) -> list[str | None]:
+        """Where the store after ``epoch`` goes, part by part."""
+        return [slot(epoch, p) for p in range(parts)]
+
     def save(self, epoch: int, store: WorkerStore) -> None:
+        """Persists the store after ``epoch``: a part already in its slot's file is that file
+        (flushed and named), another is written; the store before the last is dropped."""
         for part, cache in enumerate(store.caches):
-            self.disk.save(f"e{epoch}-part{part}", cache.numpy(), self.identity(epoch))
-            self.disk.remove(f"e{epoch - 2}-part{part}")
+            name = slot(epoch, part)
+            if store.slots[part] == name:
+                self.disk.adopt(name, self.buffers.path(name), cache.numpy(), self.identity(epoch))
+            else:
+                self.disk.save(name, cache.numpy(), self.identity(epoch))
+            self.disk.remove(slot(epoch - 2, part))
 
     def identity(self, epoch: int) -> dict[str, Any]:
         """What a stored store must match to be reused: the same job, the same epoch."""
@@ -42,13 +66,13 @@ class StorePersistence:
         }
 
     def load(self, epoch: int, parts: int) -> WorkerStore | None:
-        """The store after ``epoch``, if every part is present and intact."""
-        caches = []
+        """The store after ``epoch``, if every part is present and intact (memory-mapped)."""
+        caches: list[torch.Tensor] = []
         for part in range(parts):
-            slot = f"e{epoch}-part{part}"
-            meta = {k: v for k, v in self.disk.meta(slot).items() if k != "digest"}
-            array = self.disk.load(slot) if meta == self.identity(epoch) else None
+            name = slot(epoch, part)
+            meta = {k: v for k, v in self.disk.meta(name).items() if k != "digest"}
+            array = self.disk.load(name, mapped=True) if meta == self.identity(epoch) else None
             if array is None:
                 return None
-            caches.append(torch.from_numpy(array))
+            caches.append(as_tensor(array))
         return WorkerStore(caches)

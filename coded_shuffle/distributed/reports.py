@@ -12,7 +12,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.codec.programs import digest
 from coded_shuffle.distributed.transports import HostBytes
 from coded_shuffle.errors import VerificationError
 
@@ -60,11 +59,6 @@ class HostCpu:
     @property
     def total(self) -> float:
         return self.user + self.system
-
-
-def batch_digests(records: torch.Tensor, new_batches: Sequence[np.ndarray]) -> list[bytes]:
-    """SHA-256 of every worker's new batch (its records in sorted point order)."""
-    return [digest(records.index_select(0, torch.from_numpy(b))) for b in new_batches]
 
 
 def verify_digests(epoch: int, reported: Sequence[bytes], expected: Sequence[bytes]) -> bool:

@@ -28,13 +28,14 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.codec import kernel
+from coded_shuffle.codec.buffers import IN_MEMORY, FileBuffers
 from coded_shuffle.codec.records import LocalBatch, RecordLayout, check_labels, item_labels
 from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES
 from coded_shuffle.distributed.context import EpochContext, ShuffleSettings
 from coded_shuffle.distributed.epochs import EpochChain, placement_points
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, is_peer_loss
 from coded_shuffle.distributed.master import MasterSide
-from coded_shuffle.distributed.persistence import StorePersistence
+from coded_shuffle.distributed.persistence import StorePersistence, rank_folder
 from coded_shuffle.distributed.transports import (
     LIBRARY_NAMES,
     Link,
@@ -135,8 +136,6 @@ class CodedShuffle:
         storage, seed).
     liveness : the watchdog (``None`` with ``heartbeat=0``); ``liveness.tick()`` in a long
         loop shows progress.
-    before_send : optional ``(epoch, symbols)`` hook on the master, called before an epoch's
-        symbols are sent (fault injection in tests).
     """
 
     def __init__(
@@ -209,8 +208,13 @@ class CodedShuffle:
             self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
             dist.barrier()  # every worker joined its group before any rank can fail and leave
             peer = Peer(self.rank, world, wait)
+            buffers = (
+                IN_MEMORY if store_dir is None else FileBuffers(rank_folder(store_dir, self.rank))
+            )
             self.link = Link(
-                build_transport(transport, peer, options), chunk_bytes, self._progress(on_progress)
+                build_transport(transport, peer, options, buffers),
+                chunk_bytes,
+                self._progress(on_progress),
             )
             first = self._first_assignment(dataset, num_points) if placement == "by_label" else None
             self.chain = EpochChain(
@@ -231,24 +235,13 @@ class CodedShuffle:
                 self._master = MasterSide(self._ctx, records, stream)
             else:
                 persistence = None
-                if store_dir is not None:
-                    persistence = StorePersistence(
-                        store_dir, self.rank - 1, self.settings, self.scheme.name
-                    )
+                if isinstance(buffers, FileBuffers):
+                    persistence = StorePersistence(buffers, self.settings, self.scheme.name)
                 self._worker = WorkerSide(self._ctx, persistence)
         except BaseException:
             if self._owns_liveness and self.liveness is not None:
                 self.liveness.stop()  # a failed set-up leaves no watchdog behind
             raise
-
-    @property
-    def before_send(self) -> Callable[[int, list[torch.Tensor]], None] | None:
-        return self._master.before_send if self._master is not None else None
-
-    @before_send.setter
-    def before_send(self, hook: Callable[[int, list[torch.Tensor]], None] | None) -> None:
-        if self._master is not None:
-            self._master.before_send = hook
 
     def _progress(
         self, on_progress: Callable[[int, int], None] | None
@@ -339,8 +332,7 @@ class CodedShuffle:
         rows, assignment = self._watched(self._worker.epoch, epoch)
         self.report = self._worker.report
         self.indices = batches(assignment, self.workers)[self.rank - 1]
-        layout = self.settings.layout
-        return LocalBatch(layout.unpack(rows), layout.single, self.indices)
+        return LocalBatch(rows, self.settings.layout, self.indices)
 
     @contextlib.contextmanager
     def watched(self) -> Iterator[None]:

@@ -1,6 +1,8 @@
 """A worker's side of an epoch (ranks ``1..K``): its program derived ahead from the seed, the
 symbols received and decoded with its own store only as they arrive, its report to the
-master, and its store for the next epoch (persisted when ``store_dir`` is given)."""
+master, and its store for the next epoch. With ``store_dir`` the store, the batch and every
+large buffer live in memory-mapped files there (the store persisted after every epoch is the
+file the worker decoded into), so that its own memory does not grow with the data set."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from coded_shuffle.codec.programs import StreamDecoder, digest
+from coded_shuffle.codec.buffers import IN_MEMORY
+from coded_shuffle.codec.decode import StreamDecoder, is_batch
+from coded_shuffle.codec.digest import digest
+from coded_shuffle.codec.ops import gather_rows
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.epochs import (
@@ -34,6 +39,7 @@ class WorkerSide:
 
     def __init__(self, ctx: EpochContext, persistence: StorePersistence | None) -> None:
         self.ctx, self.persistence = ctx, persistence
+        self.buffers = IN_MEMORY if persistence is None else persistence.buffers
         self.worker = ctx.rank - 1
         self.upcoming: Transition | None = next(ctx.transitions, None)
         self.delivery: Delivery | None = None
@@ -55,13 +61,23 @@ class WorkerSide:
             raise UsageError(f"epoch({epoch}) out of range 1..{self.ctx.epochs} (epochs=)")
         tr = self.upcoming
         batch = self.deliver(tr, self.delivery)
+        assignment = tr.new_assignment
+        del tr  # this epoch's plan and program go before the next epoch's are made
+        self.upcoming = self.delivery = None
         self.upcoming = next(self.ctx.transitions, None)
         self.plan_ahead()
-        return batch, tr.new_assignment
+        return batch, assignment
 
     def mine(self, keep: np.ndarray) -> Routes:
         """Routes that name only this worker's needs (what it knows without the others')."""
         return Routes(tuple(keep if i == self.worker else None for i in range(self.ctx.workers)))
+
+    def slots(self, epoch: int) -> list[str | None]:
+        """Where the store after ``epoch`` goes, part by part (None: in memory)."""
+        parts = 1 if self.delivery is None else len(self.delivery.plans)
+        if self.persistence is None:
+            return [None] * parts
+        return self.persistence.slots(epoch, parts)
 
     def placement(self) -> torch.Tensor:
         """Receives the points the placement gives it (its first batch and what it caches)."""
@@ -69,15 +85,19 @@ class WorkerSide:
         cpu = HostCpu.start()
         first = batches(ctx.chain.first, ctx.workers)[k]
         keep = placement_points(ctx.scheme, ctx.chain.initial, k)
+        whole = self.delivery is not None and self.delivery.stores_whole_points(k, keep)
+        out = self.buffers.empty(keep.size, ctx.record_bytes, self.slots(1)[0] if whole else None)
         rows = ctx.link.deliver(
             epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=ctx.settings.num_points,
-            row_bytes=ctx.record_bytes, routes=self.mine(keep),
+            row_bytes=ctx.record_bytes, routes=self.mine(keep), out=out,
         )  # fmt: skip
         assert rows is not None
         t0 = time.perf_counter()
-        batch = rows.index_select(0, torch.from_numpy(np.searchsorted(keep, first)))
+        where = np.searchsorted(keep, first)
+        batch = rows if np.array_equal(keep, first) else gather_rows(rows, where, self.buffers)
         if self.delivery is not None:
-            self.store = store_from_points(self.delivery, k, keep, rows)
+            slots = self.slots(1)
+            self.store = store_from_points(self.delivery, k, keep, rows, self.buffers, slots)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
         self.send_report(digest(batch), seconds, stored, cpu)
@@ -92,10 +112,16 @@ class WorkerSide:
         cpu = HostCpu.start()
         routing = link.transport.routing
         buffers = [
-            torch.empty((delivery.programs[part][k].symbol_ids.size, sub), dtype=torch.uint8)
+            self.buffers.empty(delivery.programs[part][k].symbol_ids.size, sub)
             for part, sub in enumerate(delivery.symbol_bytes())
         ]
-        decoders = delivery.decoders(k, buffers, store)  # decode as the symbols arrive
+        next_caches = self.ctx.scheme.part_caches(tr.next_state, k)
+        store_slots = self.slots(tr.epoch)
+        batch_slots = [  # where the next store is the new batch, decode straight into it
+            slot if is_batch(delivery.programs[part][k], ids) else None
+            for part, (ids, slot) in enumerate(zip(next_caches, store_slots, strict=True))
+        ]
+        decoders = delivery.decoders(k, buffers, store, self.buffers, batch_slots)
         check = delivery.digest_stream(k, decoders)  # and hash the batch as its points are final
         for part, plan in enumerate(delivery.plans):
             keep = delivery.programs[part][k].symbol_ids
@@ -118,9 +144,8 @@ class WorkerSide:
             )  # fmt: skip
         workspaces = [d.finish() for d in decoders]
         t0 = time.perf_counter()
-        batch = delivery.batch(k, workspaces)
-        next_caches = self.ctx.scheme.part_caches(tr.next_state, k)
-        self.store = store.updated(delivery, k, workspaces, next_caches)
+        batch = delivery.batch(k, workspaces, buffers=self.buffers)
+        self.store = store.updated(workspaces, next_caches, self.buffers, store_slots)
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
         self.send_report(check.digest(), seconds, self.store.stored_bytes(), cpu)
         if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
@@ -182,5 +207,6 @@ class WorkerSide:
         )  # fmt: skip
         if k in needs and self.delivery is not None:
             assert rows is not None
-            self.store = store_from_points(self.delivery, k, needs[k], rows)
+            slots = self.slots(completed)
+            self.store = store_from_points(self.delivery, k, needs[k], rows, self.buffers, slots)
             self.persist(completed)

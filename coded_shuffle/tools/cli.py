@@ -37,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("schemes", help="list the registered schemes")
     sub.add_parser("transports", help="list the registered transports")
     _add_cluster(sub)
+    pk = sub.add_parser(
+        "pack",
+        help="write a data set the job takes as memory-mapped .npy files (data=file data.path=DIR)",
+        description="OUT_DIR gets X.npy, y.npy, X_test.npy and y_test.npy from the data source "
+        "that the overrides after -- configure (as for the training job: e.g. data=synthetic "
+        "data.points=1000000, or data=dataset +data.dataset._target_=pkg.Class), written in "
+        "blocks with bounded memory.",
+    )
+    pk.add_argument("out", type=Path, help="the directory to write (must not exist, or be empty)")
+    pk.add_argument("args", nargs=argparse.REMAINDER, help="-- then the data overrides")
     return parser
 
 
@@ -301,12 +311,21 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    """Runs the training package's packer (the data sources are the job's: ``train.pack``)."""
+    import subprocess
+
+    rest = list(args.args)
+    return subprocess.run([sys.executable, "-m", "train.pack", str(args.out), *rest]).returncode
+
+
 COMMANDS = {
     "evaluate": cmd_evaluate,
     "predict": cmd_predict,
     "schemes": cmd_schemes,
     "transports": cmd_transports,
     "cluster": cmd_cluster,
+    "pack": cmd_pack,
 }
 
 

@@ -186,5 +186,5 @@ def _decode_all(
         seconds += time.perf_counter() - t0
         expected = data.index_select(0, torch.from_numpy(delivery.plans[0].new_batches[k]))
         verified &= bool(torch.equal(batch, expected))
-        new_stores.append(store.updated(delivery, k, workspaces, scheme.part_caches(next_state, k)))
+        new_stores.append(store.updated(workspaces, scheme.part_caches(next_state, k)))
     return verified, new_stores, seconds

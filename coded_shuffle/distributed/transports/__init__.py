@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
 from coded_shuffle.distributed.transports.base import (
     JOB_NAMES,
     LIBRARY_NAMES,
@@ -58,10 +59,18 @@ def transport_class(name: str, names: SettingNames = LIBRARY_NAMES) -> type[Tran
         ) from None
 
 
-def build_transport(name: str, peer: Peer, options: Mapping[str, Any] | None = None) -> Transport:
-    """Creates this rank's end of the transport (collective: every rank calls it)."""
+def build_transport(
+    name: str,
+    peer: Peer,
+    options: Mapping[str, Any] | None = None,
+    buffers: Buffers = IN_MEMORY,
+) -> Transport:
+    """Creates this rank's end of the transport (collective: every rank calls it); its large
+    buffers (a multicast stream) come from ``buffers``."""
     cls = transport_class(name)
-    return cls(peer, cls.parse_options(peer.world_size, options))
+    transport = cls(peer, cls.parse_options(peer.world_size, options))
+    transport.buffers = buffers
+    return transport
 
 
 __all__ = [

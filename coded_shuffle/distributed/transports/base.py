@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
 from coded_shuffle.errors import UsageError
 
 Routing = Literal["broadcast", "master", "peers"]
@@ -125,6 +126,7 @@ class Transport(ABC):
         self.peer = peer
         self.options = self.parse_options(peer.world_size, options)
         self.counts = HostBytes()
+        self.buffers: Buffers = IN_MEMORY  # where a transport's own large buffers go
 
     @classmethod
     def parse_options(

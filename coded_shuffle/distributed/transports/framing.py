@@ -85,9 +85,10 @@ class PickedRows:
     """The rows ``ids`` of ``rows`` as a :class:`RowSource`: each message's rows are copied
     straight into its payload, with no whole copy of the picked rows first."""
 
-    def __init__(self, rows: torch.Tensor, ids: np.ndarray) -> None:
-        self.src, self.ids = rows.numpy(), ids
-        self.shape = (ids.size, rows.shape[1])
+    def __init__(self, rows: torch.Tensor | np.ndarray, ids: np.ndarray) -> None:
+        self.src = rows.numpy() if isinstance(rows, torch.Tensor) else rows
+        self.ids = ids
+        self.shape = (ids.size, self.src.shape[1])
 
     def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:
@@ -95,6 +96,19 @@ class PickedRows:
         where = np.arange(count, dtype=np.int64)
         copy_rows(out.numpy(), where, self.src, self.ids[first : first + count])
         return out
+
+    def pick(self, ids: np.ndarray) -> PickedRows:
+        return PickedRows(self.src, self.ids[ids])
+
+
+def pick_rows(rows: torch.Tensor | RowSource, ids: np.ndarray) -> RowSource:
+    """The rows ``ids`` of ``rows``, in that order, produced as they are sent: picked from a
+    tensor or a source that picks (records, a gathering encoder), else from all its rows."""
+    if isinstance(rows, torch.Tensor):
+        return PickedRows(rows, ids)
+    if hasattr(rows, "pick"):
+        return rows.pick(ids)
+    return PickedRows(rows.rows(0, rows.shape[0]), ids)  # an encoder of rows in memory
 
 
 def frame(

@@ -22,11 +22,11 @@ from coded_shuffle.costs.wire import message_keepers, message_sizes
 from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
 from coded_shuffle.distributed.transports.framing import (
     Inbox,
-    PickedRows,
     RowSource,
     frame,
     frame_parts,
     message_ranges,
+    pick_rows,
 )
 
 
@@ -115,8 +115,6 @@ class Link:
         if self.transport.routing == "broadcast":
             out = self._broadcast(header, num_rows, row_bytes, routes, rows, out, on_rows)
         else:
-            if rows is not None and not isinstance(rows, torch.Tensor):
-                rows = rows.rows(0, rows.shape[0])  # rows picked per worker: produced at once
             out = self._routed(header, row_bytes, routes, rows, row_ids, out, on_rows)
         self.seconds += time.perf_counter() - t0
         return out
@@ -180,7 +178,7 @@ class Link:
         header: tuple[int, int, int],
         row_bytes: int,
         routes: Routes,
-        rows: torch.Tensor | None,
+        rows: torch.Tensor | RowSource | None,
         row_ids: np.ndarray | None,
         out: torch.Tensor | None,
         on_rows: Callable[[int], None] | None,
@@ -209,8 +207,7 @@ class Link:
                     assert rows is not None
                     ids = need[pos]
                     local = ids if row_ids is None else np.searchsorted(row_ids, ids)
-                    picked = PickedRows(rows, local)
-                    outgoing[index] = self._frame(picked, header)
+                    outgoing[index] = self._frame(pick_rows(rows, local), header)
                 else:
                     assert out is not None
                     every = np.arange(pos.size, dtype=np.int64)

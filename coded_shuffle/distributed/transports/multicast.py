@@ -367,7 +367,7 @@ class Multicast(Transport):
         datagram after every block, while the network loses datagrams); later rounds what
         some worker missed, until none misses anything. The pace adapts after every round."""
         n, d = self._count(total), self.datagram_bytes
-        data = np.empty(n * d, dtype=np.uint8)
+        data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
         full = wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu)
         pacer = _Pacer(self.pace, full)
@@ -496,7 +496,7 @@ class Multicast(Transport):
         edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(edges[-1])
         n = self._count(total)
-        out = np.empty(n * d, dtype=np.uint8)
+        out = self.buffers.empty(n, d).numpy().reshape(-1)
         flat = torch.from_numpy(out)
         have = np.zeros(n, dtype=bool)
         parity = _Parity(total, d, self.parity_block)

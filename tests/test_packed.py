@@ -1,0 +1,177 @@
+"""Data sets on disk: ``coded-shuffle pack`` writes what the job's master would hold, and
+``data=file data.path=DIR`` reads it memory-mapped, never whole: the same records, bytes for
+bytes, as the source packed (so the same parameters), with one-line errors for bad files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from coded_shuffle.codec.records import RecordLayout
+from coded_shuffle.distributed.delivery import Delivery
+from coded_shuffle.distributed.epochs import EpochChain
+from coded_shuffle.errors import UsageError
+from coded_shuffle.math.schemes import get_scheme
+from tests.test_train import compose
+from train import data, pack, shuffle_sgd
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["data=dataset", "data.dataset._target_=tests.image_sets.TinyImages"]
+
+
+def mapped_file(address: int) -> str | None:
+    """The file whose mapping holds ``address`` in this process (None: anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(v, 16) for v in fields[0].split("-"))
+        if lo <= address < hi:
+            return fields[5] if len(fields) > 5 and fields[5].startswith("/") else None
+    return None
+
+
+def records_of(*overrides: str, workers: int = 4):
+    cfg = compose(*overrides)
+    ds = data.load(cfg.data, workers, int(cfg.seed))
+    return RecordLayout.of(ds.train).pack(ds.train, ds.num_points), ds
+
+
+def same_data(a: tuple, b: tuple) -> None:
+    """Two sources give the same training records and the same test split, byte for byte."""
+    (ra, da), (rb, db) = a, b
+    assert ra.shape == rb.shape and torch.equal(ra.rows(0, ra.shape[0]), rb.rows(0, rb.shape[0]))
+    assert da.dropped == db.dropped and len(da.test) == len(db.test)
+    for (xa, ya), (xb, yb) in zip(da.test_batches(), db.test_batches(), strict=True):
+        assert xa.dtype == xb.dtype and torch.equal(xa, xb) and torch.equal(ya, yb)
+    first = da.train.tensors[0][:3]
+    assert torch.equal(da.transform(first), db.transform(first))  # what the model reads
+
+
+def test_a_packed_synthetic_set_is_the_synthetic_sources_records(tmp_path, monkeypatch):
+    """Drawn, standardised and written in many blocks: the very bits ``data=synthetic``
+    draws and standardises in memory at once."""
+    monkeypatch.setattr(pack, "BLOCK_BYTES", 8 * 12 * 37)  # 37 points a block
+    monkeypatch.setattr(data, "STATS_ROWS", 50)
+    knobs = ["data.points=1003", "data.test_points=101", "data.features=12", "seed=5"]
+    line = pack.pack(tmp_path / "syn", ["data=synthetic", *knobs])
+    assert "N = 1,003 training records of 52 bytes" in line and "101 test records" in line
+    packed = records_of("data=file", f"data.path={tmp_path / 'syn'}", "seed=5")
+    same_data(records_of("data=synthetic", *knobs), packed)
+
+
+def test_a_packed_dataset_and_digits_are_their_sources_records(tmp_path):
+    """A ``_target_`` Dataset (its items' own dtypes, its held-out split) and the digits
+    (float32 features, standardised): packed, then read as ``data=file``."""
+    pack.pack(tmp_path / "tiny", TINY)
+    same_data(records_of(*TINY), records_of("data=file", f"data.path={tmp_path / 'tiny'}"))
+    pack.pack(tmp_path / "digits", ["data=digits"])
+    same_data(
+        records_of("data=digits"), records_of("data=file", f"data.path={tmp_path / 'digits'}")
+    )
+
+
+def test_a_directory_is_memory_mapped_and_encoded_from_the_mapping(tmp_path):
+    """The records handed to the codec are the mapping of X.npy (kept apart from y.npy, never
+    joined or loaded), and the symbols encoded from it are those of the records in memory."""
+    pack.pack(tmp_path / "d", ["data=synthetic", "data.points=400", "data.features=6"])
+    records, ds = records_of("data=file", f"data.path={tmp_path / 'd'}")
+    assert records.array is None and len(records.columns) == 2
+    assert mapped_file(records.columns[0].ctypes.data) == str(tmp_path / "d" / "X.npy")
+    assert mapped_file(records.columns[1].ctypes.data) == str(tmp_path / "d" / "y.npy")
+    joined = records.rows(0, records.shape[0])
+    assert mapped_file(joined.data_ptr()) is None  # (a copy, for the comparison only)
+    tr = next(EpochChain(get_scheme("cycles"), ds.num_points, 4, 1.0, seed=1).transitions(2))
+    delivery = Delivery.prepare(tr.plan, records.shape[1])
+    streamed = delivery.encoders(records)[0]
+    assert type(streamed).__name__ == "GatherEncoder"
+    want = delivery.encode(joined)[0]
+    assert torch.equal(streamed.rows(0, want.shape[0]), want)
+    picked = np.array([3, 1, 2])
+    assert torch.equal(streamed.pick(picked).rows(1, 2), want[picked[1:]])
+
+
+def test_a_directory_without_a_test_split_holds_out_rows_as_a_file_does(tmp_path):
+    """No X_test.npy: ``test_fraction`` of the rows held out by the seed, read through an
+    index (no copy): the records of the same arrays from an .npz (not standardised)."""
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((203, 5)).astype(np.float32), rng.integers(0, 3, 203)
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    np.save(folder / "X.npy", x)
+    np.save(folder / "y.npy", y.astype(np.int32))
+    np.savez(tmp_path / "same.npz", X=x, y=y)
+    plain = records_of("data=file", f"data.path={tmp_path / 'same.npz'}", "data.normalise=false")
+    mapped = records_of("data=file", f"data.path={folder}")
+    assert mapped[0].index is not None and mapped[1].dropped == plain[1].dropped
+    same_data(plain, mapped)
+
+
+def _bad(folder: Path, arrays: dict[str, np.ndarray]) -> Path:
+    folder.mkdir()
+    for name, array in arrays.items():
+        np.save(folder / f"{name}.npy", array)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("arrays", "extra", "message"),
+    [
+        ({"X": np.zeros((4, 2), np.float32)}, [], r"no y\.npy \(a packed data set holds X\.npy"),
+        (
+            {"X": np.zeros((4, 2)), "y": np.zeros(3, int)},
+            [],
+            r"needs 4 integer labels .*shape \(3,\)",
+        ),
+        ({"X": np.zeros((4, 2)), "y": np.zeros(4)}, [], "needs 4 integer labels"),
+        ({"X": np.zeros((4, 2)), "y": np.array([0, 1, -1, 0])}, [], "label -1 out of range"),
+        (
+            {"X": np.zeros((4, 2)), "y": np.zeros(4, int), "X_test": np.zeros((2, 2))},
+            [],
+            "X_test.npy and y_test.npy go together",
+        ),
+        (
+            {"X": np.zeros((4, 2)), "y": np.zeros(4, int)},
+            ["data.normalise=true"],
+            "data.normalise=true: a directory's records move as stored",
+        ),
+    ],
+)
+def test_a_bad_directory_is_one_usage_error(tmp_path, arrays, extra, message):
+    folder = _bad(tmp_path / "bad", arrays)
+    with pytest.raises(UsageError, match=message):
+        shuffle_sgd.validate(compose("data=file", f"data.path={folder}", "workers=2", *extra))
+
+
+def test_pack_refuses_in_one_line_and_leaves_nothing(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep").write_text("mine")
+    with pytest.raises(UsageError, match="exists and is not an empty directory"):
+        pack.pack(tmp_path / "full", ["data=digits"])
+    with pytest.raises(UsageError, match="unknown data 'none'; valid: dataset, digits"):
+        pack.pack(tmp_path / "x", ["data=none"])
+    with pytest.raises(UsageError, match=r"data\.dataset\._target_='no\.Set' cannot be imported"):
+        pack.pack(tmp_path / "x", ["data=dataset", "data.dataset._target_=no.Set"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no partial directory
+
+
+def test_the_pack_command_prints_the_set_in_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "coded_shuffle", "pack", str(tmp_path / "p"), "--",
+         "data=synthetic", "data.points=300", "data.features=4"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines() == [
+        f"packed {tmp_path / 'p'}: N = 300 training records of 20 bytes (X float32 (4,), y "
+        "int32), 1,000 test records; 0.0 MB on disk"
+    ]
+    assert "pack: X.npy 1,300 of 1,300 records (100%)" in out.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "coded_shuffle", "pack", str(tmp_path / "p"), "--", "data=digits"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
