@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import hashlib
 from datetime import timedelta
 
@@ -114,11 +113,7 @@ def main() -> None:
     if rank == 1:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         print(f"final parameters sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}")
-    # DDP freed while its process group lives: freed after it, at exit, gloo's threads and
-    # the GIL can deadlock (the group's destructor joins a thread that needs the GIL)
-    del ddp
-    gc.collect()
-    cs.close()
+    cs.close()  # with the workers' group: DDP may outlive it
     dist.destroy_process_group()
 
 

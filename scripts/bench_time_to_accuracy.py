@@ -3,7 +3,8 @@
 cluster, against what a user would do instead.
 
 Every run is the training job on ``coded-shuffle cluster --hosts K+1`` (one network namespace
-per host, every NIC limited to ``--rate`` both ways) with skewed shards
+per host, every NIC limited to ``--rate`` both ways; ``--medium shared``: one medium of
+``--rate`` that every host's frames cross, the papers' shared link) with skewed shards
 (``data.placement=by_label``: every worker starts with a few classes) and a synchronisation
 (``optim.average_every``: ``0`` averages the gradients at every step, ``H`` runs local SGD and
 averages the models every ``H`` steps and at every epoch's end). Per synchronisation it runs
@@ -11,8 +12,14 @@ the shuffle policies a user chooses between, each delivered the ways that can ca
 
 * ``full`` coded (``cycles``) over ``chain`` and ``multicast``; ``full`` uncoded over
   ``unicast`` (the master sends each worker its points) and ``p2p`` (workers exchange);
-* ``partial`` (``Q = --fraction``) coded over ``chain`` and uncoded over ``unicast``;
+* ``partial`` (``Q = --fraction``) coded over ``chain`` and ``multicast``, uncoded over
+  ``unicast``;
 * ``none`` (no global reshuffle: no byte after the placement).
+
+``--big-gb G`` adds a data set larger than memory: a synthetic set of ``G`` GB packed by
+``coded-shuffle pack`` into a temporary directory (removed after), logistic regression on it
+(``data=file``, memory-mapped) at ``--big-rate``, full reshuffles coded over ``multicast`` and
+uncoded over ``unicast`` and ``p2p``, to ``--big-target``.
 
 It prints per run the final test accuracy, the epochs, seconds (``elapsed_seconds``: since the
 first epoch began) and shuffle bytes (network, master) to ``--target``, the seconds ratio
@@ -28,6 +35,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +47,12 @@ RUNS = (  # policy, scheme, transport
     ("full", "uncoded", "unicast"),
     ("full", "uncoded", "p2p"),
     ("partial", "cycles", "chain"),
+    ("partial", "cycles", "multicast"),
     ("partial", "uncoded", "unicast"),
     ("none", "uncoded", "unicast"),
 )
 BASELINE = ("full", "uncoded", "unicast")
+BIG_RUNS = (("cycles", "multicast"), ("uncoded", "unicast"), ("uncoded", "p2p"))
 
 
 @dataclass
@@ -75,22 +85,13 @@ class Result:
         return float(np.median(self.series(key)[1:]))
 
 
-def run_one(args: argparse.Namespace, every: int, policy: str, scheme: str, transport: str):
-    run_dir = Path(args.out) / f"H{every}" / f"{policy}-{scheme}-{transport}"
+def cluster(args: argparse.Namespace, rate: str, run_dir: Path, overrides: list[str]) -> list:
+    """One training job on the emulated cluster; its metrics (every epoch verified)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    overrides = [
-        f"scheme={scheme}", f"dist.transport={transport}", f"shuffle={policy}",
-        f"data.placement={args.placement}", f"optim.average_every={every}",
-        f"epochs={args.epochs}", f"seed={args.seed}", f"dist.chunk_bytes={args.chunk_bytes}",
-        f"hydra.run.dir={run_dir}", *args.set,
-    ]  # fmt: skip
-    if policy == "partial":
-        overrides.append(f"shuffle.fraction={args.fraction}")
-    if transport == "multicast":
-        overrides.append(f"dist.multicast.rate={args.multicast_rate}")
     cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(args.workers + 1),
-           "--rate", args.rate, "--", *overrides]  # fmt: skip
+           "--rate", rate, "--medium", args.medium, "--",
+           f"hydra.run.dir={run_dir}", f"seed={args.seed}", *overrides, *args.set]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(
@@ -99,7 +100,71 @@ def run_one(args: argparse.Namespace, every: int, policy: str, scheme: str, tran
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     if not all(r["verified"] for r in rows):
         raise SystemExit(f"bench_time_to_accuracy.py: error: {run_dir}: an epoch not verified")
-    return Result(every, policy, scheme, transport, rows)
+    return rows
+
+
+def delivery(scheme: str, transport: str, policy: str, args: argparse.Namespace) -> list[str]:
+    overrides = [f"scheme={scheme}", f"dist.transport={transport}", f"shuffle={policy}"]
+    if policy == "partial":
+        overrides.append(f"shuffle.fraction={args.fraction}")
+    return overrides
+
+
+def run_one(args: argparse.Namespace, every: int, policy: str, scheme: str, transport: str):
+    overrides = [
+        *delivery(scheme, transport, policy, args), f"data.placement={args.placement}",
+        f"optim.average_every={every}", f"epochs={args.epochs}",
+        f"dist.chunk_bytes={args.chunk_bytes}",
+    ]  # fmt: skip
+    if transport == "multicast":
+        overrides.append(f"dist.multicast.rate={args.multicast_rate}")
+    run_dir = Path(args.out) / f"H{every}" / f"{policy}-{scheme}-{transport}"
+    return Result(every, policy, scheme, transport, cluster(args, args.rate, run_dir, overrides))
+
+
+def run_big(args: argparse.Namespace, packed: Path, scheme: str, transport: str) -> Result:
+    """Logistic regression on the packed set larger than memory (full reshuffles)."""
+    overrides = [
+        *delivery(scheme, transport, "full", args), "data=file", f"data.path={packed}",
+        "model=logreg", f"epochs={args.big_epochs}", "optim.batch_size=512",
+        "optim.lr=0.01", f"dist.store_dir={Path(args.out) / 'big-stores'}",
+    ]  # fmt: skip
+    run_dir = Path(args.out) / "big" / f"full-{scheme}-{transport}"
+    try:
+        return Result(
+            0, "full", scheme, transport, cluster(args, args.big_rate, run_dir, overrides)
+        )
+    finally:
+        shutil.rmtree(Path(args.out) / "big-stores", ignore_errors=True)
+
+
+def big(args: argparse.Namespace) -> list[Result]:
+    """``--big-gb``: pack the set into a temporary directory, train on it, remove it."""
+    work = Path(tempfile.mkdtemp(prefix="bench-tta-big-", dir=args.big_dir))
+    try:
+        record = 4 * args.big_features + 4
+        points = int(args.big_gb * 1e9 // record)
+        packed = work / "set"
+        subprocess.run(
+            [sys.executable, "-m", "train.pack", str(packed), "--", "data=synthetic",
+             f"data.points={points}", f"data.features={args.big_features}",
+             "data.test_points=2000", f"seed={args.seed}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        size = sum(f.stat().st_size for f in packed.glob("*.npy"))
+        print(
+            f"larger than memory: {points:,} synthetic points of {record} bytes ({size / 1e9:.2f}"
+            f" GB on disk, memory-mapped), logreg, {args.big_epochs} epochs, NICs and medium "
+            f"{args.big_rate}, target {args.big_target:g}",
+            flush=True,
+        )
+        results = []
+        for scheme, transport in BIG_RUNS:
+            results.append(run_big(args, packed, scheme, transport))
+            print(f"  big full/{scheme}/{transport}: done", file=sys.stderr, flush=True)
+        return results
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def label(r: Result, fraction: float) -> str:
@@ -155,6 +220,39 @@ def partial_check(results: list[Result], fraction: float) -> list[str]:
     return out
 
 
+def verdicts(results: list[Result], target: float) -> list[str]:
+    """Per synchronisation: the fastest run to ``target``; coded full (the faster of its
+    transports) against the best uncoded full alternative; coded ``partial`` over multicast
+    against uncoded ``partial``."""
+    out = []
+    for every in sorted({r.average_every for r in results}):
+        mine = {r.key: r for r in results if r.average_every == every}
+        reached = {k: t[1] for k, r in mine.items() if (t := r.to_target(target)) is not None}
+        if not reached:
+            out.append(f"H={every}: no run reached {target:g}")
+            continue
+        best = min(reached, key=reached.get)
+        line = f"H={every}: fastest to {target:g}: {'/'.join(best)} ({reached[best]:.2f} s)"
+        for policy, coded, uncoded in (
+            ("full", ("chain", "multicast"), ("unicast", "p2p")),
+            ("partial", ("multicast",), ("unicast",)),
+        ):
+            c = [
+                reached[k]
+                for k in reached
+                if k[0] == policy and k[1] != "uncoded" and k[2] in coded
+            ]
+            u = [
+                reached[k]
+                for k in reached
+                if k[0] == policy and k[1] == "uncoded" and k[2] in uncoded
+            ]
+            if c and u:
+                line += f"; coded {policy} {min(c) / min(u):.2f}x the best uncoded {policy}"
+        out.append(line)
+    return out
+
+
 def plot(results: list[Result], path: Path, args: argparse.Namespace) -> None:
     import matplotlib
 
@@ -201,24 +299,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench_time_to_accuracy")
     parser.add_argument("--plot", type=Path, help="test accuracy against seconds (PNG)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--medium", default="switch", choices=("switch", "shared"),
+        help="every NIC on a switch, or one shared medium of --rate (the papers' link)",
+    )  # fmt: skip
+    parser.add_argument("--big-gb", type=float, default=0.0, help="a set larger than memory")
+    parser.add_argument("--big-rate", default="400mbit", help="NICs and medium of the big runs")
+    parser.add_argument("--big-epochs", type=int, default=4)
+    parser.add_argument("--big-target", type=float, default=0.85)
+    parser.add_argument("--big-features", type=int, default=2000, help="records of 4*F+4 bytes")
+    parser.add_argument("--big-dir", type=Path, default=None, help="where the big set is packed")
+    parser.add_argument("--skip-digits", action="store_true", help="only the big runs")
     args = parser.parse_args(argv)
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target} out of range (0, 1]")
-    print(
-        f"emulated cluster: {args.workers} workers + master, NICs {args.rate} both ways; the "
-        f"default job (digits, MLP) with placement {args.placement}, {args.epochs} epochs, "
-        f"messages of {args.chunk_bytes} bytes, target test accuracy {args.target:g}; every "
-        "epoch verified",
-        flush=True,
-    )
     results = []
-    for every in args.average_every:
-        for policy, scheme, transport in RUNS:
-            results.append(run_one(args, every, policy, scheme, transport))
-            print(f"  H={every} {policy}/{scheme}/{transport}: done", file=sys.stderr, flush=True)
-    print("\n".join(table(results, args.target, args.fraction)))
-    print("\n".join(partial_check(results, args.fraction)))
-    if args.plot:
+    if not args.skip_digits:
+        print(
+            f"emulated cluster: {args.workers} workers + master on a {args.medium} medium, NICs "
+            f"{args.rate} both ways; the default job (digits, MLP) with placement "
+            f"{args.placement}, {args.epochs} epochs, messages of {args.chunk_bytes} bytes, "
+            f"target test accuracy {args.target:g}; every epoch verified",
+            flush=True,
+        )
+        for every in args.average_every:
+            for policy, scheme, transport in RUNS:
+                results.append(run_one(args, every, policy, scheme, transport))
+                done = f"{policy}/{scheme}/{transport}"
+                print(f"  H={every} {done}: done", file=sys.stderr, flush=True)
+        print("\n".join(table(results, args.target, args.fraction)))
+        print("\n".join(partial_check(results, args.fraction)))
+        print("\n".join(verdicts(results, args.target)))
+    if args.big_gb > 0:
+        large = big(args)
+        print("\n".join(table(large, args.big_target, args.fraction)))
+        print("\n".join(verdicts(large, args.big_target)))
+    if args.plot and results:
         plot(results, args.plot, args)
         print(f"wrote {args.plot}")
     return 0

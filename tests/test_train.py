@@ -39,14 +39,16 @@ JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.
 
 
 def compose(*overrides: str):
+    """The typed config (:class:`train.config.Config`) the jobs receive."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from train.compose import register_configs
+    from train.entry import typed
 
     register_configs()  # the typed schemas the YAMLs name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return typed(hydra_compose("config", overrides=list(overrides)))
 
 
 # --- records and data ------------------------------------------------------------------------

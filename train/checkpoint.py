@@ -9,29 +9,37 @@ or by running the same command again, resumes after the last epoch it holds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from coded_shuffle.errors import UsageError
+
+from .config import Config
 
 FILE = "checkpoint.pt"
 # what must not change for a checkpoint to be resumed (the transport may: bit-identical)
 IDENTITY_KEYS = ("scheme", "storage", "seed", "workers", "data", "model", "optim")
 
 
-def identity(cfg: Any) -> str:
+def identity(cfg: Config) -> str:
     """The run's identity: the config that decides batches, model and optimiser."""
-    keys = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-            else cfg[k] for k in IDENTITY_KEYS}  # fmt: skip
-    return json.dumps(keys, sort_keys=True, default=str)
+    keys = {k: getattr(cfg, k) for k in IDENTITY_KEYS}
+    plain = {
+        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in keys.items()
+    }
+    return json.dumps(plain, sort_keys=True, default=str)
 
 
-def load(run_dir: str | os.PathLike[str], cfg: Any) -> dict[str, Any] | None:
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
     """The checkpoint in ``run_dir``, or None; :class:`UsageError` if it is another run's."""
     path = Path(run_dir) / FILE
     if not path.is_file():
@@ -51,7 +59,7 @@ def load(run_dir: str | os.PathLike[str], cfg: Any) -> dict[str, Any] | None:
 
 def save(
     run_dir: str | os.PathLike[str],
-    cfg: Any,
+    cfg: Config,
     epoch: int,
     params: torch.Tensor,
     momentum: torch.Tensor,

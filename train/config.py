@@ -168,6 +168,55 @@ class ShuffleJobConf:
 
 
 @dataclass
+class ElasticConf:
+    """The elastic jobs' ``job.elastic`` (docs/elastic.md)."""
+
+    recovery_threshold: int = 3
+    """L: any L of the P coded blocks hold all the data, 1..P-1."""
+    generator: str = "gaussian"
+    """gaussian | cauchy | vandermonde (systematic)."""
+    max_condition: float = 1.0e6
+    """Refuse generators whose worst L-subset is worse conditioned."""
+    methods: list[str] = field(
+        default_factory=lambda: ["coded", "nofailure", "ignore", "repartition", "distr_bgd"]
+    )
+    """Methods run in turn (distinct names of the job's)."""
+    events: list[Any] = field(default_factory=list)
+    """{step: S, leave: [ids]} or {step: S, join: count or [ids]}; ids are ranks 1..workers."""
+    max_restarts: int = 0
+    """elastic_gd: restarts after a worker process dies (checkpointed), >= 0."""
+    fully_distributed: bool = False
+    """elastic_gd: no master in the loop (sec. 3.3; coded, departures only)."""
+    step_delay: float = 0.0
+    """Seconds of sleep per step (to watch or kill a run), >= 0."""
+    store_dir: str | None = None
+    """Stores, checkpoint and exit records (null: RUN_DIR/elastic)."""
+
+
+@dataclass
+class ElasticProblemConf:
+    """Synthetic heterogeneous least squares, one source per initial worker."""
+
+    points: int = 360
+    features: int = 20
+    noise: float = 0.1
+    heterogeneity: float = 1.0
+    """Spread of the sources' true weights (0: one linear model)."""
+    test_points: int = 360
+    """Held-out points of the same sources: test_loss in every record."""
+
+
+@dataclass
+class ProductProblemConf:
+    """A (rows x cols) and the right factor's columns."""
+
+    rows: int = 6000
+    cols: int = 2000
+    rhs_cols: int = 1
+    """1: A x (Algorithm 1, row blocks); more: A B (sec. 3.1, column blocks)."""
+
+
+@dataclass
 class ElasticJobConf:
     name: str = "elastic_gd"
     """Coded elastic gradient descent, Yang et al. 2018 (train/elastic_gd.py)."""
@@ -181,10 +230,8 @@ class ElasticJobConf:
     """f(w) = |Xw - y|^2 / (2N) + ridge |w|^2 / 2, >= 0."""
     report_every: int = 10
     """Console line every this many steps per method (0: events and summary only)."""
-    problem: dict[str, Any] = field(default_factory=dict)
-    """Synthetic least squares: points, features, noise, heterogeneity."""
-    elastic: dict[str, Any] = field(default_factory=dict)
-    """Recovery threshold, generator, methods, events, restarts (docs/elastic.md)."""
+    problem: ElasticProblemConf = field(default_factory=ElasticProblemConf)
+    elastic: ElasticConf = field(default_factory=ElasticConf)
 
 
 @dataclass
@@ -196,11 +243,14 @@ class ElasticMatmulConf:
     """Products per method (a fresh x or B each step), >= 1."""
     report_every: int = 5
     """Console line every this many steps per method (0: events and summary only)."""
-    problem: dict[str, Any] = field(default_factory=dict)
-    """rows, cols (A) and rhs_cols (1: A x by Algorithm 1; more: A B by sec. 3.1)."""
-    elastic: dict[str, Any] = field(default_factory=dict)
-    """Recovery threshold, generator, methods, events (docs/elastic.md)."""
+    problem: ProductProblemConf = field(default_factory=ProductProblemConf)
+    elastic: ElasticConf = field(
+        default_factory=lambda: ElasticConf(methods=["coded", "uncoded", "nonadaptive"])
+    )
 
+
+DataConf = DigitsConf | SyntheticConf | FileConf | DatasetConf
+ModelConf = LogRegConf | MLPConf | CNNConf
 
 # --- the top level ---------------------------------------------------------------------------
 

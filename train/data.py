@@ -28,6 +28,7 @@ import torch
 from coded_shuffle.codec.records import ColumnDataset, as_tensor
 from coded_shuffle.errors import UsageError
 
+from .config import DataConf
 from .packed import Packed
 
 log = logging.getLogger("train")
@@ -101,28 +102,28 @@ def record_bytes(features: int) -> int:
     return 4 * features + LABEL_BYTES
 
 
-def source_of(cfg: Any) -> Source:
+def source_of(cfg: DataConf) -> Source:
     """The configured data source, built by Hydra's ``instantiate`` from ``data._target_``
     (not recursively: the ``dataset`` source instantiates its own parts, each error in one
     line)."""
     from hydra.utils import instantiate
 
-    if "_target_" not in cfg:
+    if not getattr(cfg, "_target_", None):
         raise UsageError(f"data: no _target_; valid sources: {', '.join(SOURCES)}")
     return instantiate(cfg, _recursive_=False)
 
 
-def transform_of(cfg: Any) -> Transform:
+def transform_of(cfg: DataConf) -> Transform:
     """``data.transform`` of the configured source, as the workers apply it after decoding."""
     return source_of(cfg).input_transform()
 
 
-def describe(cfg: Any) -> DataInfo:
+def describe(cfg: DataConf) -> DataInfo:
     """Sizes of the configured source (synthetic: from the config, without generating)."""
     return source_of(cfg).describe()
 
 
-def load(cfg: Any, workers: int, seed: int) -> DataSet:
+def load(cfg: DataConf, workers: int, seed: int) -> DataSet:
     """The configured data set, split, normalised and trimmed to a multiple of ``workers``."""
     return source_of(cfg).load(workers, seed)
 

@@ -27,6 +27,8 @@ from coded_shuffle.codec.kernel import set_threads as set_codec_threads
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, rank_label
 from coded_shuffle.errors import UsageError
 
+from .config import Config, DebugConf, DistConf
+
 log = logging.getLogger("train")
 
 # A rank that sees a peer vanish waits this long before it fails, so that the launcher
@@ -86,7 +88,7 @@ def deterministic(threads: int) -> None:
 
 
 def setup(
-    cfg: Any, run_dir: str | Path | None = None, collective_timeout: timedelta | None = None
+    cfg: Config, run_dir: str | Path | None = None, collective_timeout: timedelta | None = None
 ) -> RankContext:
     """Initialises gloo from the launcher's environment (idempotent); returns the context.
 
@@ -162,7 +164,7 @@ _LIVENESS: Liveness | None = None
 
 
 def start_liveness(
-    cfg: Any, on_progress: Callable[[dict[int, Heartbeat], float], None] | None = None
+    dist_conf: DistConf, on_progress: Callable[[dict[int, Heartbeat], float], None] | None = None
 ) -> Liveness:
     """The library's heartbeats and watchdog (:mod:`coded_shuffle.distributed.liveness`) for
     this rank, watching progress too (after :func:`setup`); the job hands it to
@@ -173,11 +175,11 @@ def start_liveness(
         ctx.rank,
         ctx.world_size,
         ctx.timeout.total_seconds(),
-        float(cfg.dist.get("heartbeat_seconds", 1.0)),
+        float(dist_conf.heartbeat_seconds),
         (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
         f"{store_prefix()}/live",
         on_progress,
-        float(cfg.dist.get("progress_seconds", 10.0)),
+        float(dist_conf.progress_seconds),
         watch_progress=True,
     )
     return _LIVENESS.start()
@@ -212,17 +214,16 @@ def stalled_ranks() -> str:
     return _LIVENESS.stalled() if _LIVENESS is not None else ""
 
 
-def die_if_asked(cfg: Any, rank: int, epoch: int) -> None:
+def die_if_asked(debug: DebugConf, rank: int, epoch: int) -> None:
     """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``, in
     the first attempt only (a restart can then succeed)."""
-    debug = cfg.get("debug") or {}
-    if debug.get("die_rank") is None or int(debug.die_rank) != rank:
+    if debug.die_rank is None or int(debug.die_rank) != rank:
         return
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
-    if int(debug.get("die_epoch", 1)) != epoch:
+    if int(debug.die_epoch) != epoch:
         return
-    mode = str(debug.get("die_mode", "exit"))
+    mode = str(debug.die_mode)
     print(f"debug: {rank_label(rank)} {mode}s at epoch {epoch}", file=sys.stderr, flush=True)
     if mode == "hang":
         while True:

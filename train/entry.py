@@ -1,33 +1,19 @@
-"""Per-rank entry point: set up the process group, then dispatch to ``train.<job>.run(cfg)``.
+"""Per-rank entry point: set up the process group, then run the job (:mod:`train.jobs`) on the
+typed config (:class:`~train.config.Config`, ``OmegaConf.to_object`` of the composed one).
 
-Contract for a job module ``train/<name>.py`` (selected by ``job=<name>``, whose
-``conf/job/<name>.yaml`` holds ``name: <name>``):
-
-* ``run(cfg)`` runs on every rank after gloo is set up; ``train.dist.context()`` gives the
-  :class:`~train.dist.RankContext` (rank, world size, workers' subgroup, run directory).
-* optional ``validate(cfg)`` raises :class:`~coded_shuffle.errors.UsageError`; the launcher
-  calls it before any process starts (one clear line, no traceback).
-* optional ``num_processes(cfg)``; default ``workers + 1``.
-* optional ``max_restarts(cfg)``: how often the launcher restarts all processes after a
-  failure; default 0 (the job fails with one line naming the failed rank).
-* optional ``collective_timeout(cfg)``: a ``timedelta`` that collectives may wait, for jobs
-  that watch liveness themselves (:func:`train.dist.start_liveness`); default
-  ``dist.timeout_seconds``.
+``python -m train --check [overrides]`` composes and validates only (``coded-shuffle cluster``
+runs it before it builds any host); ``torchrun ... -m train [overrides]`` runs one rank.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import importlib
 import logging
 import os
-import re
 import signal
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -35,7 +21,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from coded_shuffle.distributed.liveness import first_line, is_peer_loss
 from coded_shuffle.errors import UsageError
 
-from .compose import available_jobs, check_group_overrides, compose_argv, config_error_line
+from .compose import check_group_overrides, compose_argv, config_error_line
+from .config import Config
 from .dist import (
     PEER_LOSS_GRACE_SECONDS,
     deterministic,
@@ -44,6 +31,7 @@ from .dist import (
     stalled_ranks,
     teardown,
 )
+from .jobs import Job, job
 
 log = logging.getLogger("train")
 
@@ -52,46 +40,24 @@ class CollectiveFailed(RuntimeError):
     """A collective failed because another rank died or stalled."""
 
 
-def job_module(name: str) -> ModuleType:
-    """``train.<name>``; :class:`UsageError` naming the valid jobs if it does not exist."""
-    valid = ", ".join(available_jobs())
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
-        raise UsageError(f"job {name!r} unknown; valid: {valid}")
-    try:
-        module = importlib.import_module(f"train.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"train.{name}":
-            raise UsageError(f"job {name!r} unknown; valid: {valid}") from None
-        raise
-    if not callable(getattr(module, "run", None)):
-        raise UsageError(f"job {name!r}: train.{name} has no run(cfg)")
-    return module
+def typed(cfg: DictConfig) -> Config:
+    """The composed config as the job reads it: :class:`~train.config.Config` and its
+    groups' dataclasses (every default in one place: the schema)."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
 
 
-def num_processes(cfg: Any, module: ModuleType) -> int:
-    hook = getattr(module, "num_processes", None)
-    return int(hook(cfg)) if hook else int(cfg.workers) + 1
+def validate(cfg: Config) -> Job:
+    """The job, after its ``validate`` passed."""
+    found = job(str(cfg.job.name))
+    found.validate(cfg)
+    return found
 
 
-def max_restarts(cfg: Any, module: ModuleType) -> int:
-    hook = getattr(module, "max_restarts", None)
-    return int(hook(cfg)) if hook else 0
-
-
-def validate(cfg: Any) -> ModuleType:
-    """The job module, after its ``validate(cfg)`` passed."""
-    module = job_module(str(cfg.job.name))
-    hook = getattr(module, "validate", None)
-    if hook:
-        hook(cfg)
-    return module
-
-
-def write_config(cfg: Any, run_dir: str | Path) -> None:
+def write_config(cfg: Config, run_dir: str | Path) -> None:
     """The resolved config beside the metrics (``RUN_DIR/config.yaml``)."""
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
 def _logging(run_dir: str | Path, rank: int) -> None:
@@ -112,18 +78,17 @@ def stacks_on_signal() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
-def run_rank(cfg: DictConfig, run_dir: str) -> None:
+def run_rank(cfg: Config, run_dir: str) -> None:
     """One rank: deterministic torch, process group, the job's ``run(cfg)``."""
     rank = int(os.environ.get("RANK", "0"))
     stacks_on_signal()
     return_freed_arrays()
     deterministic(int(cfg.threads))
     _logging(run_dir, rank)
-    module = job_module(str(cfg.job.name))
+    found = job(str(cfg.job.name))
     try:
-        hook = getattr(module, "collective_timeout", None)
-        setup(cfg, run_dir, hook(cfg) if hook else None)
-        module.run(cfg)
+        setup(cfg, run_dir, found.collective_timeout(cfg))
+        found.run(cfg)
     except Exception as exc:
         if not is_peer_loss(exc):
             raise
@@ -134,9 +99,10 @@ def run_rank(cfg: DictConfig, run_dir: str) -> None:
 
 
 @record
-def rank_main(cfg_yaml: str, run_dir: str) -> None:
-    """What the local launcher starts in every process (picklable, module level)."""
-    run_rank(OmegaConf.create(cfg_yaml), run_dir)
+def rank_main(cfg: Config, run_dir: str) -> None:
+    """What the local launcher starts in every process (picklable, module level; the typed
+    config travels pickled)."""
+    run_rank(cfg, run_dir)
 
 
 def _config_error(exc: BaseException) -> None:
@@ -148,8 +114,8 @@ def check_main(argv: list[str]) -> None:
     """``python -m train --check [overrides]``: compose and validate, nothing else."""
     try:
         check_group_overrides(argv)
-        cfg, _ = compose_argv(argv)
-        validate(cfg)
+        composed, _ = compose_argv(argv)
+        validate(typed(composed))
     except UsageError as exc:
         _config_error(exc)
     except Exception as exc:  # Hydra's and OmegaConf's composition errors
@@ -159,7 +125,8 @@ def check_main(argv: list[str]) -> None:
 @record
 def torchrun_main(argv: list[str]) -> None:
     """``torchrun ... -m train [overrides]``: compose the config here, run this rank."""
-    cfg, run_dir = compose_argv(argv)
+    composed, run_dir = compose_argv(argv)
+    cfg = typed(composed)
     rank = int(os.environ.get("RANK", "0"))
     try:
         if rank == 0:

@@ -33,14 +33,7 @@ from .compose import (
     register_configs,
 )
 from .dist import rank_label
-from .entry import (
-    max_restarts,
-    num_processes,
-    rank_main,
-    stacks_on_signal,
-    validate,
-    write_config,
-)
+from .entry import rank_main, stacks_on_signal, typed, validate, write_config
 
 # never "fork": the launcher runs threads, and a child forked from it can inherit a held lock
 START_METHODS = ("forkserver", "spawn")
@@ -91,15 +84,16 @@ def start_forkserver() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
-def launch(cfg: DictConfig, run_dir: str) -> None:
+def launch(composed: DictConfig, run_dir: str) -> None:
     """Validate, write ``config.yaml``, start the processes, report a failed rank."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     try:
-        module = validate(cfg)
-        nproc = num_processes(cfg, module)
-        restarts = max_restarts(cfg, module)
+        cfg = typed(composed)
+        job = validate(cfg)
+        nproc = job.processes(cfg)
+        restarts = job.max_restarts(cfg)
         start_method = str(cfg.dist.start_method)
         if start_method not in START_METHODS:
             raise UsageError(
@@ -127,7 +121,7 @@ def launch(cfg: DictConfig, run_dir: str) -> None:
         start_method=start_method,
     )
     try:
-        elastic_launch(config, rank_main)(OmegaConf.to_yaml(cfg, resolve=True), run_dir)
+        elastic_launch(config, rank_main)(cfg, run_dir)
     except ChildFailedError as exc:
         fail(f"{failure_line(exc)} (run directory {run_dir})", 1)
 

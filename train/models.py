@@ -12,6 +12,8 @@ from torch import nn
 
 from coded_shuffle.errors import UsageError
 
+from .config import ModelConf
+
 MODELS = ("logreg", "mlp", "cnn")
 
 
@@ -70,7 +72,7 @@ def cnn(
     )
 
 
-def build(cfg: Any, shape: tuple[int, ...] | int, classes: int) -> nn.Module:
+def build(cfg: ModelConf, shape: tuple[int, ...] | int, classes: int) -> nn.Module:
     """The configured model for inputs of ``shape`` (read as flat rows of ``prod(shape)``
     features), built by Hydra's ``instantiate`` from ``model._target_`` (call after seeding
     torch: every rank builds the same one). ``name`` is passed along: the builders take it so
@@ -80,8 +82,8 @@ def build(cfg: Any, shape: tuple[int, ...] | int, classes: int) -> nn.Module:
 
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     features = math.prod(shape)
-    if str(cfg.get("_target_", "")).rpartition(".")[2] not in MODELS:
-        raise UsageError(f"model {cfg.get('name')!r} unknown; valid: {', '.join(MODELS)}")
+    if str(cfg._target_).rpartition(".")[2] not in MODELS:
+        raise UsageError(f"model {cfg.name!r} unknown; valid: {', '.join(MODELS)}")
     try:
         return instantiate(cfg, features=features, classes=classes, shape=shape)
     except InstantiationException as exc:  # the builder's own error, without Hydra's wrapping
@@ -90,7 +92,7 @@ def build(cfg: Any, shape: tuple[int, ...] | int, classes: int) -> nn.Module:
         raise
 
 
-def check(cfg: Any, shape: tuple[int, ...] | int) -> None:
+def check(cfg: ModelConf, shape: tuple[int, ...] | int) -> None:
     """Raises :class:`UsageError` for a model that does not fit the data (a trial build)."""
     build(cfg, shape, 2)
 

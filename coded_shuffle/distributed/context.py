@@ -1,5 +1,6 @@
-"""What both sides of an epoch share: the settings every rank agreed on, and the pieces
-:class:`~coded_shuffle.CodedShuffle` wired (scheme, link, the epochs from the seed)."""
+"""What both sides of an epoch share: the data set's shape every rank agreed on, the settings,
+and the pieces :class:`~coded_shuffle.CodedShuffle` wired (scheme, link, the epochs from the
+seed)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,19 @@ from dataclasses import dataclass
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.distributed.epochs import EpochChain, Transition
+from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.distributed.transports import Link
 from coded_shuffle.math.schemes import Scheme
 
 
 @dataclass(frozen=True)
-class ShuffleSettings:
+class DataShape:
     """What every rank knows once the master has described its data set."""
 
     layout: RecordLayout
-    num_points: int
-    dropped: int
+    num_points: int  # N, a multiple of the workers
+    dropped: int  # items dropped so that the workers divide N
     workers: int
-    storage: float
-    seed: int
 
 
 @dataclass
@@ -29,21 +29,25 @@ class EpochContext:
     """The pieces both sides of an epoch use (one per rank; built by ``CodedShuffle``)."""
 
     rank: int
+    shape: DataShape
     settings: ShuffleSettings
     scheme: Scheme
     link: Link
     chain: EpochChain
     transitions: Iterator[Transition]  # epochs 2, 3, ... (the same on every rank)
-    epochs: int | None  # the number of epochs, if known
     storage_used: float
 
     @property
     def workers(self) -> int:
-        return self.settings.workers
+        return self.shape.workers
 
     @property
     def record_bytes(self) -> int:
-        return self.settings.layout.record_bytes
+        return self.shape.layout.record_bytes
+
+    @property
+    def epochs(self) -> int | None:
+        return self.settings.epochs
 
     def pending(self, epoch: int) -> bool:
         """Whether an epoch follows ``epoch`` (a store is needed after it)."""

@@ -123,12 +123,14 @@ def store_from_points(
     rows: torch.Tensor,
     buffers: Buffers = IN_MEMORY,
     slots: list[str | None] | None = None,
+    rows_slot: str | None = None,
 ) -> WorkerStore:
     """The worker's store before ``delivery``, cut from whole points it received at placement.
 
     ``rows[i]`` holds the bytes of point ``points[i]`` (sorted); only the sub-points that the
     placement gives ``worker`` are kept, in ``buffers`` as ``slots[part]`` (the rows
-    themselves where the store is exactly them: whole points, one part).
+    themselves where the store is exactly them, whole points in one part, and ``rows`` are
+    in that slot already: ``rows_slot``).
     """
     slots = slots or [None] * len(delivery.plans)
     caches = []
@@ -138,7 +140,7 @@ def store_from_points(
         if ids.size and (local.max() >= points.size or np.any(points[local] != ids // plan.splits)):
             raise ValueError(f"worker {worker}: placement lacks points of its cache")
         whole = plan.splits == 1 and cols == slice(0, rows.shape[1])
-        if whole and np.array_equal(local, np.arange(points.size)):
+        if whole and slot == rows_slot and np.array_equal(local, np.arange(points.size)):
             caches.append(rows)
             continue
         out = buffers.empty(ids.size, subpoint_bytes(cols.stop - cols.start, plan.splits), slot)

@@ -80,7 +80,7 @@ class MasterSide:
     def placement(self) -> dict[str, Any]:
         """Epoch 1: every point sent uncoded; each worker gets (or keeps) what it stores."""
         ctx = self.ctx
-        n, b, chunk = ctx.settings.num_points, ctx.record_bytes, ctx.link.chunk_bytes
+        n, b, chunk = ctx.shape.num_points, ctx.record_bytes, ctx.link.chunk_bytes
         needs = tuple(
             placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)
         )
@@ -209,9 +209,9 @@ class MasterSide:
             "storage_used": ctx.storage_used,
             "shuffle": ctx.chain.policy.name,
             "fraction": ctx.chain.policy.fraction,
-            "points": ctx.settings.num_points,
+            "points": ctx.shape.num_points,
             "point_bytes": b,
-            "dropped_points": ctx.settings.dropped,
+            "dropped_points": ctx.shape.dropped,
             "broadcast_bytes": shared,
             "payload_bytes": payload,
             "header_bytes": shared - payload,

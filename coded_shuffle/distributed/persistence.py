@@ -14,7 +14,7 @@ import torch
 from coded_shuffle.codec.blockstore import BlockStore
 from coded_shuffle.codec.buffers import FileBuffers
 from coded_shuffle.codec.records import as_tensor
-from coded_shuffle.distributed.context import ShuffleSettings
+from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import WorkerStore
 
 
@@ -32,10 +32,10 @@ class StorePersistence:
     """A worker's store, one slot per epoch and part (the one before it dropped), in the
     folder of ``buffers`` (:func:`rank_folder`), where its rows live from the start."""
 
-    def __init__(self, buffers: FileBuffers, settings: ShuffleSettings, scheme: str) -> None:
+    def __init__(self, buffers: FileBuffers, ctx: EpochContext, scheme: str) -> None:
         self.disk = BlockStore(buffers.root, dtype=None)
         self.buffers = buffers
-        self.settings, self.scheme = settings, scheme
+        self.ctx, self.scheme = ctx, scheme
 
     def slots(self, epoch: int, parts: int) -> list[str | None]:
         """Where the store after ``epoch`` goes, part by part."""
@@ -54,15 +54,15 @@ class StorePersistence:
 
     def identity(self, epoch: int) -> dict[str, Any]:
         """What a stored store must match to be reused: the same job, the same epoch."""
-        s = self.settings
+        s, shape = self.ctx.settings, self.ctx.shape
         return {
             "epoch": epoch,
             "scheme": self.scheme,
             "seed": s.seed,
             "storage": s.storage,
-            "points": s.num_points,
-            "record_bytes": s.layout.record_bytes,
-            "workers": s.workers,
+            "points": shape.num_points,
+            "record_bytes": shape.layout.record_bytes,
+            "workers": shape.workers,
         }
 
     def load(self, epoch: int, parts: int) -> WorkerStore | None:

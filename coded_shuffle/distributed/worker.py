@@ -85,25 +85,40 @@ class WorkerSide:
         cpu = HostCpu.start()
         first = batches(ctx.chain.first, ctx.workers)[k]
         keep = placement_points(ctx.scheme, ctx.chain.initial, k)
-        whole = self.delivery is not None and self.delivery.stores_whole_points(k, keep)
-        out = self.buffers.empty(keep.size, ctx.record_bytes, self.slots(1)[0] if whole else None)
-        rows = ctx.link.deliver(
-            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=ctx.settings.num_points,
-            row_bytes=ctx.record_bytes, routes=self.mine(keep), out=out,
-        )  # fmt: skip
-        assert rows is not None
+        rows = self.receive_points(1, keep, ctx.shape.num_points, self.mine(keep))
         t0 = time.perf_counter()
         where = np.searchsorted(keep, first)
         batch = rows if np.array_equal(keep, first) else gather_rows(rows, where, self.buffers)
         if self.delivery is not None:
-            slots = self.slots(1)
-            self.store = store_from_points(self.delivery, k, keep, rows, self.buffers, slots)
+            self.store = self.store_of(1, keep, rows)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
         self.send_report(digest(batch), seconds, stored, cpu)
         if self.delivery is not None:
             self.persist(1)  # after the report: the disk is not part of the delivery's time
         return batch
+
+    def points_slot(self, epoch: int, points: np.ndarray) -> str | None:
+        """The store's slot after ``epoch`` where whole ``points`` are the whole store."""
+        whole = self.delivery is not None and self.delivery.stores_whole_points(self.worker, points)
+        return self.slots(epoch)[0] if whole else None
+
+    def receive_points(self, epoch: int, points: np.ndarray, rows: int, routes: Routes) -> Any:
+        """Whole ``points`` (sorted) received uncoded in a stream of ``rows`` rows: straight
+        into the store's slot after ``epoch`` where they are the whole store."""
+        slot = self.points_slot(epoch, points)
+        out = self.buffers.empty(points.size, self.ctx.record_bytes, slot)
+        return self.ctx.link.deliver(
+            epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=rows,
+            row_bytes=self.ctx.record_bytes, routes=routes, out=out,
+        )  # fmt: skip
+
+    def store_of(self, epoch: int, points: np.ndarray, rows: torch.Tensor) -> WorkerStore:
+        """The store after ``epoch`` cut from the whole ``points`` received (``rows``, in the
+        slot :meth:`receive_points` gave them)."""
+        assert self.delivery is not None
+        return store_from_points(self.delivery, self.worker, points, rows, self.buffers,
+                                 self.slots(epoch), self.points_slot(epoch, points))  # fmt: skip
 
     def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
         """Receives the epoch's symbols, decodes with its own store only, reports, updates."""
@@ -200,13 +215,9 @@ class WorkerSide:
         """Receives its store's points again when it is among the broken (``needs``; ``union``:
         every broken store's points, sorted: the stream's rows)."""
         k = self.worker
-        mine = np.searchsorted(union, needs[k]) if k in needs else np.zeros(0, dtype=np.int64)
-        rows = self.ctx.link.deliver(
-            epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
-            row_bytes=self.ctx.record_bytes, routes=self.mine(mine),
-        )  # fmt: skip
+        points = needs.get(k, np.zeros(0, dtype=np.int64))
+        rows = self.receive_points(completed, points, union.size,
+                                   self.mine(np.searchsorted(union, points)))  # fmt: skip
         if k in needs and self.delivery is not None:
-            assert rows is not None
-            slots = self.slots(completed)
-            self.store = store_from_points(self.delivery, k, needs[k], rows, self.buffers, slots)
+            self.store = self.store_of(completed, points, rows)
             self.persist(completed)

@@ -36,18 +36,36 @@ KeyName = Callable[[str], str]  # an option's key -> how the caller's errors nam
 
 @dataclass(frozen=True)
 class SettingNames:
-    """How a caller names the transport settings in its errors: the library's parameters
-    (:data:`LIBRARY_NAMES`) or the training job's Hydra keys (:data:`JOB_NAMES`)."""
+    """How a caller names the settings of a coded shuffle in its errors: the library's
+    keyword arguments (:data:`LIBRARY_NAMES`) or the training job's Hydra keys
+    (:data:`JOB_NAMES`)."""
 
-    transport: str
-    option: str  # formatted with {transport} and {key}
+    transport: str = "transport"
+    option: str = "transport_options[{key!r}]"  # formatted with {transport} and {key}
+    scheme: str = "scheme"
+    storage: str = "storage"
+    shuffle: str = "shuffle"
+    fraction: str = "fraction"
+    placement: str = "placement"
+    chunk_bytes: str = "chunk_bytes"
+    epochs: str = "epochs"
+    timeout: str = "timeout"
+    heartbeat: str = "heartbeat"
 
     def of(self, transport: str) -> KeyName:
         return lambda key: self.option.format(transport=transport, key=key)
 
 
-LIBRARY_NAMES = SettingNames("transport", "transport_options[{key!r}]")
-JOB_NAMES = SettingNames("dist.transport", "dist.{transport}.{key}")
+LIBRARY_NAMES = SettingNames()
+JOB_NAMES = SettingNames(
+    transport="dist.transport",
+    option="dist.{transport}.{key}",
+    fraction="shuffle.fraction",
+    placement="data.placement",
+    chunk_bytes="dist.chunk_bytes",
+    timeout="dist.timeout_seconds",
+    heartbeat="dist.heartbeat_seconds",
+)
 
 
 @dataclass

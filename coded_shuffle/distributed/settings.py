@@ -1,0 +1,127 @@
+"""What a coded shuffle does, as one frozen object that checks itself once
+(:class:`ShuffleSettings`), and how a caller names each setting in its errors
+(:class:`SettingNames`: the library's keyword arguments, the training job's Hydra keys).
+
+``CodedShuffle`` takes the settings (or builds them from its keyword arguments); the training
+job builds them from its typed config with :data:`JOB_NAMES`, so that both check the same
+things the same way, once: a bad value is one :class:`~coded_shuffle.errors.UsageError`
+naming the setting as the caller wrote it and its valid range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES
+from coded_shuffle.distributed.transports import transport_class
+from coded_shuffle.distributed.transports.base import LIBRARY_NAMES, SettingNames
+from coded_shuffle.errors import UsageError
+from coded_shuffle.math.policies import ShufflePolicy, check_placement
+from coded_shuffle.math.schemes import Scheme, get_scheme
+
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+DEFAULT_HEARTBEAT_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ShuffleSettings:
+    """Every setting of a coded shuffle (README: "Your own training loop"); checked when made.
+
+    Parameters
+    ----------
+    scheme : a registered scheme (``coded-shuffle schemes``); ``"uncoded"`` for the baseline.
+    storage : ``T``, what every worker stores, in batches (``1 <= T <= K``).
+    seed : every epoch's assignment is drawn from ``(seed, epoch)`` on every rank.
+    shuffle, fraction : the shuffle policy (``"full"``, ``"partial"`` with the share
+        ``fraction`` in ``(0, 1]`` that every worker gives up each epoch, or ``"none"``).
+    placement : the first assignment: ``"random"`` (from the seed) or ``"by_label"`` (dealt
+        in label order, the items' last field: skewed shards).
+    transport, transport_options : a registered transport (``coded-shuffle transports``) and
+        its own options.
+    chunk_bytes : the largest message payload on the link.
+    epochs : the number of epochs, if known (the master then encodes epoch ``e + 1`` while the
+        workers train on ``e``, and stops at the last).
+    drop_last : drop the last ``N mod K`` items so that the workers divide ``N``.
+    timeout : how soon a rank that died, was stopped or lost its link ends every rank.
+    heartbeat : seconds between liveness heartbeats (``0``: no watchdog; then ``timeout``
+        bounds the delivery's collectives).
+    store_dir : where every rank keeps its large buffers and every worker its store, in
+        memory-mapped files (persisted after every epoch, for :meth:`CodedShuffle.restore`);
+        ``None``: in memory.
+    stream : an epoch not made ready ahead is encoded message by message while earlier
+        messages travel (``False``: whole before the first byte).
+    names : how the caller names these settings in its errors.
+    """
+
+    scheme: str = "cycles"
+    storage: float = 1.0
+    seed: int = 0
+    shuffle: str = "full"
+    fraction: float = 1.0
+    placement: str = "random"
+    transport: str = "chain"
+    transport_options: Mapping[str, Any] = field(default_factory=dict)
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    epochs: int | None = None
+    drop_last: bool = True
+    timeout: timedelta = DEFAULT_TIMEOUT
+    heartbeat: float = DEFAULT_HEARTBEAT_SECONDS
+    store_dir: Path | None = None
+    stream: bool = True
+    names: SettingNames = field(default_factory=lambda: LIBRARY_NAMES, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.store_dir is not None and not isinstance(self.store_dir, Path):
+            object.__setattr__(self, "store_dir", Path(os.fspath(self.store_dir)))
+        object.__setattr__(self, "transport_options", dict(self.transport_options or {}))
+        self.check()
+
+    @property
+    def policy(self) -> ShufflePolicy:
+        return ShufflePolicy(self.shuffle, float(self.fraction))
+
+    def check(self) -> None:
+        """What can be checked without the job: :class:`UsageError` for the first bad value."""
+        n = self.names
+        self.policy.check(n.shuffle, n.fraction)
+        check_placement(self.placement, n.placement)
+        transport_class(self.transport, n)
+        if int(self.chunk_bytes) < 1:
+            raise UsageError(f"{n.chunk_bytes}={self.chunk_bytes} out of range (must be >= 1)")
+        if self.epochs is not None and int(self.epochs) < 1:
+            raise UsageError(f"{n.epochs}={self.epochs} out of range (must be >= 1)")
+        if self.timeout.total_seconds() <= 0:
+            raise UsageError(f"{n.timeout}={self.timeout} out of range (must be > 0)")
+        if self.heartbeat < 0:
+            raise UsageError(
+                f"{n.heartbeat}={self.heartbeat} out of range (seconds >= 0; 0: no watchdog)"
+            )
+
+    def check_job(self, workers: int, points: int, point_bytes: int) -> Scheme:
+        """What depends on the job: ``workers`` K, ``points`` N (already a multiple of K)
+        of ``point_bytes`` each. Returns the scheme, ready to plan."""
+        n = self.names
+        scheme = get_scheme(self.scheme, point_bytes)
+        if not 1 <= self.storage <= workers:
+            raise UsageError(f"{n.storage}={self.storage:g} out of range 1..{workers} (workers)")
+        scheme.check(points, workers, float(self.storage))
+        scheme.check_point_bytes(workers, float(self.storage))
+        cls = transport_class(self.transport, n)
+        cls.parse_options(workers + 1, self.transport_options, n)
+        if cls.routing != "broadcast" and scheme.coded:
+            t, s = n.transport, n.scheme
+            raise UsageError(
+                f"{t}={self.transport} carries uncoded deliveries only (each row to one worker); "
+                f"{s}={scheme.name} is coded: use {s}=uncoded, or {t}=chain, multicast or tree"
+            )
+        return scheme
+
+    def replace(self, **changes: Any) -> ShuffleSettings:
+        """These settings with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)

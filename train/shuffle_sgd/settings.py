@@ -1,0 +1,86 @@
+"""The job's checks and the library's settings built from its typed config: one
+:class:`~coded_shuffle.distributed.settings.ShuffleSettings` (named as the job's Hydra keys),
+whose own checks are the library's, and the job's keys around it."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from coded_shuffle.distributed.settings import ShuffleSettings
+from coded_shuffle.distributed.transports import JOB_NAMES
+from coded_shuffle.errors import UsageError
+
+from .. import data, models
+from ..config import Config, DistConf
+
+
+def transport_options(dist: DistConf) -> dict[str, Any]:
+    """The configured transport's own options (``dist.<transport>``), as plain values."""
+    options = getattr(dist, dist.transport, None)
+    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
+
+
+def shuffle_settings(cfg: Config, store_dir: Path | None = None) -> ShuffleSettings:
+    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key)."""
+    return ShuffleSettings(
+        scheme=cfg.scheme.name,
+        storage=float(cfg.storage),
+        seed=int(cfg.seed),
+        shuffle=cfg.shuffle.name,
+        fraction=float(cfg.shuffle.fraction),
+        placement=cfg.data.placement,
+        transport=cfg.dist.transport,
+        transport_options=transport_options(cfg.dist),
+        chunk_bytes=int(cfg.dist.chunk_bytes),
+        epochs=int(cfg.epochs),
+        timeout=timedelta(seconds=float(cfg.dist.timeout_seconds)),
+        store_dir=store_dir,
+        names=JOB_NAMES,
+    )
+
+
+def validate(cfg: Config) -> None:
+    """Everything that can be checked before a process starts (raises :class:`UsageError`)."""
+    workers = int(cfg.workers)
+    if workers < 1:
+        raise UsageError(f"workers={workers} out of range (must be >= 1)")
+    if int(cfg.epochs) < 1:
+        raise UsageError(f"epochs={cfg.epochs} out of range (must be >= 1)")
+    _check_dist(cfg.dist)
+    settings = shuffle_settings(cfg)
+    info = data.describe(cfg.data)
+    if info.train_points < workers:
+        raise UsageError(
+            f"workers={workers} exceeds the {info.train_points} training points of "
+            f"data.source={cfg.data.source} (valid: 1..{info.train_points})"
+        )
+    settings.check_job(workers, data.kept(info.train_points, workers), info.point_bytes)
+    models.check(cfg.model, info.input_shape)
+    _check_optim(cfg)
+    die = cfg.debug.die_rank
+    if die is not None and not 0 <= int(die) <= workers:
+        raise UsageError(f"debug.die_rank={die} out of range 0..{workers}")
+
+
+def _check_optim(cfg: Config) -> None:
+    o = cfg.optim
+    if float(o.lr) <= 0:
+        raise UsageError(f"optim.lr={o.lr} out of range (must be > 0)")
+    if int(o.average_every) < 0:
+        raise UsageError(
+            f"optim.average_every={o.average_every} out of range (must be >= 0; 0: "
+            "gradients averaged every step, H >= 1: local SGD, models averaged every H steps)"
+        )
+    if int(o.batch_size) < 1:
+        raise UsageError(f"optim.batch_size={o.batch_size} out of range (must be >= 1)")
+
+
+def _check_dist(d: DistConf) -> None:
+    if int(d.max_restarts) < 0:
+        raise UsageError(f"dist.max_restarts={d.max_restarts} out of range (must be >= 0)")
+    for key in ("timeout_seconds", "heartbeat_seconds", "progress_seconds"):
+        if float(getattr(d, key)) <= 0:
+            raise UsageError(f"dist.{key}={getattr(d, key)} out of range (must be > 0)")
