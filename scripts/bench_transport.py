@@ -190,12 +190,12 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     from coded_shuffle.costs.model import Network, seconds
     from coded_shuffle.costs.rates import parse_rate
     from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
-    from coded_shuffle.tools.predict import Cluster, planned_load
+    from coded_shuffle.tools.predict import Workload, planned_load
 
     key = (res.workers, res.scheme)
     if key not in _LOADS:
         points = args.points - args.points % res.workers
-        cluster = Cluster(res.workers, points, 4 * args.features + 4, scheme=res.scheme)
+        cluster = Workload(res.workers, points, 4 * args.features + 4, scheme=res.scheme)
         _LOADS[key] = planned_load(cluster, chain=args.medium == "shared")
     rate = parse_rate(args.rate)
     net = Network(args.medium, rate, rate, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)

@@ -17,7 +17,7 @@ import time
 
 from coded_shuffle.costs.model import Network
 from coded_shuffle.costs.rates import format_rate, parse_rate
-from coded_shuffle.tools.predict import Cluster, planned_load, predict
+from coded_shuffle.tools.predict import Workload, planned_load, predict
 
 HEADER = (
     f"{'K':>4} {'topology':8s} {'unicast s':>9s} {'p2p s':>7s} {'coded chain s':>13s} "
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(HEADER))
     for k in args.workers:
         t0 = time.perf_counter()
-        cluster = Cluster(k, args.points - args.points % k, args.point_bytes, scheme=args.scheme)
+        cluster = Workload(k, args.points - args.points % k, args.point_bytes, scheme=args.scheme)
         load = planned_load(cluster)
         for topology in ("switch", "shared", "uplink"):
             extra = {} if args.peer_seconds is None else {"peer_seconds": args.peer_seconds}

@@ -371,3 +371,26 @@ def test_gauss_jordan_over_gf2_keeps_its_row_combinations(m, u, seed):
     assert not reduced[rank:].any()
     span = {tuple((np.array(c, dtype=int) @ a.astype(int)) % 2) for c in np.ndindex(*(2,) * m)}
     assert len(span) == 2**rank
+
+
+@pytest.mark.parametrize("adopted", [False, True])
+def test_a_store_slot_with_one_flipped_byte_is_not_loaded(tmp_path, adopted):
+    """A slot written (or adopted: a memory-mapped file made the slot without a copy) then
+    damaged on disk: its digest no longer matches, so it loads as missing, mapped or not."""
+    from coded_shuffle.codec.blockstore import BlockStore
+    from coded_shuffle.codec.buffers import FileBuffers
+
+    rows = np.random.default_rng(1).integers(0, 256, (40, 16), dtype=np.uint8)
+    disk = BlockStore(tmp_path, dtype=None)
+    if adopted:
+        mapped = FileBuffers(tmp_path).empty(40, 16, "slot")
+        mapped.numpy()[:] = rows
+        disk.adopt("slot", FileBuffers(tmp_path).path("slot"), mapped.numpy(), {"epoch": 1})
+    else:
+        disk.save("slot", rows, {"epoch": 1})
+    assert np.array_equal(BlockStore(tmp_path, dtype=None).load("slot", mapped=True), rows)
+    raw = bytearray((tmp_path / "slot.npy").read_bytes())
+    raw[-7] ^= 0x10
+    (tmp_path / "slot.npy").write_bytes(bytes(raw))
+    for mapped_load in (False, True):
+        assert BlockStore(tmp_path, dtype=None).load("slot", mapped=mapped_load) is None

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coded_shuffle.codec.blockstore import BlockStore
 from coded_shuffle.elastic import (
     CyclicUsage,
     GroupCode,
@@ -389,6 +390,7 @@ def test_corrupted_store_is_detected_and_resent(tmp_path: Path) -> None:
     arr = np.load(block)
     arr[0, 0] += 1.0
     np.save(block, arr)
+    assert BlockStore(tmp_path / "worker_2").load("coded") is None  # its digest differs
     ckpt.state = next(h for h in ckpt.history if h.get("step") == 1)  # restart after step 0
     sink = ListSink()
     ElasticMaster(problem, s, LocalChannel(tmp_path), sink, ckpt).run()

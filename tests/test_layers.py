@@ -5,6 +5,7 @@ hides a cycle."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -69,9 +70,9 @@ def test_the_math_imports_and_plans_without_torch():
                 assert plan_load(plan) >= lower_bound(state, new)[0] - 1e-9, name
                 state = scheme.next_state(state, plan, new)
         from coded_shuffle.costs.model import Network
-        from coded_shuffle.tools.predict import Cluster, predict  # the predict command's work
+        from coded_shuffle.tools.predict import Workload, predict  # the predict command's work
 
-        assert len(predict(Cluster(4, 40, 100), Network("shared", 1e9, 1e9))) == 8
+        assert len(predict(Workload(4, 40, 100), Network("shared", 1e9, 1e9))) == 8
         assert "torch" not in sys.modules
         print("planned", len(REGISTRY))
         """
@@ -91,14 +92,16 @@ def module_name(path: Path) -> str:
 
 def library_imports(path: Path, in_functions: bool = False) -> list[tuple[int, str]]:
     """The library modules ``path`` imports (``from coded_shuffle.x import y`` counts as
-    ``coded_shuffle.x.y`` when that is a module), at the top or inside functions."""
+    ``coded_shuffle.x.y`` when that is a module), outside functions (``if TYPE_CHECKING:``
+    blocks included) or inside them."""
     tree = ast.parse(path.read_text())
-    nodes = (
-        [n for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
-         for n in ast.walk(f)]
-        if in_functions
-        else tree.body
-    )  # fmt: skip
+    functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+    inside = [n for f in functions for n in ast.walk(f)]
+    if in_functions:
+        nodes = inside
+    else:
+        skip = {id(n) for n in inside}
+        nodes = [n for n in ast.walk(tree) if id(n) not in skip]
     found = []
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.level:
@@ -106,7 +109,8 @@ def library_imports(path: Path, in_functions: bool = False) -> list[tuple[int, s
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coded_shuffle"):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
-                is_module = (PACKAGE.parent / Path(*sub.split("."))).with_suffix(".py").exists()
+                where = PACKAGE.parent / Path(*sub.split("."))
+                is_module = where.with_suffix(".py").exists() or (where / "__init__.py").exists()
                 found.append((node.lineno, sub if is_module else node.module))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.startswith("coded_")]
@@ -224,3 +228,30 @@ def test_the_jobs_import_each_other_without_circles():
 
     for node in sorted(graph):
         visit(node, ())
+
+
+LINES_MAX, FUNCTION_LINES_MAX = 450, 80
+
+
+def test_no_module_over_450_lines_and_no_function_over_80():
+    """Rooms that hold one thing: every module of the library and the jobs."""
+    long_modules, long_functions = [], []
+    for path in [*library_modules(), *sorted((PACKAGE.parent / "train").rglob("*.py"))]:
+        text = path.read_text()
+        if text.count("\n") > LINES_MAX:
+            long_modules.append(str(path.relative_to(PACKAGE.parent)))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - first + 1 > FUNCTION_LINES_MAX:
+                    long_functions.append(f"{path.name}:{node.name}")
+    assert not long_modules and not long_functions, (long_modules, long_functions)
+
+
+def test_the_jobs_read_typed_configs():
+    """No job takes an untyped config, nor repeats a default with ``.get(key, default)``: the
+    defaults live in train/config.py."""
+    for path in sorted((PACKAGE.parent / "train").rglob("*.py")):
+        text = path.read_text()
+        assert "cfg: Any" not in text, path
+        assert not re.search(r"cfg[\w.]*\.get\(", text), path

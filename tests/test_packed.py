@@ -18,7 +18,7 @@ from coded_shuffle.distributed.epochs import EpochChain
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.schemes import get_scheme
 from tests.test_train import compose
-from train import data, pack, shuffle_sgd
+from train import data, pack, shuffle_sgd, standardise
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["data=dataset", "data.dataset._target_=tests.image_sets.TinyImages"]
@@ -55,7 +55,7 @@ def test_a_packed_synthetic_set_is_the_synthetic_sources_records(tmp_path, monke
     """Drawn, standardised and written in many blocks: the very bits ``data=synthetic``
     draws and standardises in memory at once."""
     monkeypatch.setattr(pack, "BLOCK_BYTES", 8 * 12 * 37)  # 37 points a block
-    monkeypatch.setattr(data, "STATS_ROWS", 50)
+    monkeypatch.setattr(standardise, "STATS_ROWS", 50)
     knobs = ["data.points=1003", "data.test_points=101", "data.features=12", "seed=5"]
     line = pack.pack(tmp_path / "syn", ["data=synthetic", *knobs])
     assert "N = 1,003 training records of 52 bytes" in line and "101 test records" in line

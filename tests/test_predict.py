@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from coded_shuffle.costs import model, wire
 from coded_shuffle.costs.model import Network, Traffic, master_bytes, seconds
 from coded_shuffle.tools import cli, predict
-from coded_shuffle.tools.predict import Cluster, planned_load
+from coded_shuffle.tools.predict import Workload, planned_load
 
 MB = 10**6
 
@@ -29,7 +29,7 @@ def test_the_planned_bytes_are_the_bytes_evaluate_encodes(scheme, storage):
 
     k, n, b = 6, 600, 1000
     (report,) = run(Evaluation(scheme, k, n, storage, epochs=1, seed=3, point_bytes=b))
-    load = planned_load(Cluster(k, n, b, storage, scheme, seed=3))
+    load = planned_load(Workload(k, n, b, storage, scheme, seed=3))
     assert report.verified
     assert load.traffic.coded_bytes == report.broadcast_bytes
     assert load.planned_points == n
@@ -38,9 +38,9 @@ def test_the_planned_bytes_are_the_bytes_evaluate_encodes(scheme, storage):
 
 
 def test_a_large_n_is_planned_on_fewer_points_and_scaled(monkeypatch):
-    exact = planned_load(Cluster(8, 8 * 400, 2004))
+    exact = planned_load(Workload(8, 8 * 400, 2004))
     monkeypatch.setattr(predict, "PLAN_POINTS", 8 * 100)
-    scaled = planned_load(Cluster(8, 8 * 400, 2004))
+    scaled = planned_load(Workload(8, 8 * 400, 2004))
     assert scaled.planned_points == 800
     t, e = scaled.traffic, exact.traffic
     assert abs(t.uncoded_bytes / e.uncoded_bytes - 1) < 0.03
@@ -99,11 +99,11 @@ def test_a_master_faster_than_its_workers_streams_at_the_workers_rate():
 def test_chain_links_follow_how_far_each_message_is_kept():
     """An uncoded stream ordered by worker: a message reaches the worker that keeps it, about
     (K + 1) / 2 links per byte; a coded one reaches further (its symbols serve two)."""
-    from coded_shuffle.tools.predict import Cluster, planned_load
+    from coded_shuffle.tools.predict import Workload, planned_load
 
-    coded = planned_load(Cluster(8, 8 * 2000, 2004, chunk_bytes=8192), chain=True).traffic
+    coded = planned_load(Workload(8, 8 * 2000, 2004, chunk_bytes=8192), chain=True).traffic
     assert 4.0 < coded.uncoded_links < 5.0 and coded.uncoded_links < coded.coded_links <= 8
-    assert planned_load(Cluster(8, 8 * 2000, 2004)).traffic.coded_links is None
+    assert planned_load(Workload(8, 8 * 2000, 2004)).traffic.coded_links is None
 
 
 def test_the_cost_models_constants_are_the_transports_defaults():
@@ -125,7 +125,7 @@ def test_the_cost_models_constants_are_the_transports_defaults():
 )
 def test_every_prediction_is_positive_and_names_the_best_uncoded(k, q, b, topology):
     net = Network(topology, 1e9, 1e8 if topology == "uplink" else 1e9)
-    rows = predict.predict(Cluster(k, k * q, b), net)
+    rows = predict.predict(Workload(k, k * q, b), net)
     assert len(rows) == 8 and all(r.seconds > 0 and math.isfinite(r.seconds) for r in rows)
     assert min(r.vs_best_uncoded for r in rows if r.delivery == "uncoded") == 1.0
     coded = {r.transport: r for r in rows if r.delivery == "coded"}

@@ -504,16 +504,20 @@ def test_local_sgd_averages_every_h_steps_and_at_the_epochs_end():
 
 @pytest.mark.distributed
 def test_local_sgd_trains_the_same_model_whatever_the_scheme(tmp_path):
-    """``optim.average_every=5`` on a partial reshuffle: coded and uncoded delivery end with
-    the same parameters; the all-reduce carries the parameters and momentum per averaging."""
+    """``optim.average_every=5`` on a partial reshuffle from skewed shards (``by_label``):
+    coded and uncoded delivery end with the same parameters; the all-reduce carries the
+    parameters and momentum per averaging; the first shards were dealt by label (after one
+    epoch on a few classes each, the averaged model is far from the random placement's)."""
     shas = {}
     for scheme in ("cycles", "uncoded"):
         run_dir = tmp_path / scheme
         args = [f"scheme={scheme}", *JOB, "optim.average_every=5", "shuffle=partial"]
-        out = _run([*args, "shuffle.fraction=0.5", f"hydra.run.dir={run_dir}"], tmp_path)
+        args += ["shuffle.fraction=0.5", "data.placement=by_label"]
+        out = _run([*args, f"hydra.run.dir={run_dir}"], tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         rows, summary = _metrics(run_dir), _summary(run_dir)
         assert summary["average_every"] == 5 and summary["shuffle"] == "partial"
+        assert summary["placement"] == "by_label"
         steps = -(-(rows[0]["points"] // 4) // 16)  # batch_size 16 per worker
         model = rows[0]["param_bytes"] - 16  # the flat parameters (the loss pair is 16 bytes)
         averagings = len(shuffle_sgd.averaging_steps(steps, 5))
@@ -580,3 +584,71 @@ def test_the_jobs_ddp_hook_averages_every_gradient_in_the_models_order():
     for got, expected in zip(results[0], want, strict=True):
         a, b = np.frombuffer(got, np.float32), np.frombuffer(expected, np.float32)
         assert np.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _averaged(rank: int, world: int) -> list[list[float]]:
+    """Every rank's own parameters and momentum (made unlike the others'), then local SGD's
+    average over the world: the parameters and momentum buffers after it."""
+    import torch.distributed as dist
+
+    model = _tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _tiny_loss(model, 0, rank).backward()
+    opt.step()  # momentum buffers exist now
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.add_(rank + i)
+            opt.state[p]["momentum_buffer"].mul_(rank + 1)
+    before = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
+              torch.cat([opt.state[p]["momentum_buffer"].reshape(-1)
+                         for p in model.parameters()]).tolist()]  # fmt: skip
+    shuffle_sgd.average_state(list(model.parameters()), opt, dist.group.WORLD, world)
+    after = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
+             torch.cat([opt.state[p]["momentum_buffer"].reshape(-1)
+                        for p in model.parameters()]).tolist()]  # fmt: skip
+    return [before, after]
+
+
+@pytest.mark.distributed
+def test_local_sgd_averages_the_parameters_and_the_momentum_of_every_worker():
+    """After an averaging every worker holds the mean of the workers' parameters *and* of
+    their momentum buffers (computed here from what each held before)."""
+    from tests.ranks import run_ranks
+
+    results = run_ranks(3, _averaged)
+    for which in (0, 1):  # parameters, momentum
+        mean = np.mean([np.array(r[0][which]) for r in results], axis=0)
+        assert not np.allclose(results[0][0][which], results[1][0][which])  # they differed
+        for r in results:
+            assert np.allclose(r[1][which], mean, rtol=1e-6, atol=1e-6)
+
+
+def test_the_job_hands_its_placement_and_policy_to_the_coded_shuffle():
+    """``data.placement=by_label`` (and the shuffle policy) reach the library's settings."""
+    from train.shuffle_sgd.settings import shuffle_settings
+
+    settings = shuffle_settings(
+        compose("data.placement=by_label", "shuffle=partial", "shuffle.fraction=0.5")
+    )
+    assert (settings.placement, settings.shuffle, settings.fraction) == ("by_label", "partial", 0.5)
+    assert shuffle_settings(compose()).placement == "random"
+
+
+def test_the_master_evaluates_the_test_split_transformed_once():
+    """data=dataset with a transform that is not idempotent (``x / 255 - 0.5``): the master's
+    evaluation reads the raw test inputs and transforms them once."""
+    from train.shuffle_sgd.master import Master
+
+    cfg = compose("data=dataset", "+data.transform.mean=0.5", "model=logreg")
+    ds = data.load(cfg.data, workers=4, seed=0)
+    assert ds.test.tensors[0].dtype == torch.uint8  # raw, as the records carry them
+    master = object.__new__(Master)
+    torch.manual_seed(0)
+    master.model, master.data = torch.nn.Linear(64, 10), ds
+    loss, accuracy = master.evaluate()
+    x, y = ds.test.tensors[0], ds.test.tensors[1].long()
+    once = master.model(shuffle_sgd.model_inputs(ds.transform, x))
+    twice = master.model(shuffle_sgd.model_inputs(ds.transform, ds.transform(x)))
+    assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(once, y)), rel=1e-6)
+    assert loss != pytest.approx(float(torch.nn.functional.cross_entropy(twice, y)), rel=1e-3)
+    assert accuracy == pytest.approx(float((once.argmax(1) == y).double().mean()))

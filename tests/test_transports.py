@@ -23,9 +23,11 @@ from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.costs.wire import (
     chain_bytes,
     chain_reach,
+    default_datagram_bytes,
     message_keepers,
     message_ranges,
     message_sizes,
+    wire_bytes,
 )
 from coded_shuffle.distributed.transports import (
     JOB_NAMES,
@@ -48,12 +50,7 @@ from coded_shuffle.distributed.transports.framing import (
     Inbox,
     frame,
 )
-from coded_shuffle.distributed.transports.multicast import (
-    CATCH_UP_BYTES,
-    _Pacer,
-    default_datagram_bytes,
-    wire_bytes,
-)
+from coded_shuffle.distributed.transports.multicast.pacing import CATCH_UP_BYTES, Pacer
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError, VerificationError
 from tests.ranks import is_root, private_netns, run_ranks
@@ -277,7 +274,7 @@ def test_gloo_binomial_tree_children():
 
 
 def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
-    pacer = _Pacer(8e6, 1000)  # 1 ms per 1000-byte datagram; slack: 2 MiB = 2.1 s
+    pacer = Pacer(8e6, 1000)  # 1 ms per 1000-byte datagram; slack: 2 MiB = 2.1 s
     assert pacer.interval == pytest.approx(1e-3)
     assert pacer.slack == pytest.approx(CATCH_UP_BYTES * 8 / 8e6)
     held = pacer.due = time.perf_counter() - pacer.slack / 2  # held up, within the slack

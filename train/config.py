@@ -30,7 +30,7 @@ class SchemeConf:
 
 @dataclass
 class DigitsConf:
-    _target_: str = "train.data.Digits"
+    _target_: str = "train.sources.Digits"
     source: str = "digits"
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes, no download)."""
     test_fraction: float = 0.2
@@ -44,7 +44,7 @@ class DigitsConf:
 
 @dataclass
 class SyntheticConf:
-    _target_: str = "train.data.Synthetic"
+    _target_: str = "train.sources.Synthetic"
     source: str = "synthetic"
     """Gaussian classes with size knobs (scale runs)."""
     points: int = 4000
@@ -66,7 +66,7 @@ class SyntheticConf:
 
 @dataclass
 class FileConf:
-    _target_: str = "train.data.File"
+    _target_: str = "train.sources.File"
     source: str = "file"
     """X (n, ...) and y (n,) integer labels: a directory of .npy files (memory-mapped, never
     loaded whole; coded-shuffle pack writes one), or an .npz or .pt file."""
@@ -77,7 +77,7 @@ class FileConf:
     normalise: bool | None = None
     """Per-feature standardisation with the training split's statistics; null: true for a
     file, false for a directory (its records move as stored)."""
-    transform: Any = field(default_factory=lambda: {"_target_": "train.data.ToFloat"})
+    transform: Any = field(default_factory=lambda: {"_target_": "train.datasets.ToFloat"})
     """Decoded inputs (n, ...) -> the model's floats (default ToFloat: uint8 scaled by 1/255,
     float32 as it is)."""
     placement: str = "random"
@@ -87,10 +87,10 @@ class FileConf:
 
 @dataclass
 class DatasetConf:
-    _target_: str = "train.data.DatasetSource"
+    _target_: str = "train.datasets.DatasetSource"
     source: str = "dataset"
     """Any map-style Dataset that Hydra can instantiate; records keep the items' dtypes."""
-    dataset: Any = field(default_factory=lambda: {"_target_": "train.data.DigitsImages"})
+    dataset: Any = field(default_factory=lambda: {"_target_": "train.datasets.DigitsImages"})
     """The training set: _target_ (a Dataset class) and its arguments."""
     test_dataset: Any = None
     """The test set the master evaluates on (null: test_fraction of data.dataset)."""
@@ -100,7 +100,7 @@ class DatasetConf:
     """Dict items: the model's input (null: the one key besides label_key)."""
     label_key: str = "label"
     """Dict items: the integer class label."""
-    transform: Any = field(default_factory=lambda: {"_target_": "train.data.ToFloat"})
+    transform: Any = field(default_factory=lambda: {"_target_": "train.datasets.ToFloat"})
     """Decoded inputs (n, ...) -> the model's floats, on the worker and for the master's test
     split (null: none). The default ToFloat takes +data.transform.scale (null: 1/255 for uint8),
     .mean, .std; ++data.transform={_target_:pkg.fn,_partial_:true} for an own function."""
@@ -161,7 +161,7 @@ class ShufflePolicyConf:
 @dataclass
 class ShuffleJobConf:
     name: str = "shuffle_sgd"
-    """Random-reshuffling SGD with coded epoch delivery (train/shuffle_sgd.py)."""
+    """Random-reshuffling SGD with coded epoch delivery (train/shuffle_sgd/)."""
     checkpoint: bool = True
     """After every epoch: the master's checkpoint and every worker's store in the run
     directory; a restart resumes after the last epoch (docs/training.md, "Failures")."""
@@ -181,8 +181,9 @@ class ElasticConf:
         default_factory=lambda: ["coded", "nofailure", "ignore", "repartition", "distr_bgd"]
     )
     """Methods run in turn (distinct names of the job's)."""
-    events: list[Any] = field(default_factory=list)
-    """{step: S, leave: [ids]} or {step: S, join: count or [ids]}; ids are ranks 1..workers."""
+    events: list[Any] | None = field(default_factory=list)
+    """{step: S, leave: [ids]} or {step: S, join: count or [ids]}; ids are ranks 1..workers
+    (null or []: none)."""
     max_restarts: int = 0
     """elastic_gd: restarts after a worker process dies (checkpointed), >= 0."""
     fully_distributed: bool = False

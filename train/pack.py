@@ -24,6 +24,9 @@ from coded_shuffle.errors import UsageError
 
 from . import data
 from .compose import check_group_overrides, compose_argv, config_error_line, fail
+from .datasets import DatasetSource, instantiate_node, model_shape
+from .sources import File, Synthetic
+from .standardise import block_stats
 
 PROG = "coded-shuffle pack"
 BLOCK_BYTES = 64 << 20  # rows generated, standardised and written at a time
@@ -60,7 +63,7 @@ def _rows_per_block(row_bytes: int) -> int:
     return max(1, BLOCK_BYTES // max(row_bytes, 1))
 
 
-def pack_synthetic(source: data.Synthetic, seed: int, out: Path) -> None:
+def pack_synthetic(source: Synthetic, seed: int, out: Path) -> None:
     """The synthetic points, drawn a block at a time (the training statistics from two
     draws of the training points, then the points drawn again, standardised and written):
     the same bits as ``data=synthetic``, which draws them once, in memory."""
@@ -75,7 +78,7 @@ def pack_synthetic(source: data.Synthetic, seed: int, out: Path) -> None:
             yield xs[: n - at]
             at += xs.shape[0]
 
-    mean, std = data.block_stats(train_blocks) if source.normalise else (0.0, 1.0)
+    mean, std = block_stats(train_blocks) if source.normalise else (0.0, 1.0)
     x, y = _array(out, "X", (n, d), np.float32), _array(out, "y", (n,), np.int32)
     x_test = _array(out, "X_test", (n_test, d), np.float32)
     y_test = _array(out, "y_test", (n_test,), np.int64)  # as data=synthetic holds it
@@ -94,19 +97,19 @@ def pack_synthetic(source: data.Synthetic, seed: int, out: Path) -> None:
         array.flush()
 
 
-def pack_dataset(source: data.DatasetSource, seed: int, out: Path) -> None:
+def pack_dataset(source: DatasetSource, seed: int, out: Path) -> None:
     """A ``data=dataset`` source's items, read one by one in the order the job would hold
     them (its held-out split by the seed), each checked as the job checks it."""
-    train_set = data.instantiate_node(source.dataset, "data.dataset")
+    train_set = instantiate_node(source.dataset, "data.dataset")
     n, x0, y0 = source.first_item(train_set, "data.dataset")
     if source.test_dataset:
-        test_set = data.instantiate_node(source.test_dataset, "data.test_dataset")
+        test_set = instantiate_node(source.test_dataset, "data.test_dataset")
         n_test, _, _ = source.first_item(test_set, "data.test_dataset")
         parts = [("", train_set, np.arange(n)), ("_test", test_set, np.arange(n_test))]
     else:
         test, train = source.held_out(n, seed)
         parts = [("", train_set, train), ("_test", train_set, test)]
-    data.model_shape(x0[None].clone(), source.input_transform())
+    model_shape(x0[None].clone(), source.input_transform())
     for suffix, dataset, items in parts:
         x = _array(out, f"X{suffix}", (items.size, *x0.shape), x0.dtype)
         y = _array(out, f"y{suffix}", (items.size,), y0.dtype)
@@ -132,11 +135,11 @@ def pack_arrays(source: data.Source, seed: int, out: Path) -> None:
 
 
 def packer(source: data.Source) -> Callable[[Any, int, Path], None]:
-    if isinstance(source, data.Synthetic):
+    if isinstance(source, Synthetic):
         return pack_synthetic
-    if isinstance(source, data.DatasetSource):
+    if isinstance(source, DatasetSource):
         return pack_dataset
-    if isinstance(source, data.File) and source.directory:
+    if isinstance(source, File) and source.directory:
         raise UsageError(f"data.path {source.path!r} is a packed directory already")
     return pack_arrays
 

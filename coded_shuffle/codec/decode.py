@@ -1,4 +1,4 @@
-"""Decoding at a worker: its program (:class:`~coded_shuffle.math.index_decoder.WorkerProgram`)
+"""Decoding at a worker: its program (:class:`~coded_shuffle.math.worker_program.WorkerProgram`)
 run on the symbols it kept and its own cache only, as the symbols arrive.
 
 Decoding reads the received symbols and the worker's cache where they are and writes every
@@ -20,14 +20,8 @@ import torch
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers, empty_rows
 from coded_shuffle.codec.encode import join_subpoints, split_points
 from coded_shuffle.codec.ops import copy_rows, gather_rows, rows_view, run_op, run_ops
-from coded_shuffle.math.index_decoder import (
-    BATCH,
-    CACHE,
-    SCRATCH,
-    WorkerProgram,
-    arrival_order,
-)
 from coded_shuffle.math.plan import DeliveryPlan
+from coded_shuffle.math.worker_program import BATCH, CACHE, SCRATCH, WorkerProgram, arrival_order
 
 
 def decode(
@@ -81,7 +75,7 @@ class StreamDecoder:
     ``symbols`` is the buffer the kept symbols (``program.symbol_ids``, in that order) arrive
     in; :meth:`advance` is told how many leading rows have arrived and runs every row of the
     program whose symbols are all there
-    (:func:`~coded_shuffle.math.index_decoder.arrival_order`), so that decoding overlaps the
+    (:func:`~coded_shuffle.math.worker_program.arrival_order`), so that decoding overlaps the
     transfer; :meth:`finish` runs the rest. Every decoded row is written once, in place, by
     the same kernel as :func:`decode_workspace`; the bytes are the same. ``seconds`` sums the
     time spent decoding.

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec.decode import StreamDecoder, Workspace
-from coded_shuffle.math.index_decoder import BATCH
+from coded_shuffle.math.worker_program import BATCH
 
 
 def digest(rows: torch.Tensor) -> bytes:
@@ -27,7 +27,7 @@ class StreamDigest:
     and only the last points are left when the stream ends.
 
     A batch row is final once its last writer has run (its ``need``,
-    :func:`~coded_shuffle.math.index_decoder.arrival_order`); a point once every sub-row of it
+    :func:`~coded_shuffle.math.worker_program.arrival_order`); a point once every sub-row of it
     is, in every part; the hash advances over the leading points that are final.
     """
 

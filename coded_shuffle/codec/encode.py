@@ -19,8 +19,8 @@ import torch
 from coded_shuffle.codec.buffers import empty_rows
 from coded_shuffle.codec.ops import CHUNK_BYTES, copy_rows, rows_view, run_op, run_ops
 from coded_shuffle.codec.records import Records
-from coded_shuffle.math.index_decoder import block_op
 from coded_shuffle.math.plan import DeliveryPlan, XorBlock, subpoint_bytes
+from coded_shuffle.math.worker_program import block_op
 
 
 def split_points(data: torch.Tensor, splits: int) -> torch.Tensor:
@@ -41,7 +41,7 @@ def join_subpoints(rows: torch.Tensor, splits: int, point_bytes: int) -> torch.T
 
 def run_blocks(blocks: tuple[XorBlock, ...], src: torch.Tensor, dst: torch.Tensor) -> None:
     """``dst[targets] = XOR_c src[sources[:, c]]`` for every block (the encoder's program):
-    the blocks as pool ops (:func:`~coded_shuffle.math.index_decoder.block_op`) on
+    the blocks as pool ops (:func:`~coded_shuffle.math.worker_program.block_op`) on
     :func:`run_ops`."""
     if not blocks or src.shape[1] == 0:
         return

@@ -1,4 +1,4 @@
-"""The codec's one executor: pool ops (:class:`~coded_shuffle.math.index_decoder.PoolOp`)
+"""The codec's one executor: pool ops (:class:`~coded_shuffle.math.worker_program.PoolOp`)
 run on the fused gather-XOR kernel of :mod:`.kernel`, and row copies (docs/codec.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from coded_shuffle.codec import kernel
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
-from coded_shuffle.math.index_decoder import PoolOp
+from coded_shuffle.math.worker_program import PoolOp
 
 CHUNK_BYTES = 1 << 20  # an op of more than two columns runs in chunks of this (partials in cache)
 

@@ -27,8 +27,9 @@ from coded_shuffle.codec.digest import StreamDigest
 from coded_shuffle.codec.encode import Encoder, GatherEncoder, encode
 from coded_shuffle.codec.records import Records
 from coded_shuffle.costs.wire import framed_parts_bytes
-from coded_shuffle.math.index_decoder import WorkerProgram, decode_plan, decode_worker
+from coded_shuffle.math.index_decoder import decode_plan, decode_worker
 from coded_shuffle.math.plan import DeliveryPlan, Plan, byte_parts, subpoint_bytes
+from coded_shuffle.math.worker_program import WorkerProgram
 
 
 def _plans_and_parts(

@@ -84,14 +84,13 @@ class Heartbeat:
         return cls(int(beat or 0), int(count or 0), stage, int(ticks or 0), detail, address)
 
 
-def local_address() -> str:
-    """This host's address on the job's network (GLOO_SOCKET_IFNAME's, else the hostname)."""
-    from coded_shuffle.distributed.transports.sockets import interface_address
+def address_label() -> str:
+    """How the other ranks' lines name this host: its address for them
+    (:func:`~coded_shuffle.distributed.transports.sockets.local_address`), else its name."""
+    from coded_shuffle.distributed.transports.sockets import local_address
 
-    name = os.environ.get("GLOO_SOCKET_IFNAME")
-    if name:
-        with contextlib.suppress(OSError):
-            return interface_address(name)
+    with contextlib.suppress(OSError):
+        return local_address()
     return socket.gethostname()
 
 
@@ -133,7 +132,7 @@ class Liveness:
         self.store_address, self.prefix = store_address, prefix
         self.on_progress, self.progress_seconds = on_progress, progress_seconds
         self.watch_progress = watch_progress
-        self.record = Heartbeat(0, 0, "start", 0, "", local_address())
+        self.record = Heartbeat(0, 0, "start", 0, "", address_label())
         self.seen: dict[int, Heartbeat] = {}
         self.beat_at: dict[int, float] = {}  # when each rank's heartbeat last moved (our clock)
         self.work_at: dict[int, float] = {}  # when each rank's progress last moved

@@ -4,8 +4,8 @@ loop (placement, events, gradient rounds, records, checkpoints) that every metho
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -14,10 +14,24 @@ from coded_shuffle.elastic.membership import (
     Membership,
 )
 from coded_shuffle.elastic.problem import Problem
-from coded_shuffle.elastic.protocol import Message, Op, WorkerLost, digest_ints
+from coded_shuffle.elastic.protocol import Message, Op, WorkerChannel, WorkerLost, digest_ints
+from coded_shuffle.elastic.settings import Settings
+from coded_shuffle.elastic.sinks import Sink
 
-if TYPE_CHECKING:  # the master's type only: it imports the runs
-    from coded_shuffle.elastic.runner import ElasticMaster
+
+class Host(Protocol):
+    """What a method's run needs of the master that runs it
+    (:class:`~coded_shuffle.elastic.runner.ElasticMaster`)."""
+
+    problem: Problem
+    settings: Settings
+    transport: WorkerChannel
+    sink: Sink
+    lr: float
+    lost: list[int]
+    restarts: int
+
+    def save(self, state: dict[str, Any], pending: Sequence[int] = ()) -> None: ...
 
 
 TIMED = (Op.FORWARD, Op.BACKWARD, Op.GRAD)  # replies carry the worker's compute time
@@ -89,7 +103,7 @@ class MethodRun(Rounds):
 
     name = ""
 
-    def __init__(self, master: ElasticMaster, index: int, resume: Mapping[str, Any] | None):
+    def __init__(self, master: Host, index: int, resume: Mapping[str, Any] | None):
         s = master.settings
         self.m, self.index, self.problem = master, index, master.problem
         self.membership = Membership.initial(s.workers, s.recovery_threshold, s.max_workers)

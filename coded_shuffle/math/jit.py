@@ -15,17 +15,25 @@ from typing import Any
 class LazyJit:
     """``fn`` compiled by ``numba.njit(cache=True)`` when first called.
 
-    The compiled function must not call another compiled one (each is compiled on its own).
+    ``helpers``: plain functions of ``fn``'s module that ``fn`` calls; they are compiled
+    first, and ``fn`` calls their compiled forms (:meth:`using`).
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[..., Any], helpers: tuple[Callable[..., Any], ...] = ()):
+        self.fn, self.helpers = fn, helpers
         self._compiled: Callable[..., Any] | None = None
         functools.update_wrapper(self, fn)
+
+    @classmethod
+    def using(cls, *helpers: Callable[..., Any]) -> Callable[[Callable[..., Any]], LazyJit]:
+        """``@LazyJit.using(a, b)``: a function that calls the plain functions ``a``, ``b``."""
+        return lambda fn: cls(fn, helpers)
 
     def __call__(self, *args: Any) -> Any:
         if self._compiled is None:
             import numba  # here, not at the top: see the module's docstring
 
+            for helper in self.helpers:  # what fn's name resolves to when it is compiled
+                self.fn.__globals__[helper.__name__] = numba.njit(cache=True, nogil=True)(helper)
             self._compiled = numba.njit(cache=True, nogil=True)(self.fn)
         return self._compiled(*args)

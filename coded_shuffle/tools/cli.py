@@ -250,7 +250,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from coded_shuffle.costs.model import Network
     from coded_shuffle.costs.rates import parse_rate
-    from coded_shuffle.tools.predict import Cluster, as_json, planned_load, predict, render
+    from coded_shuffle.tools.predict import Workload, as_json, planned_load, predict, render
 
     if args.scheme not in REGISTRY:
         raise UsageError(f"unknown scheme {args.scheme!r}; valid: {', '.join(sorted(REGISTRY))}")
@@ -263,7 +263,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         **({} if args.peer_seconds is None else {"peer_seconds": args.peer_seconds}),
     )
     net.check()
-    cluster = Cluster(
+    cluster = Workload(
         workers=args.workers,
         points=args.points,
         point_bytes=args.point_bytes,

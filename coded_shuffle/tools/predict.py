@@ -36,7 +36,7 @@ MAX_WORKERS = 4096
 
 
 @dataclass(frozen=True)
-class Cluster:
+class Workload:
     """The job: ``workers`` K, ``points`` N of ``point_bytes`` B, storage T, the scheme."""
 
     workers: int
@@ -71,34 +71,34 @@ class Load:
     planned_points: int  # N' (= N when N <= PLAN_POINTS)
 
 
-def _last_plan(cluster: Cluster, name: str, planned: int) -> Plan:
+def _last_plan(workload: Workload, name: str, planned: int) -> Plan:
     """Scheme ``name``'s first transition on random shuffles of ``planned`` points (with
     excess storage ``T > 1`` the second: its caches change with the deliveries)."""
-    k = cluster.workers
-    scheme = get_scheme(name, cluster.point_bytes)
-    scheme.check(planned, k, cluster.storage)
-    scheme.check_point_bytes(k, cluster.storage)
-    rng = np.random.default_rng(cluster.seed)
-    state = scheme.initial_state(random_assignment(planned, k, rng), k, cluster.storage)
-    for _ in range(1 if cluster.storage == 1 else 2):
+    k = workload.workers
+    scheme = get_scheme(name, workload.point_bytes)
+    scheme.check(planned, k, workload.storage)
+    scheme.check_point_bytes(k, workload.storage)
+    rng = np.random.default_rng(workload.seed)
+    state = scheme.initial_state(random_assignment(planned, k, rng), k, workload.storage)
+    for _ in range(1 if workload.storage == 1 else 2):
         new = random_assignment(planned, k, rng)
         plan = scheme.plan(state, new)
         state = scheme.next_state(state, plan, new)
     return plan
 
 
-def planned_load(cluster: Cluster, chain: bool = False) -> Load:
+def planned_load(workload: Workload, chain: bool = False) -> Load:
     """The scheme's load on a random reshuffle (:func:`_last_plan`), scaled to ``N``.
 
     ``chain``: also the links a byte crosses on a chain, coded and uncoded (what a chain costs
     on a shared medium; :func:`~coded_shuffle.costs.model.chain_links`, which decodes every
     worker's program: slower at large ``K``)."""
-    cluster.check()
-    k, n = cluster.workers, cluster.points
+    workload.check()
+    k, n = workload.workers, workload.points
     planned = n if n <= PLAN_POINTS else k * max(1, PLAN_POINTS // k)
-    plan = _last_plan(cluster, cluster.scheme, planned)
+    plan = _last_plan(workload, workload.scheme, planned)
     scale = n / planned
-    parts = byte_parts(cluster.point_bytes, plan.fractions)
+    parts = byte_parts(workload.point_bytes, plan.fractions)
     sizes = [subpoint_bytes(b, p.splits) for p, b in zip(plan.plans, parts, strict=True)]
     coded = [round(p.num_symbols * scale) for p in plan.plans]
     uncoded = [round(p.uncoded_points * p.splits * scale) for p in plan.plans]
@@ -107,15 +107,15 @@ def planned_load(cluster: Cluster, chain: bool = False) -> Load:
     )
     links = {}
     if chain:
-        uncoded_plan = _last_plan(cluster, "uncoded", planned)
+        uncoded_plan = _last_plan(workload, "uncoded", planned)
         links = {
-            "coded_links": chain_links(plan, cluster.point_bytes, cluster.chunk_bytes),
-            "uncoded_links": chain_links(uncoded_plan, cluster.point_bytes, cluster.chunk_bytes),
+            "coded_links": chain_links(plan, workload.point_bytes, workload.chunk_bytes),
+            "uncoded_links": chain_links(uncoded_plan, workload.point_bytes, workload.chunk_bytes),
         }
     traffic = Traffic(
         workers=k,
-        coded_bytes=framed_parts_bytes(coded, sizes, cluster.chunk_bytes),
-        uncoded_bytes=framed_parts_bytes(uncoded, sizes, cluster.chunk_bytes),
+        coded_bytes=framed_parts_bytes(coded, sizes, workload.chunk_bytes),
+        uncoded_bytes=framed_parts_bytes(uncoded, sizes, workload.chunk_bytes),
         **links,
     )
     return Load(traffic, plan_load(plan) * scale, uncoded_points * scale, planned)
@@ -130,36 +130,36 @@ class Row:
     vs_best_uncoded: float
 
 
-def predict(cluster: Cluster, net: Network, load: Load | None = None) -> list[Row]:
+def predict(workload: Workload, net: Network, load: Load | None = None) -> list[Row]:
     """Every (delivery, transport) that can run: uncoded over all five, coded over the
     broadcasts (unless the scheme is ``uncoded``)."""
     net.check()
-    load = load or planned_load(cluster, chain=net.topology == "shared")
+    load = load or planned_load(workload, chain=net.topology == "shared")
     t = load.traffic
     combos = [("uncoded", x, t.uncoded_bytes, t.uncoded_links) for x in TRANSPORTS]
-    if cluster.scheme != "uncoded":
+    if workload.scheme != "uncoded":
         combos += [("coded", x, t.coded_bytes, t.coded_links) for x in BROADCASTS]
     timed = [(d, x, transport_seconds(x, s, t, net, links), s) for d, x, s, links in combos]
     best = min(sec for d, _, sec, _ in timed if d == "uncoded")
     return [Row(d, x, sec, master_bytes(x, s, t.workers), sec / best) for d, x, sec, s in timed]
 
 
-def render(cluster: Cluster, net: Network, load: Load, rows: list[Row]) -> list[str]:
+def render(workload: Workload, net: Network, load: Load, rows: list[Row]) -> list[str]:
     """The human table and its verdict."""
     t = load.traffic
     master = "" if net.master_rate == net.rate else f", master {format_rate(net.master_rate)}"
     lines = [
-        f"predicted delivery seconds of one epoch: K = {cluster.workers}, N = {cluster.points:,}"
-        f" points of {cluster.point_bytes} B, T = {cluster.storage:g}, scheme {cluster.scheme};"
+        f"predicted delivery seconds of one epoch: K = {workload.workers}, N = {workload.points:,}"
+        f" points of {workload.point_bytes} B, T = {workload.storage:g}, scheme {workload.scheme};"
         f" {net.topology}, NICs {format_rate(net.rate)}{master}, MTU {net.mtu}",
         f"load: coded {load.load_points:,.0f} points = {t.coded_bytes / 1e6:,.1f} MB, uncoded "
         f"{load.uncoded_points:,.0f} points = {t.uncoded_bytes / 1e6:,.1f} MB "
         f"(ratio {t.coded_bytes / t.uncoded_bytes:.3f})"
         + (
             f"; planned on a random shuffle of N' = {load.planned_points:,} points "
-            f"({load.planned_points // cluster.workers} per worker) and scaled (fewer points per "
+            f"({load.planned_points // workload.workers} per worker) and scaled (fewer points per "
             "worker code less well: the coded bytes likely overestimate)"
-            if load.planned_points != cluster.points
+            if load.planned_points != workload.points
             else "; planned on a random shuffle"
         ),
         f"{'delivery':8s} {'transport':10s} {'master MB':>10s} {'seconds':>9s} "
@@ -199,10 +199,10 @@ def render(cluster: Cluster, net: Network, load: Load, rows: list[Row]) -> list[
     return lines
 
 
-def as_json(cluster: Cluster, net: Network, load: Load, rows: list[Row]) -> list[dict]:
-    """One object per row, with the cluster and the load beside it."""
+def as_json(workload: Workload, net: Network, load: Load, rows: list[Row]) -> list[dict]:
+    """One object per row, with the workload and the load beside it."""
     head = {
-        **asdict(cluster),
+        **asdict(workload),
         "topology": net.topology,
         "rate_bits": net.rate,
         "master_rate_bits": net.master_rate,

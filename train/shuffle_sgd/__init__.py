@@ -25,14 +25,21 @@ from ..dist import context, start_liveness
 from ..jobs import Job
 from .master import Master, stage_line
 from .settings import validate
-from .steps import averaging_steps, mean_in_model_order, model_inputs
+from .steps import average_state, averaging_steps, mean_in_model_order, model_inputs
 from .worker import Worker
 
 # collectives wait for long work (an epoch's training, a large delivery) without a bound: the
 # liveness watchdog fails the job within dist.timeout_seconds of a lost peer
 COLLECTIVE_TIMEOUT = timedelta(days=7)
 
-__all__ = ["JOB", "averaging_steps", "mean_in_model_order", "model_inputs", "validate"]
+__all__ = [
+    "JOB",
+    "average_state",
+    "averaging_steps",
+    "mean_in_model_order",
+    "model_inputs",
+    "validate",
+]
 
 
 class ShuffleSGD(Job):

@@ -65,3 +65,20 @@ def averaging_steps(steps: int, every: int) -> list[int]:
 def minibatch_order(seed: int, epoch: int, worker: int, batch: int) -> np.ndarray:
     """The order in which ``worker`` visits its batch in ``epoch`` (scheme-independent)."""
     return np.random.default_rng([seed, 1, epoch, worker]).permutation(batch)
+
+
+def average_state(
+    params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, group: Any, workers: int
+) -> None:
+    """Local SGD: every worker's parameters and momentum buffers replaced by their mean over
+    the ``workers`` of ``group`` (one flat all-reduce)."""
+    buffers = [optimizer.state[p].get("momentum_buffer") for p in params]
+    tensors = [p.data for p in params] + [b for b in buffers if b is not None]
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat /= workers
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n

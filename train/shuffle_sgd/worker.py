@@ -19,6 +19,7 @@ from .. import data, models
 from ..dist import mark, tick
 from .rank import Rank
 from .steps import (
+    average_state,
     averaging_steps,
     mean_in_model_order,
     minibatch_order,
@@ -125,7 +126,7 @@ class Worker(Rank):
                 loss.backward()  # DDP: the gradients averaged over the workers
             self.opt.step()
             if step + 1 in average_after:
-                self.average_models(params)
+                average_state(params, self.opt, self.ctx.workers_group, self.workers)
             loss_sum += float(loss.detach()) * idx.numel()
             count += idx.numel()
         self.report(epoch, torch.tensor([loss_sum, count], dtype=torch.float64))
@@ -140,20 +141,6 @@ class Worker(Rank):
             if self.checkpointing and self.momentum:
                 dist.broadcast(self.momentum_buffers(), src=1, group=self.pair)
         mark(f"epoch {epoch} trained")
-
-    def average_models(self, params: list[torch.nn.Parameter]) -> None:
-        """Local SGD: the workers' parameters and momentum buffers replaced by their mean
-        (one flat all-reduce)."""
-        buffers = [self.opt.state[p].get("momentum_buffer") for p in params]
-        tensors = [p.data for p in params] + [b for b in buffers if b is not None]
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=self.ctx.workers_group)
-        flat /= self.workers
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
 
     def gather_digest(self) -> None:
         mine = bytes.fromhex(models.params_sha256(self.model))

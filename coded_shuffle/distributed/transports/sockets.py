@@ -52,7 +52,8 @@ def interface_address(name: str) -> str:
 
 def local_address() -> str:
     """This host's address for the other ranks: ``GLOO_SOCKET_IFNAME``'s IPv4 address, else
-    the one the kernel routes to ``MASTER_ADDR`` from (loopback when unset)."""
+    the one the kernel routes to ``MASTER_ADDR`` from (loopback when unset); ``OSError`` when
+    neither is there."""
     name = os.environ.get("GLOO_SOCKET_IFNAME")
     if name:
         return interface_address(name)

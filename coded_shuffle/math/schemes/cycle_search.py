@@ -32,14 +32,13 @@ from coded_shuffle.math.jit import LazyJit
 CycleArrays = tuple[np.ndarray, np.ndarray, np.ndarray]  # workers, lengths, multiplicities
 
 
-@LazyJit
-def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
-    """Triangles ``(n, 3)`` packed into the arc counts ``weights`` (left with the free arcs),
-    starting from the ``given`` triangles (already taken out of ``weights``)."""
+def _free_arcs(
+    weights: np.ndarray, given: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The free arcs of every worker ``x``: ``fout[fptr[x] : fptr[x] + fcnt[x]]``, with
+    ``pos[x, y]`` the index of ``y`` there (-1: not free); room for every arc that is or may
+    become free (those of ``weights`` and of the ``given`` triangles)."""
     k = weights.shape[0]
-    np.random.seed(seed)
-    # the free arcs of every worker: fout[fptr[x] : fptr[x] + fcnt[x]], pos[x, y] its index;
-    # room for every arc that is or may become free
     room = weights > 0
     for t in range(given.shape[0]):
         for r in range(3):
@@ -55,28 +54,55 @@ def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.
             pos[a, b] = fcnt[a]
             fout[fptr[a] + fcnt[a]] = b
             fcnt[a] += 1
+    return fptr, fout, fcnt, pos
 
-    def give(a: int, b: int) -> None:
-        """One unit of arc ``a -> b`` back to the free arcs."""
-        weights[a, b] += 1
-        if weights[a, b] == 1:
-            pos[a, b] = fcnt[a]
-            fout[fptr[a] + fcnt[a]] = b
-            fcnt[a] += 1
 
-    def take(a: int, b: int) -> None:
-        """One unit of arc ``a -> b`` out of the free arcs."""
-        weights[a, b] -= 1
-        if weights[a, b] == 0:
-            last = fout[fptr[a] + fcnt[a] - 1]
-            fout[fptr[a] + pos[a, b]] = last
-            pos[a, last] = pos[a, b]
-            pos[a, b] = -1
-            fcnt[a] -= 1
+def _give(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
+          pos: np.ndarray, a: int, b: int) -> None:  # fmt: skip
+    """One unit of arc ``a -> b`` back to the free arcs."""
+    w[a, b] += 1
+    if w[a, b] == 1:
+        pos[a, b] = fcnt[a]
+        fout[fptr[a] + fcnt[a]] = b
+        fcnt[a] += 1
 
+
+def _take(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
+          pos: np.ndarray, a: int, b: int) -> None:  # fmt: skip
+    """One unit of arc ``a -> b`` out of the free arcs."""
+    w[a, b] -= 1
+    if w[a, b] == 0:
+        last = fout[fptr[a] + fcnt[a] - 1]
+        fout[fptr[a] + pos[a, b]] = last
+        pos[a, last] = pos[a, b]
+        pos[a, b] = -1
+        fcnt[a] -= 1
+
+
+def _thirds(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
+            x: int, y: int, skip: int, cand: np.ndarray) -> int:  # fmt: skip
+    """Into ``cand``, every worker ``z`` (but ``skip``) that closes ``x -> y -> z -> x`` with
+    free arcs; returns how many."""
+    nc = 0
+    for f in range(fptr[y], fptr[y] + fcnt[y]):
+        z = fout[f]
+        if z != x and z != skip and w[z, x] > 0:
+            cand[nc] = z
+            nc += 1
+    return nc
+
+
+@LazyJit.using(_free_arcs, _give, _take, _thirds)
+def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.ndarray:
+    """Triangles ``(n, 3)`` packed into the arc counts ``weights`` (left with the free arcs),
+    starting from the ``given`` triangles (already taken out of ``weights``): a greedy pass,
+    then ``sweeps`` passes that take each triangle out and put in one through each of its arcs
+    where they fit."""
+    k = weights.shape[0]
+    np.random.seed(seed)
+    fptr, fout, fcnt, pos = _free_arcs(weights, given)
     n = given.shape[0]
-    cap = weights.sum() // 3 + n + 1
-    tri = np.empty((cap, 3), dtype=np.int64)
+    tri = np.empty((weights.sum() // 3 + n + 1, 3), dtype=np.int64)
     tri[:n] = given
     cand = np.empty(k, dtype=np.int64)
     new = np.empty((3, 3), dtype=np.int64)
@@ -95,25 +121,19 @@ def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.
                 for r in range(3):
                     arcs[r, 0] = tri[i, (start + r) % 3]
                     arcs[r, 1] = tri[i, (start + r + 1) % 3]
-                    give(arcs[r, 0], arcs[r, 1])
+                    _give(weights, fptr, fout, fcnt, pos, arcs[r, 0], arcs[r, 1])
             added = 0
             for r in range(arcs.shape[0]):
                 x, y = arcs[r, 0], arcs[r, 1]
+                skip = -1 if greedy else arcs[(r + 2) % 3, 0]  # the triangle just taken out
                 while weights[x, y] > 0:
-                    nc = 0
-                    for f in range(fptr[y], fptr[y] + fcnt[y]):
-                        z = fout[f]
-                        if z != x and weights[z, x] > 0:
-                            if not greedy and z == arcs[(r + 2) % 3, 0]:
-                                continue  # the triangle just taken out
-                            cand[nc] = z
-                            nc += 1
+                    nc = _thirds(weights, fptr, fout, fcnt, x, y, skip, cand)
                     if nc == 0:
                         break
                     z = cand[0] if greedy else cand[np.random.randint(nc)]
-                    take(x, y)
-                    take(y, z)
-                    take(z, x)
+                    _take(weights, fptr, fout, fcnt, pos, x, y)
+                    _take(weights, fptr, fout, fcnt, pos, y, z)
+                    _take(weights, fptr, fout, fcnt, pos, z, x)
                     if not greedy:
                         new[added, 0], new[added, 1], new[added, 2] = x, y, z
                         added += 1
@@ -124,7 +144,7 @@ def _pack(weights: np.ndarray, given: np.ndarray, sweeps: int, seed: int) -> np.
                 continue
             if added == 0:  # nothing fits: the triangle goes back
                 for r in range(3):
-                    take(arcs[r, 0], arcs[r, 1])
+                    _take(weights, fptr, fout, fcnt, pos, arcs[r, 0], arcs[r, 1])
                 continue
             tri[i] = new[0]  # in its slot, the others after the last
             for j in range(1, added):

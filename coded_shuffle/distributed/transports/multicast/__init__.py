@@ -39,11 +39,8 @@ import contextlib
 import os
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,208 +54,27 @@ from coded_shuffle.costs.wire import (
     default_datagram_bytes,
     wire_bytes,
 )
-from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
-from coded_shuffle.errors import UsageError
+from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
+from coded_shuffle.distributed.transports.multicast.feedback import (
+    CONTROL_TAG,
+    UNION_TAG,
+    Arrival,
+    feedback_bytes,
+)
+from coded_shuffle.distributed.transports.multicast.options import (
+    MulticastOptions,
+    MulticastUnavailable,
+    interface_of,
+    mreqn,
+)
+from coded_shuffle.distributed.transports.multicast.pacing import Pacer, adapt
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 
 DGRAM = struct.Struct(DGRAM_FORMAT)
-CONTROL_TAG = 0x6D63  # the master's "round sent"
-UNION_TAG = 0x6D64  # the union of the workers' missing datagrams
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
-RCVBUF_BYTES = 64 << 20
-DEFAULT_GROUP = "239.255.77.77"
-DEFAULT_PORT = 29577
 POLL_SECONDS = 0.005
-FLAG_PARITY = 1
-CATCH_UP_BYTES = 2 << 20  # how far a held-up sender may burst to regain its pace
-LOSS_HIGH = 0.02  # share of a round's datagrams lost or late at some receiver: slow down
-PACE_DOWN, PACE_UP, PACE_FLOOR = 0.75, 1.10, 1 / 16
 
-
-class MulticastUnavailable(UsageError):
-    """The host cannot send or receive IP multicast on the configured interface."""
-
-
-def _interface(name: str | None) -> tuple[int, int]:
-    """``(ifindex, mtu)`` of the interface (0 and 1500 when unnamed: the kernel's choice)."""
-    if not name:
-        return 0, 1500
-    try:
-        index = socket.if_nametoindex(name)
-    except OSError:
-        raise MulticastUnavailable(
-            f"multicast: network interface {name!r} does not exist on this host"
-        ) from None
-    try:
-        mtu = int(Path(f"/sys/class/net/{name}/mtu").read_text())
-    except OSError:
-        mtu = 1500
-    return index, mtu
-
-
-def _mreqn(group: str, ifindex: int) -> bytes:
-    """``struct ip_mreqn``: group, any local address, interface index."""
-    return struct.pack("4s4si", socket.inet_aton(group), socket.inet_aton("0.0.0.0"), ifindex)
-
-
-def _feedback_bytes(n: int) -> int:
-    """A worker's report of a round of ``n`` datagrams (and the union the master sends back):
-    one bit per datagram, then a 4-byte count of the datagrams it lost or got late."""
-    return -(-n // 8) + 4
-
-
-class _Arrival:
-    """The master's "round sent" message, awaited in a thread so that the caller can poll it.
-
-    (gloo's receive completes only inside ``wait``, which releases the GIL.)
-    """
-
-    def __init__(self, peer: Peer) -> None:
-        self.flag = torch.zeros(1, dtype=torch.int32)
-        self.work = dist.irecv(self.flag, 0, group=peer.group, tag=CONTROL_TAG)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._wait, daemon=True)
-        self.thread.start()
-
-    def _wait(self) -> None:
-        try:
-            self.work.wait()
-        except BaseException as exc:  # re-raised in the caller's thread
-            self.error = exc
-
-    def arrived(self) -> bool:
-        if self.thread.is_alive():
-            return False
-        if self.error is not None:
-            raise self.error
-        return True
-
-    def wait(self) -> None:
-        """Until the message is in (no polling delay)."""
-        self.thread.join()
-        self.arrived()
-
-
-class _Pacer:
-    """Spaces datagrams so that their wire bytes leave at ``rate`` bits/s on average.
-
-    A sender that was held up (descheduled, or framing a message) sends what fell due
-    meanwhile at once, up to ``CATCH_UP_BYTES`` of wire bytes: a short burst that the NIC's
-    queue absorbs, where skipping it would lose the time for good (measured: up to 40 ms of
-    a 0.75 s stream with a CPU-bound process beside the cluster). A longer hold-up is
-    forgotten beyond that, not made up by a longer burst.
-    """
-
-    def __init__(self, rate: float, full_wire_bytes: int) -> None:
-        self.interval = full_wire_bytes * 8.0 / rate  # seconds per full datagram
-        self.slack = CATCH_UP_BYTES * 8.0 / rate
-        self.due = time.perf_counter()
-
-    def wait(self) -> None:
-        now = time.perf_counter()
-        ahead = self.due - now
-        if ahead > 0.002:  # sleep in steps of about a millisecond: bursts stay small
-            time.sleep(ahead - 0.001)
-        elif ahead < -self.slack:  # held up for long: no burst longer than the slack
-            self.due = now - self.slack
-
-    def sent(self, share: float) -> None:
-        self.due += self.interval * share
-
-
-class _Parity:
-    """A receiver's parity datagrams of one stream, and the datagrams they rebuild."""
-
-    def __init__(self, total: int, d: int, block: int) -> None:
-        self.n, self.d, self.block, self.total = -(-total // d), d, block, total
-        n = self.n
-        blocks = -(-n // block) if block else 0
-        self.data = np.zeros((blocks, d), dtype=np.uint8)
-        self.have = np.zeros(blocks, dtype=bool)
-
-    def receive(self, b: int, payload: memoryview, out: np.ndarray, have: np.ndarray) -> list:
-        """Keeps block ``b``'s parity; returns the datagrams it rebuilt (none or one)."""
-        if not self.block or b >= self.have.size or self.have[b]:
-            return []
-        self.data[b, : len(payload)] = np.frombuffer(payload, dtype=np.uint8)
-        self.have[b] = True
-        return self._rebuild(b, out, have)
-
-    def _rebuild(self, b: int, out: np.ndarray, have: np.ndarray) -> list:
-        lo, hi = b * self.block, min(self.n, (b + 1) * self.block)
-        missing = np.flatnonzero(~have[lo:hi])
-        if missing.size != 1:
-            return []
-        j, d = lo + int(missing[0]), self.d
-        # zero padding, as in the master's parity (another datagram may have landed there)
-        out[self.total :] = 0
-        out[j * d : (j + 1) * d] = 0
-        rows = out[lo * d : hi * d].reshape(-1, d)
-        out[j * d : (j + 1) * d] = np.bitwise_xor.reduce(rows, axis=0) ^ self.data[b]
-        have[j] = True
-        return [j]
-
-    def rebuild_all(self, out: np.ndarray, have: np.ndarray) -> int:
-        """Every block whose parity is in and that lacks exactly one datagram, rebuilt."""
-        return sum(len(self._rebuild(int(b), out, have)) for b in np.flatnonzero(self.have))
-
-
-@dataclass
-class MulticastOptions:
-    """``dist.multicast`` / ``CodedShuffle(transport_options=...)`` of ``multicast``."""
-
-    rate: str | None = field(default=None, metadata={"required": True})
-    """Required: pacing on the wire, e.g. 380mbit (a little below the slowest NIC)."""
-    group: str = DEFAULT_GROUP
-    """IPv4 multicast group of the job."""
-    port: int = DEFAULT_PORT
-    """UDP port of the job, 1..65535."""
-    datagram_bytes: int | None = None
-    """Stream bytes per datagram, 512..65000; null: about 4 IP fragments (8-32 KiB)."""
-    interface: str | None = None
-    """Default: GLOO_SOCKET_IFNAME, else the kernel's route."""
-    drop: float = 0.0
-    """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
-    grace_seconds: float = 0.02
-    """After "round sent", how long a receiver drains its socket, >= 0."""
-    parity_block: int = 32
-    """Datagrams per parity datagram while receivers lose datagrams, >= 2; 0: no parity."""
-    rcvbuf_bytes: int = RCVBUF_BYTES
-    """A receiver's socket buffer, 4096..1 GiB."""
-    seed: int = 0
-    """Which datagrams ``drop`` discards."""
-    slow_seconds: float = 0.0
-    """Debug: rank 1 sleeps this long after every datagram it reads, in [0, 0.1]."""
-
-    def check(self, world_size: int, name: KeyName) -> None:
-        del world_size
-        if self.rate is None:
-            raise UsageError(
-                f"{name('rate')} is required with multicast: the master paces datagrams to it "
-                "(e.g. 380mbit, a little below the slowest NIC)"
-            )
-        parse_rate(self.rate, name("rate"))
-        try:
-            first = int(socket.inet_aton(str(self.group))[0])
-        except OSError:
-            first = 0
-        if not 224 <= first <= 239:
-            raise UsageError(f"{name('group')}={self.group!r} is not an IPv4 multicast address")
-        if not 1 <= int(self.port) <= 65535:
-            raise UsageError(f"{name('port')}={self.port} out of range 1..65535")
-        if self.datagram_bytes is not None and not 512 <= int(self.datagram_bytes) <= 65000:
-            raise UsageError(
-                f"{name('datagram_bytes')}={self.datagram_bytes} out of range 512..65000"
-            )
-        if not 0.0 <= float(self.drop) < 1.0:
-            raise UsageError(f"{name('drop')}={self.drop} out of range [0, 1)")
-        if float(self.grace_seconds) < 0:
-            raise UsageError(f"{name('grace_seconds')}={self.grace_seconds} must be >= 0")
-        if int(self.parity_block) == 1 or int(self.parity_block) < 0:
-            raise UsageError(f"{name('parity_block')}={self.parity_block} out of range (0 or >= 2)")
-        if not 4096 <= int(self.rcvbuf_bytes) <= 1 << 30:
-            raise UsageError(f"{name('rcvbuf_bytes')}={self.rcvbuf_bytes} out of range 4096..2^30")
-        if not 0.0 <= float(self.slow_seconds) <= 0.1:
-            raise UsageError(f"{name('slow_seconds')}={self.slow_seconds} out of range [0, 0.1]")
+__all__ = ["DGRAM", "Multicast", "MulticastOptions", "MulticastUnavailable"]
 
 
 class Multicast(Transport):
@@ -274,7 +90,7 @@ class Multicast(Transport):
         o = self.options
         self.rate, self.group, self.port = parse_rate(o.rate, "rate"), o.group, int(o.port)
         self.drop, self.grace = float(o.drop), float(o.grace_seconds)
-        self.ifindex, self.mtu = _interface(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
+        self.ifindex, self.mtu = interface_of(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
         self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
         self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
         self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
@@ -296,7 +112,7 @@ class Multicast(Transport):
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
                 sock.setsockopt(
-                    socket.IPPROTO_IP, socket.IP_MULTICAST_IF, _mreqn(self.group, self.ifindex)
+                    socket.IPPROTO_IP, socket.IP_MULTICAST_IF, mreqn(self.group, self.ifindex)
                 )
                 sock.connect((self.group, self.port))
             else:
@@ -307,7 +123,7 @@ class Multicast(Transport):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
                 sock.bind((self.group, self.port))
                 sock.setsockopt(
-                    socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, _mreqn(self.group, self.ifindex)
+                    socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(self.group, self.ifindex)
                 )
         except OSError as exc:
             sock.close()
@@ -370,7 +186,7 @@ class Multicast(Transport):
         data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
         full = wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu)
-        pacer = _Pacer(self.pace, full)
+        pacer = Pacer(self.pace, full)
         block = self.parity_block if self.parity else 0
         filled = ready = 0
         for m in messages:
@@ -392,22 +208,18 @@ class Multicast(Transport):
                 self.parity = self.parity_block > 0 and lossy
                 return
             self.rounds += 1
-            pacer = _Pacer(self.pace, full)
+            pacer = Pacer(self.pace, full)
             sent = self._send(data, todo.tolist(), self.rounds, pacer, total)
             self.counts.egress += sent
             self.counts.repairs += sent
             sent_now = todo.size
 
     def _adapt(self, lost: int, sent: int) -> bool:
-        """The pace after a round in which some receiver lost or got late ``lost`` of the
-        ``sent`` datagrams (AIMD within ``[rate / 16, rate]``); True when any was lost."""
-        if lost > LOSS_HIGH * max(sent, 1):
-            self.pace = max(self.rate * PACE_FLOOR, self.pace * PACE_DOWN)
-        elif lost == 0:
-            self.pace = min(float(self.rate), self.pace * PACE_UP)
+        """The pace after a round (:func:`~.pacing.adapt`); True when any was lost."""
+        self.pace = adapt(self.pace, self.rate, lost, sent)
         return lost > 0
 
-    def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: _Pacer) -> int:
+    def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:
         """The parity datagram of every block that ends in ``[lo, hi)`` (the last block may be
         shorter: it ends with the stream)."""
         d, n = self.datagram_bytes, data.size // self.datagram_bytes
@@ -424,7 +236,7 @@ class Multicast(Transport):
         return sent
 
     def _send(
-        self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: _Pacer, size: int
+        self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: Pacer, size: int
     ) -> int:
         """Paced datagrams ``seqs`` of the first ``size`` bytes of ``data``; returns the bytes
         handed to the socket."""
@@ -458,7 +270,7 @@ class Multicast(Transport):
         """Master: gathers every worker's :meth:`_report_missing` and sends the union of their
         bitmaps to every worker itself (no worker relays it: a busy one would hold the others
         up). Returns the union's datagrams and the largest count of lost or late ones."""
-        size, world, group = _feedback_bytes(n), self.peer.world_size, self.peer.group
+        size, world, group = feedback_bytes(n), self.peer.world_size, self.peer.group
         got = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
         dist.gather(got[0], gather_list=got, dst=0, group=group)
         each = torch.stack(got[1:]).numpy()
@@ -480,7 +292,7 @@ class Multicast(Transport):
 
     def _receive_union(self, n: int) -> np.ndarray:
         """Worker: the union of every worker's missing datagrams, from the master."""
-        union = torch.empty(_feedback_bytes(n), dtype=torch.uint8)
+        union = torch.empty(feedback_bytes(n), dtype=torch.uint8)
         dist.recv(union, 0, group=self.peer.group, tag=UNION_TAG)
         self._control(ingress=union.numel())
         return self._datagrams(union, n)
@@ -499,7 +311,7 @@ class Multicast(Transport):
         out = self.buffers.empty(n, d).numpy().reshape(-1)
         flat = torch.from_numpy(out)
         have = np.zeros(n, dtype=bool)
-        parity = _Parity(total, d, self.parity_block)
+        parity = Parity(total, d, self.parity_block)
         # message j is complete once the datagrams before ends[j] are
         ends = -(-edges[1:] // d)
         state = {"next": 0}
@@ -529,8 +341,8 @@ class Multicast(Transport):
         have: np.ndarray,
         rnd: int,
         complete: Callable[[int], None],
-        parity: _Parity,
-    ) -> tuple[int, _Arrival]:
+        parity: Parity,
+    ) -> tuple[int, Arrival]:
         """Reads datagrams until it has them all, or the master says the round is sent and
         the socket stays quiet for ``grace`` seconds; returns how many of the round's
         datagrams it lost or got late (those of an earlier round), and the master's "round
@@ -542,7 +354,7 @@ class Multicast(Transport):
         """
         d, n = self.datagram_bytes, have.size
         lacked, late, received = n - int(have.sum()), 0, 0
-        done = _Arrival(self.peer)
+        done = Arrival(self.peer)
         header = bytearray(DGRAM_HEADER_BYTES)
         view = memoryview(out)
         scratch = memoryview(bytearray(d))

@@ -1,0 +1,102 @@
+"""``multicast``'s settings (one dataclass: defaults, documentation, checks) and the network
+interface it sends and listens on."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coded_shuffle.costs.rates import parse_rate
+from coded_shuffle.distributed.transports.base import KeyName
+from coded_shuffle.errors import UsageError
+
+RCVBUF_BYTES = 64 << 20
+DEFAULT_GROUP = "239.255.77.77"
+DEFAULT_PORT = 29577
+
+
+class MulticastUnavailable(UsageError):
+    """The host cannot send or receive IP multicast on the configured interface."""
+
+
+def interface_of(name: str | None) -> tuple[int, int]:
+    """``(ifindex, mtu)`` of the interface (0 and 1500 when unnamed: the kernel's choice)."""
+    if not name:
+        return 0, 1500
+    try:
+        index = socket.if_nametoindex(name)
+    except OSError:
+        raise MulticastUnavailable(
+            f"multicast: network interface {name!r} does not exist on this host"
+        ) from None
+    try:
+        mtu = int(Path(f"/sys/class/net/{name}/mtu").read_text())
+    except OSError:
+        mtu = 1500
+    return index, mtu
+
+
+def mreqn(group: str, ifindex: int) -> bytes:
+    """``struct ip_mreqn``: group, any local address, interface index."""
+    return struct.pack("4s4si", socket.inet_aton(group), socket.inet_aton("0.0.0.0"), ifindex)
+
+
+@dataclass
+class MulticastOptions:
+    """``dist.multicast`` / ``CodedShuffle(transport_options=...)`` of ``multicast``."""
+
+    rate: str | None = field(default=None, metadata={"required": True})
+    """Required: pacing on the wire, e.g. 380mbit (a little below the slowest NIC)."""
+    group: str = DEFAULT_GROUP
+    """IPv4 multicast group of the job."""
+    port: int = DEFAULT_PORT
+    """UDP port of the job, 1..65535."""
+    datagram_bytes: int | None = None
+    """Stream bytes per datagram, 512..65000; null: about 4 IP fragments (8-32 KiB)."""
+    interface: str | None = None
+    """Default: GLOO_SOCKET_IFNAME, else the kernel's route."""
+    drop: float = 0.0
+    """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
+    grace_seconds: float = 0.02
+    """After "round sent", how long a receiver drains its socket, >= 0."""
+    parity_block: int = 32
+    """Datagrams per parity datagram while receivers lose datagrams, >= 2; 0: no parity."""
+    rcvbuf_bytes: int = RCVBUF_BYTES
+    """A receiver's socket buffer, 4096..1 GiB."""
+    seed: int = 0
+    """Which datagrams ``drop`` discards."""
+    slow_seconds: float = 0.0
+    """Debug: rank 1 sleeps this long after every datagram it reads, in [0, 0.1]."""
+
+    def check(self, world_size: int, name: KeyName) -> None:
+        del world_size
+        if self.rate is None:
+            raise UsageError(
+                f"{name('rate')} is required with multicast: the master paces datagrams to it "
+                "(e.g. 380mbit, a little below the slowest NIC)"
+            )
+        parse_rate(self.rate, name("rate"))
+        try:
+            first = int(socket.inet_aton(str(self.group))[0])
+        except OSError:
+            first = 0
+        if not 224 <= first <= 239:
+            raise UsageError(f"{name('group')}={self.group!r} is not an IPv4 multicast address")
+        if not 1 <= int(self.port) <= 65535:
+            raise UsageError(f"{name('port')}={self.port} out of range 1..65535")
+        if self.datagram_bytes is not None and not 512 <= int(self.datagram_bytes) <= 65000:
+            raise UsageError(
+                f"{name('datagram_bytes')}={self.datagram_bytes} out of range 512..65000"
+            )
+        if not 0.0 <= float(self.drop) < 1.0:
+            raise UsageError(f"{name('drop')}={self.drop} out of range [0, 1)")
+        if float(self.grace_seconds) < 0:
+            raise UsageError(f"{name('grace_seconds')}={self.grace_seconds} must be >= 0")
+        if int(self.parity_block) == 1 or int(self.parity_block) < 0:
+            raise UsageError(f"{name('parity_block')}={self.parity_block} out of range (0 or >= 2)")
+        if not 4096 <= int(self.rcvbuf_bytes) <= 1 << 30:
+            raise UsageError(f"{name('rcvbuf_bytes')}={self.rcvbuf_bytes} out of range 4096..2^30")
+        if not 0.0 <= float(self.slow_seconds) <= 0.1:
+            raise UsageError(f"{name('slow_seconds')}={self.slow_seconds} out of range [0, 0.1]")
