@@ -23,7 +23,8 @@ decomposition runs) or ``log N`` (fixed ``K``).
 
 ``--against-small-k`` also runs the small-``K`` decomposition (an integer program for the
 triangles, all-pairs shortest cycles) above ``K = 32`` and prints both loads: the new one
-must be no worse. ``--markdown`` prints the README's table, ``--plot FILE`` the log-log plot.
+must be no worse. ``--markdown`` prints docs/benchmarks.md's table, ``--plot FILE`` the
+log-log plot.
 """
 
 from __future__ import annotations

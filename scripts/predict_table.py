@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Predicted delivery seconds for clusters this machine cannot emulate (README, "When does
-coding pay?"): ``coded-shuffle predict``'s model for every ``K`` and topology, one row each.
+"""Predicted delivery seconds for clusters this machine cannot emulate (docs/benchmarks.md,
+"Predictions"): ``coded-shuffle predict``'s model for every ``K`` and topology, one row each.
 
 Columns: the uncoded deliveries from the master (``unicast``) and between the workers
 (``p2p``), the coded ones (``cycles``) over ``chain`` and ``multicast``, the best coded over
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in args.workers:
         t0 = time.perf_counter()
         cluster = Workload(k, args.points - args.points % k, args.point_bytes, scheme=args.scheme)
-        load = planned_load(cluster)
+        load = planned_load(cluster, chain=True)  # the shared rows' chain
         for topology in ("switch", "shared", "uplink"):
             extra = {} if args.peer_seconds is None else {"peer_seconds": args.peer_seconds}
             master = uplink if topology == "uplink" else rate

@@ -1,4 +1,4 @@
-"""The ``coded-shuffle`` command: JSON lines, exit codes, one-line errors (README)."""
+"""The ``coded-shuffle`` command: JSON lines, exit codes, one-line errors (docs/command.md)."""
 
 from __future__ import annotations
 

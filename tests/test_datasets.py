@@ -120,24 +120,40 @@ def test_an_unimportable_dataset_stops_the_command_in_one_line(tmp_path):
 
 @pytest.mark.distributed
 def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path):
-    """The tests' image set with the cnn under two schemes (same parameters), and the
-    digits as a Dataset: every epoch verified, a point's bytes are the item's."""
+    """The tests' image set with the cnn under two schemes (same parameters), the same set
+    packed by ``coded-shuffle pack`` and read memory-mapped (``data=file``: the same
+    parameters again, the records being the same bytes), and the digits as a Dataset: every
+    epoch verified, a point's bytes are the item's."""
+    from train.pack import pack
+
     job = ["workers=3", "epochs=3", "seed=2", "model.channels=4", "optim.batch_size=4"]
     out = _train(["-m", TINY, TINY_TEST, "scheme=uncoded,cycles", *job,
                   f"hydra.sweep.dir={tmp_path}/tiny"], tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     out = _train([*job, f"hydra.run.dir={tmp_path}/digits"], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    pack(tmp_path / "packed", ["data=dataset", TINY, TINY_TEST])
+    out = subprocess.run(
+        [sys.executable, "-m", "train.launch", "data=file", f"data.path={tmp_path / 'packed'}",
+         "model=cnn", "scheme=cycles", *job, f"hydra.run.dir={tmp_path}/file"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
     summaries = {}
     for path in tmp_path.rglob("summary.json"):
         summary = json.loads(path.read_text())
         rows = [json.loads(r) for r in (path.parent / "metrics.jsonl").read_text().splitlines()]
         assert summary["all_verified"] and all(r["verified"] for r in rows)
-        assert summary["data"] == "dataset"
-        summaries[(summary["point_bytes"], summary["scheme"])] = summary
-    assert set(summaries) == {(200, "uncoded"), (200, "cycles"), (72, "cycles")}
-    uncoded, coded = summaries[(200, "uncoded")], summaries[(200, "cycles")]
-    assert uncoded["points"] == coded["points"] == 240
+        summaries[(summary["data"], summary["point_bytes"], summary["scheme"])] = summary
+    assert set(summaries) == {
+        ("dataset", 200, "uncoded"), ("dataset", 200, "cycles"), ("dataset", 72, "cycles"),
+        ("file", 200, "cycles"),
+    }  # fmt: skip
+    uncoded, coded = summaries["dataset", 200, "uncoded"], summaries["dataset", 200, "cycles"]
+    mapped = summaries["file", 200, "cycles"]
+    assert uncoded["points"] == coded["points"] == mapped["points"] == 240
     assert uncoded["final_params_sha256"] == coded["final_params_sha256"]
+    assert mapped["final_params_sha256"] == coded["final_params_sha256"]
     assert coded["final_test_accuracy"] > 0.5  # 4 classes: the cnn learns the bright corner
-    assert summaries[(72, "cycles")]["points"] == 1437  # 1438 trimmed to a multiple of 3
+    assert summaries["dataset", 72, "cycles"]["points"] == 1437  # 1438 trimmed to a multiple of 3

@@ -143,10 +143,28 @@ def test_the_command_prints_every_row_and_a_verdict(capsys):
     assert out[0].startswith("predicted delivery seconds of one epoch: K = 8, N = 8,000")
     assert sum(line.split()[0] in ("coded", "uncoded") for line in out[3:11]) == 8
     assert out[11].startswith("fastest: coded over multicast")
+    assert out[12].startswith("why: on one shared medium")
     assert cli.main([*argv, "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 8 and {r["topology"] for r in rows} == {"shared"}
     assert {"delivery", "transport", "seconds", "master_bytes", "coded_bytes"} <= set(rows[0])
+
+
+def test_a_partial_reshuffle_moves_its_fraction_and_p2p_wins_on_a_switch(capsys):
+    """``--fraction Q``: the uncoded load is about ``Q`` times a full one's (the moved
+    points that land with another worker) and coding still halves it; on a switch at small
+    ``K`` the verdict is uncoded p2p, with the reason docs/benchmarks.md gives."""
+    full = planned_load(Workload(4, 4000, 500))
+    part = planned_load(Workload(4, 4000, 500, fraction=0.25))
+    assert part.uncoded_points == pytest.approx(0.25 * full.uncoded_points, rel=0.05)
+    assert 0.4 < part.load_points / part.uncoded_points < 0.6
+    argv = ["predict", "-K", "4", "-N", "4000", "-B", "500", "--rate", "1gbit", "--fraction",
+            "0.25", "--peer-seconds", "0"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "partial reshuffle Q = 0.25" in out[0]
+    assert out[-3].startswith("fastest: uncoded over p2p")
+    assert out[-2].startswith("why: the workers reach each other over a switch")
 
 
 @pytest.mark.parametrize(
@@ -163,6 +181,7 @@ def test_the_command_prints_every_row_and_a_verdict(capsys):
         (["-T", "9"], "--storage 9 out of range 1..4"),
         (["--mtu", "100"], "mtu 100 out of range 576..65535"),
         (["--peer-seconds", "-1"], "peer seconds -1 out of range [0, 60)"),
+        (["--fraction", "1.5"], "--fraction=1.5 out of range (0, 1]"),
     ],
 )
 def test_impossible_values_are_one_line_each(args, message, capsys):

@@ -1,6 +1,7 @@
-"""The README as a newcomer runs it: its commands, read from README.md itself, run as written
-with only size overrides (fewer epochs, fewer points), each exiting 0 and producing the files
-the README promises. A command broken in the README fails here."""
+"""The README and the docs as a newcomer runs them: their commands, read from README.md and
+docs/*.md themselves, run as written with only size overrides (fewer epochs, fewer points),
+each exiting 0 and producing the files the text promises; the tables of docs/benchmarks.md
+are what their scripts print. A command broken in the documentation fails here."""
 
 from __future__ import annotations
 
@@ -19,16 +20,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
+DOCS = "\n".join(
+    [README, *(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))]
+)  # every documented command, the README's first
+README_LINES = 250
 
 # size overrides: Hydra keys set (or replaced) in every training command, flags shrunk
 TRAIN_SIZE = {"epochs": "2", "data.points": "4000", "job.steps": "30"}  # events at 10, 25
 EVALUATE_MAX_POINTS = 3200
 
 
-def section(title: str) -> str:
-    """The README's text under ``## title`` up to the next ``## ``."""
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.S | re.M)
-    assert m, f"README has no section {title!r}"
+def section(title: str, text: str = README) -> str:
+    """The text under ``## title`` up to the next ``## `` (the README's by default)."""
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"no section {title!r}"
     return m.group(1)
 
 
@@ -57,7 +62,9 @@ def commands(text: str) -> list[str]:
 def sized(command: str) -> str:
     """The command with the size overrides applied (nothing else changes)."""
     words = shlex.split(command)
-    if words[0] == "coded-shuffle-train" or words[:2] == ["coded-shuffle", "cluster"]:
+    if words[:2] == ["coded-shuffle", "pack"]:
+        words = [w if not w.startswith("data.points=") else "data.points=4000" for w in words]
+    elif words[0] == "coded-shuffle-train" or words[:2] == ["coded-shuffle", "cluster"]:
         keys = {w.split("=", 1)[0]: i for i, w in enumerate(words) if re.match(r"[\w.]+=", w)}
         for key, value in TRAIN_SIZE.items():
             if key in keys:
@@ -92,11 +99,11 @@ def run(command: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedPr
             os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail(
-            f"README command hung for {timeout:.0f} s: {command}\n--- stdout ---\n"
+            f"documented command hung for {timeout:.0f} s: {command}\n--- stdout ---\n"
             f"{stdout[-6000:]}\n--- stderr (stacks) ---\n{stderr[-20000:]}"
         )
     out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    assert out.returncode == 0, f"README command failed: {command}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, f"documented command failed: {command}\n{out.stderr[-3000:]}"
     return out
 
 
@@ -105,6 +112,15 @@ def workdir(tmp_path) -> Path:
     """A fresh directory with the repository's scripts (relative paths as in the README)."""
     os.symlink(REPO / "scripts", tmp_path / "scripts")
     return tmp_path
+
+
+def test_the_readme_is_short_and_links_what_moved():
+    """At most 250 lines; the benchmarks, the layout and the command's details are in docs,
+    each linked from the README."""
+    assert len(README.splitlines()) <= README_LINES
+    for doc in ("benchmarks", "architecture", "training", "transports", "command"):
+        assert f"(docs/{doc}.md" in README, doc
+    assert (REPO / "CHANGELOG.md").is_file() and "(CHANGELOG.md)" in README
 
 
 def test_the_two_set_up_commands_agree_with_ci():
@@ -150,19 +166,27 @@ def test_the_sweep_and_compare_recipe_runs_as_written(workdir):
         assert (workdir / "runs" / "plots" / png).stat().st_size > 10_000, png
 
 
-def test_every_training_command_has_a_valid_config():
-    """The README's other training commands: their overrides compose and validate (what
-    the launcher checks before any process starts)."""
+def test_every_training_command_has_a_valid_config(workdir, monkeypatch):
+    """The documented training commands: their overrides compose and validate (what
+    the launcher checks before any process starts), after the documented ``pack`` commands
+    (smaller) wrote the directories they read."""
     from train.compose import compose_argv
-    from train.entry import validate
+    from train.entry import typed, validate
+    from train.pack import pack
 
-    found = [c for c in commands(README) if c.startswith("coded-shuffle-train")]
-    assert len(found) >= 6
+    monkeypatch.chdir(workdir)
+    packs = {sized(c) for c in commands(DOCS) if c.startswith("coded-shuffle pack")}
+    assert packs, "the documented pack command"
+    for words in map(shlex.split, sorted(packs)):
+        assert words[3] == "--", words
+        assert "N = 4,000 training records" in pack(Path(words[2]), words[4:])
+    found = [c for c in commands(DOCS) if c.startswith("coded-shuffle-train")]
+    assert len(found) >= 12 and any("data=file" in c for c in found)
     for command in found:
         words = [w for w in shlex.split(sized(command))[1:] if w != "-m"]
         for choice in _sweep_choices(words):
             cfg, _ = compose_argv(choice)
-            validate(cfg)
+            validate(typed(cfg))  # what the launcher hands the job
 
 
 def _sweep_choices(words: list[str]) -> list[list[str]]:
@@ -179,9 +203,9 @@ def test_evaluate_examples_verify(workdir, monkeypatch, capsys):
     """The evaluate examples through the command's entry point (in this process)."""
     from coded_shuffle.tools import cli
 
-    examples = [c for c in commands(README) if c.startswith("coded-shuffle evaluate")]
-    setup = [c for c in commands(README) if "np.save" in c]
-    assert len(examples) >= 3 and setup, "the README's evaluate examples"
+    examples = [c for c in commands(DOCS) if c.startswith("coded-shuffle evaluate")]
+    setup = [c for c in commands(DOCS) if "np.save" in c]
+    assert len(examples) >= 4 and setup, "the documented evaluate examples"
     for command in setup:
         run(command, workdir)
     monkeypatch.chdir(workdir)
@@ -193,12 +217,14 @@ def test_evaluate_examples_verify(workdir, monkeypatch, capsys):
 
 @pytest.mark.distributed
 def test_elastic_job_shows_progress_and_a_summary(workdir):
-    job = next(c for c in commands(section("Coded elastic computing")) if "job=elastic_gd" in c)
+    """docs/elastic.md's first command."""
+    elastic = (REPO / "docs" / "elastic.md").read_text()
+    job = next(c for c in commands(elastic) if "job=elastic_gd" in c)
     out = run(sized(job), workdir)
     console = out.stdout + out.stderr
     assert re.search(r"coded +step +0/30: \d+ workers, loss", console), console[-2000:]
     assert "final loss" in console and "files:" in console
-    assert list(workdir.glob("outputs/*/*/metrics.jsonl"))
+    assert list(workdir.rglob("metrics.jsonl"))
 
 
 @pytest.mark.distributed
@@ -218,19 +244,19 @@ def test_own_loop_example_runs_as_written(workdir):
 
 
 def test_rate_memory_and_benchmark_scripts_run(workdir):
-    rate_memory = next(c for c in commands(README) if c.startswith("python scripts/rate_memory.py"))
+    rate_memory = next(c for c in commands(DOCS) if c.startswith("python scripts/rate_memory.py"))
     assert " -K 6 -N 60 " in rate_memory
     small = " -K 4 -N 24 --epochs 1 --steps 3 "  # a size override
     run(rate_memory.replace(" -K 6 -N 60 ", small), workdir)
     assert (workdir / "rate_memory.png").stat().st_size > 10_000
-    bench = next(c for c in commands(README) if c.startswith("python scripts/bench_core.py"))
+    bench = next(c for c in commands(DOCS) if c.startswith("python scripts/bench_core.py"))
     out = run(bench + " --workers 4 --points 4000 --schemes cycles", workdir)
     assert "cycles" in out.stdout
 
 
 def test_elastic_benchmark_runs_as_written(workdir):
     """Fig. 2(a) (smaller): every method and every number of pre-empted machines, exact."""
-    bench = next(c for c in commands(README) if c.startswith("python scripts/bench_elastic.py"))
+    bench = next(c for c in commands(DOCS) if c.startswith("python scripts/bench_elastic.py"))
     out = run(bench + " --rows 360 --cols 60 --trials 3", workdir)
     rows = [ln.split() for ln in out.stdout.splitlines() if ln.split()[:1] == ["coded"]]
     assert [r[1] for r in rows] == ["0", "1", "2", "3"], out.stdout
@@ -241,7 +267,7 @@ def test_elastic_benchmark_runs_as_written(workdir):
 @pytest.mark.distributed
 def test_overlap_benchmark_runs_as_written(workdir):
     """The overlap benchmark under torchrun (smaller): both modes run, one table row."""
-    bench = next(c for c in commands(README) if "scripts/bench_overlap.py" in c)
+    bench = next(c for c in commands(DOCS) if "scripts/bench_overlap.py" in c)
     assert bench.startswith("torchrun --standalone") and " --points 1000000" in bench
     small = bench.replace(" --points 1000000", " --points 3000 --epochs 2 --repeats 1")
     out = run(small, workdir)
@@ -251,14 +277,14 @@ def test_overlap_benchmark_runs_as_written(workdir):
 
 
 def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
-    """The README's cluster commands, checked without building hosts (``--dry-run``)."""
+    """The documented cluster commands, checked without building hosts (``--dry-run``)."""
     from coded_shuffle.tools import cli
     from coded_shuffle.tools.cluster import command as cluster_command
     from train.entry import check_main
 
     # the job's config check in this process (the command runs ``python -m train --check``)
     monkeypatch.setattr(cluster_command, "check_training_config", check_main)
-    cluster = [c for c in commands(README) if c.startswith("coded-shuffle cluster")]
+    cluster = [c for c in commands(DOCS) if c.startswith("coded-shuffle cluster")]
     assert len(cluster) >= 3
     monkeypatch.chdir(workdir)
     for command in cluster:
@@ -268,16 +294,16 @@ def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
 
 
 def test_bench_transport_documents_its_options(workdir):
-    bench = next(c for c in commands(README) if c.startswith("python scripts/bench_transport.py"))
+    bench = next(c for c in commands(DOCS) if c.startswith("python scripts/bench_transport.py"))
     run(bench.split(" --")[0] + " --help", workdir)
 
 
 def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
-    """The README's time-to-accuracy benchmark (it needs root and builds a cluster for every
+    """The time-to-accuracy benchmark (it needs root and builds a cluster for every
     run): here its options, and its table on records written here, without a cluster."""
     import importlib.util
 
-    bench = next(c for c in commands(README) if "scripts/bench_time_to_accuracy.py" in c)
+    bench = next(c for c in commands(DOCS) if "scripts/bench_time_to_accuracy.py" in c)
     run(bench.split(" --")[0] + " --help", workdir)
     spec = importlib.util.spec_from_file_location(
         "bench_tta", REPO / "scripts" / "bench_time_to_accuracy.py"
@@ -312,13 +338,14 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
 
 
 def test_the_cifar10_line_composes():
-    """The README's CIFAR-10 line (torchvision is not a dependency here): its overrides compose
-    into the data set, test set and transform nodes that the ``dataset`` source builds."""
+    """The CIFAR-10 line of docs/training.md (torchvision is not a dependency here): its
+    overrides compose into the data set, test set and transform nodes that the ``dataset``
+    source builds."""
     from train.compose import compose_argv
 
     (line,) = [
         line
-        for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+        for lang, body in re.findall(r"```(\w*)\n(.*?)```", DOCS, re.S)
         if lang == "text"
         for line in body.splitlines()
         if "torchvision.datasets.CIFAR10" in line
@@ -331,12 +358,12 @@ def test_the_cifar10_line_composes():
     assert data.test_dataset.train is False and data.dataset.download is True
 
 
-def test_the_predict_example_prints_what_the_readme_shows(capsys):
-    """The README's ``coded-shuffle predict`` example and its output, line for line (the
-    prediction is deterministic: the same seed plans the same shuffle)."""
+def test_the_predict_example_prints_what_the_docs_show(capsys):
+    """The ``coded-shuffle predict`` example of docs/benchmarks.md and its output, line for
+    line (the prediction is deterministic: the same seed plans the same shuffle)."""
     from coded_shuffle.tools import cli
 
-    (body,) = [b for _, b in re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+    (body,) = [b for _, b in re.findall(r"```(\w*)\n(.*?)```", DOCS, re.S)
                if "$ coded-shuffle predict" in b]  # fmt: skip
     lines = textwrap.dedent(body).strip().splitlines()
     assert lines[0].startswith("$ coded-shuffle predict")
@@ -345,9 +372,9 @@ def test_the_predict_example_prints_what_the_readme_shows(capsys):
 
 
 def test_the_predicted_table_is_what_the_script_prints(workdir):
-    """``scripts/predict_table.py`` as the README runs it: every line of its table is in the
-    README (regenerated, not edited by hand)."""
-    command = next(c for c in commands(README) if c.startswith("python scripts/predict_table.py"))
+    """``scripts/predict_table.py`` as docs/benchmarks.md runs it: every line of its table is
+    there (regenerated, not edited by hand)."""
+    command = next(c for c in commands(DOCS) if c.startswith("python scripts/predict_table.py"))
     out = run(command, workdir).stdout.strip().splitlines()
-    shown = {line.strip() for line in README.splitlines()}
+    shown = {line.strip() for line in DOCS.splitlines()}
     assert len(out) == 9 and all(line.strip() in shown for line in out), out

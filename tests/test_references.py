@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 # how earlier text named documents that are not in the repository
 OUTSIDE = re.compile(
     r"seed ?`?0\d\d|seeds?/|\bdesign (section|notes?|\d)|interfaces(\.md|:)|"
-    r"coded-shuffling\.md|architecture\.md|shared/design",
+    r"coded-shuffling\.md|(?<!docs/)(?<!\()architecture\.md|shared/design",
     re.IGNORECASE,
 )
 CITED = re.compile(r"(Attia & Tandon|Elmahdy & Mohajer|Yang et al\.) (\d{4})")

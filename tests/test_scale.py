@@ -1,4 +1,4 @@
-"""Hundreds of workers (README, scale): the cycle finder and triangle packing above K = 32, the
+"""Hundreds of workers (docs/benchmarks.md): the cycle finder and triangle packing above K = 32, the
 ordering search's bound, byte-exact deliveries at K = 64 and 128, the excess-storage schemes'
 limit, and a command line that loads no torch to list or explain."""
 

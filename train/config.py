@@ -267,7 +267,7 @@ class DistConf:
     progress_seconds: float = 10.0
     """The master's console line during a long stage, > 0."""
     chunk_bytes: int = 262144
-    """Payload bytes per message (one 52-byte header each), >= 1."""
+    """Payload bytes per message (one 24-byte header each), >= 1."""
     start_method: str = "forkserver"
     """forkserver | spawn (local launcher only)."""
     monitor_interval: float = 0.1

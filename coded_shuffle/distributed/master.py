@@ -150,6 +150,9 @@ class MasterSide:
                 rows=symbols[part],
             )  # fmt: skip
         reports, cpu = self.reports(), cpu.stop()
+        seconds = time.perf_counter() - t0
+        if routing == "peers":  # the first byte left a worker: from the earliest one's start
+            seconds += max(0.0, cpu.started - float(reports["started"].min()))
         verified = verify_digests(tr.epoch, [bytes(r) for r in reports["digest"]], ready.expected)
         return self.epoch_metrics(
             epoch=tr.epoch,
@@ -162,7 +165,7 @@ class MasterSide:
             uncoded_points=delivery.uncoded_points,
             bound=ready.bound,
             seconds={
-                "delivery": time.perf_counter() - t0,
+                "delivery": seconds,
                 "plan": ready.plan_seconds,
                 "encode": ready.encode_seconds
                 + sum(x.seconds for x in symbols if not isinstance(x, torch.Tensor)),
@@ -194,7 +197,7 @@ class MasterSide:
         breakdown: dict[str, float],
         cpu: HostCpu,
     ) -> dict[str, Any]:
-        """The epoch's delivery metrics (README: "What the numbers mean")."""
+        """The epoch's delivery metrics (docs/training.md, "Outputs")."""
         ctx = self.ctx
         counts, link_seconds = ctx.link.take_counts()
         modelled = ctx.link.take_modelled()

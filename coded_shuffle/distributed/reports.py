@@ -4,6 +4,7 @@ batch digests (the delivery's verification) and every host's byte counts."""
 from __future__ import annotations
 
 import resource
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ REPORT = np.dtype(
         ("parity", "<i8"),
         ("cpu_user_seconds", "<f8"),  # this process's CPU in the delivery (HostCpu)
         ("cpu_system_seconds", "<f8"),
+        ("started", "<f8"),  # wall clock (time.time) when this worker's delivery began
     ]
 )
 COUNTS = ("egress", "ingress", "repairs", "control", "parity")
@@ -37,10 +39,13 @@ COUNTS = ("egress", "ingress", "repairs", "control", "parity")
 @dataclass
 class HostCpu:
     """CPU seconds this process (every thread: the transport's, gloo's, the decoder's) spent
-    since :meth:`start`, split into user and kernel (``getrusage(RUSAGE_SELF)``)."""
+    since :meth:`start`, split into user and kernel (``getrusage(RUSAGE_SELF)``), and the wall
+    clock when it started (``started``: where the first byte of a delivery may come from a
+    worker, ``p2p``, the master's clock starts with the earliest worker's)."""
 
     user: float = 0.0
     system: float = 0.0
+    started: float = 0.0
 
     @staticmethod
     def now() -> tuple[float, float]:
@@ -50,11 +55,11 @@ class HostCpu:
     @classmethod
     def start(cls) -> HostCpu:
         user, system = cls.now()
-        return cls(-user, -system)
+        return cls(-user, -system, time.time())
 
     def stop(self) -> HostCpu:
         user, system = self.now()
-        return HostCpu(self.user + user, self.system + system)
+        return HostCpu(self.user + user, self.system + system, self.started)
 
     @property
     def total(self) -> float:
@@ -124,6 +129,7 @@ def worker_report(
     mine["digest"][0] = np.frombuffer(batch_digest, dtype=np.uint8)
     used = cpu.stop()
     mine["cpu_user_seconds"], mine["cpu_system_seconds"] = used.user, used.system
+    mine["started"] = used.started
     mine["decode_seconds"] = decode_seconds
     mine["stored_bytes"] = stored_bytes
     for key, value in zip(COUNTS, counts.as_list(), strict=True):

@@ -1,4 +1,5 @@
-"""The ``coded-shuffle`` command (README): ``evaluate`` and ``schemes``."""
+"""The ``coded-shuffle`` command (docs/command.md): evaluate, predict, cluster, pack, schemes,
+transports."""
 
 from __future__ import annotations
 
@@ -97,6 +98,13 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         "--storage", "-T", type=float, default=1.0, help="storage per worker in batches, 1..K"
     )
     pr.add_argument("--scheme", default="cycles", help="the coded scheme (default cycles)")
+    pr.add_argument(
+        "--fraction",
+        type=float,
+        default=1.0,
+        help="a partial reshuffle: every worker gives up this share of its batch (0, 1]; "
+        "default 1, a full one",
+    )
     pr.add_argument(
         "--topology",
         default="switch",
@@ -271,6 +279,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         scheme=args.scheme,
         chunk_bytes=args.chunk_bytes,
         seed=args.seed,
+        fraction=args.fraction,
     )
     load = planned_load(cluster, chain=net.topology == "shared")
     rows = predict(cluster, net, load)

@@ -1,4 +1,4 @@
-"""``best``: every epoch, the lowest-load applicable scheme (README: ``--scheme best``).
+"""``best``: every epoch, the lowest-load applicable scheme (docs/schemes.md).
 
 The candidates come from the registry: every scheme but ``best`` whose
 :meth:`~coded_shuffle.math.schemes.base.Scheme.applicable` accepts ``(N, K, T)``. Schemes can only

@@ -1,4 +1,5 @@
-"""``coded-shuffle cluster``: one ``torchrun`` node per emulated host (README).
+"""``coded-shuffle cluster``: one ``torchrun`` node per emulated host
+(docs/transports.md, "The emulated cluster").
 
 Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>``
 inside its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real
