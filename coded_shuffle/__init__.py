@@ -1,8 +1,9 @@
 """coded-shuffle: coded data shuffling for distributed random-reshuffling SGD.
 
-``from coded_shuffle import CodedShuffle`` gives the training-loop API
-(:class:`coded_shuffle.distributed.shuffle.CodedShuffle`). It is loaded on first use, so that
-the math layer (:mod:`coded_shuffle.math`) imports without torch.
+``from coded_shuffle import CodedShuffle, ShuffleSettings`` gives the training-loop API
+(:class:`coded_shuffle.distributed.shuffle.CodedShuffle` and its settings,
+:class:`coded_shuffle.distributed.settings.ShuffleSettings`). They are loaded on first use, so
+that the math layer (:mod:`coded_shuffle.math`) imports without torch.
 
 The layers, one folder each: ``math`` (assignments, plans, schemes, bounds, the index
 decoder; no torch), ``codec`` (records, the byte codec, its kernel, stores), ``distributed``
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CodedShuffle"]
+__all__ = ["CodedShuffle", "ShuffleSettings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from coded_shuffle.distributed.shuffle import CodedShuffle  # torch: only when asked for
 
         return CodedShuffle
+    if name == "ShuffleSettings":
+        from coded_shuffle.distributed.settings import ShuffleSettings
+
+        return ShuffleSettings
     raise AttributeError(f"module 'coded_shuffle' has no attribute {name!r}")

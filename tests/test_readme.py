@@ -227,6 +227,19 @@ def test_elastic_job_shows_progress_and_a_summary(workdir):
     assert list(workdir.rglob("metrics.jsonl"))
 
 
+def test_the_own_loop_snippet_imports_and_builds_its_settings():
+    """The README's ``CodedShuffle`` snippet: its imports, and its settings line as written."""
+    (body,) = [b for lang, b in re.findall(r"```(\w*)\n(.*?)```", section("Your own training loop"),
+                                            re.S) if lang == "python"]  # fmt: skip
+    lines = body.splitlines()
+    namespace: dict = {"epochs": 3}
+    exec("\n".join(ln for ln in lines if ln.startswith(("import ", "from "))), namespace)
+    (made,) = [ln for ln in lines if ln.startswith("settings = ")]
+    exec(made, namespace)
+    settings = namespace["settings"]
+    assert (settings.scheme, settings.transport, settings.epochs) == ("cycles", "chain", 3)
+
+
 @pytest.mark.distributed
 def test_own_loop_example_runs_as_written(workdir):
     """The own-loop example under torchrun (fewer epochs and points): every epoch verified,

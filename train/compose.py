@@ -1,6 +1,8 @@
 """The training config: its directory, the typed schemas and the options of every group,
 composition from Hydra overrides outside a Hydra app, and one-line config errors. Shared by
-the launcher (:mod:`train.launch`) and the per-rank entry point (:mod:`train.entry`)."""
+the launcher (:mod:`train.launch`) and the per-rank entry point (:mod:`train.entry`). It
+imports neither torch nor the schemes until a function needs them: the launcher reads the
+config directory before it starts the fork server, whose imports then overlap its own."""
 
 from __future__ import annotations
 
@@ -12,9 +14,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, open_dict
 
 from coded_shuffle.errors import UsageError
-from coded_shuffle.math.schemes import REGISTRY
-
-from .config import SchemeConf, register_schemas
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -35,6 +34,10 @@ def fail(message: str, code: int) -> None:
 def register_configs() -> None:
     """The typed schemas (:mod:`train.config`), and every registered scheme as a ``scheme=``
     option, even without a conf/scheme YAML."""
+    from coded_shuffle.math.schemes import REGISTRY
+
+    from .config import SchemeConf, register_schemas
+
     register_schemas()
     store = ConfigStore.instance()
     for name in REGISTRY:
@@ -49,6 +52,8 @@ def group_options(group: str) -> list[str]:
     """Valid ``group=`` values: the YAML files in ``conf/<group>`` (and registered schemes)."""
     names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
     if group == "scheme":
+        from coded_shuffle.math.schemes import REGISTRY
+
         names = set(REGISTRY)  # a scheme YAML without a registered scheme is not valid
     return sorted(names)
 

@@ -17,7 +17,7 @@ from coded_shuffle.codec.records import ColumnDataset, as_tensor
 from coded_shuffle.errors import UsageError
 
 from .data import Arrays, DataInfo, DataSet, Source, Transform, kept
-from .datasets import model_shape, transform_from
+from .datasets import load_digits, model_shape, transform_from
 from .packed import Packed
 
 
@@ -26,10 +26,8 @@ class Digits(Source):
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes, no download)."""
 
     def raw(self, seed: int) -> Arrays:
-        from sklearn.datasets import load_digits  # about 1 s: only for this source
-
-        digits = load_digits()
-        return digits.data.astype(np.float32), digits.target.astype(np.int64), None, None
+        x, y = load_digits()
+        return x.astype(np.float32), y, None, None
 
 
 @dataclass(frozen=True, kw_only=True)
