@@ -65,8 +65,8 @@ def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.
         (["--hosts", "3", "--rate", "1gbit", "--kill", "3@e2"], "host 3 out of range 0..2"),
         (["--hosts", "3", "--rate", "1gbit", "--cut", "1@e0"], "epoch 0 out of range: >= 1"),
         (
-            ["--hosts", "3", "--rate", "1gbit", "--kill", "1@e2", "--script", __file__],
-            "HOST@eEPOCH needs the training job",
+            ["--hosts", "3", "--rate", "1gbit", "--script", "/no/such.py"],
+            "--script '/no/such.py' is not a file",
         ),
     ],
 )
@@ -87,7 +87,7 @@ def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):
                    "veth pairs, tc); run as root"]  # fmt: skip
 
 
-def test_an_epoch_fault_fires_once_the_job_recorded_that_epoch(tmp_path):
+def test_an_epoch_fault_fires_once_the_job_recorded_or_the_script_printed_that_epoch(tmp_path):
     fault = run.Fault.parse("kill", "2@e2", 3)
     fault.metrics = tmp_path / "metrics.jsonl"
     assert (fault.at, fault.after_epoch) == (None, 2)
@@ -98,6 +98,13 @@ def test_an_epoch_fault_fires_once_the_job_recorded_that_epoch(tmp_path):
     assert fault.due(0.0)
     timed = run.Fault.parse("cut", "1@2.5", 3)
     assert not timed.due(2.4) and timed.due(2.5)
+    script = run.Fault.parse("cut", "2@e2", 3)  # a --script: its "epoch" lines on host 0
+    script.console = tmp_path / "h0.log"
+    assert not script.due(1e9)
+    script.console.write_text("start\nepoch 1: 100 bytes\nan epoch line that is not one\n")
+    assert not script.due(1e9)
+    script.console.write_text("epoch 1: 100 bytes\nepoch   2/10 cycles over chain\n")
+    assert script.due(0.0)
 
 
 @ROOT_ONLY
@@ -232,7 +239,7 @@ def test_an_own_loop_with_a_cut_host_ends_on_every_host_naming_it(tmp_path):
     before = our_namespaces()
     logs = tmp_path / "logs"
     script = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
-    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "60", "--cut", "2@30",
+    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "60", "--cut", "2@e3",
             "--logs", str(logs), "--script", str(script), "--",
             "--epochs", "2000", "--points", "2000", "--timeout", "8"]  # fmt: skip
     out = run_cluster(args, tmp_path)
@@ -240,6 +247,7 @@ def test_an_own_loop_with_a_cut_host_ends_on_every_host_naming_it(tmp_path):
     record = json.loads((logs / "cluster.json").read_text())
     cut_at = record["faults"][0]["done_at"]
     assert cut_at is not None and record["faults"][0]["kind"] == "cut"
+    assert record["faults"][0]["after_epoch"] == 3  # once host 0 printed "epoch 3"
     assert all(h["exit_code"] for h in record["hosts"])  # every host ended, none finished
     assert record["wall_seconds"] - cut_at < 8 + 12, record  # timeout, heartbeats, exit
     lost = r"rank 2 \(worker 1\) on 10\.77\.0\.3 at '[^']*' lost: no heartbeat for \d+ s"

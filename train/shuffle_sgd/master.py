@@ -183,8 +183,7 @@ class Master(Rank):
         mark(f"epoch {row['epoch']} trained")
         models.load_flat(self.model, flat)
         self.model.eval()
-        with torch.no_grad():
-            row["test_loss"], row["test_accuracy"] = self.evaluate()
+        row["test_loss"], row["test_accuracy"] = self.evaluate()
         if self.checkpointing and self.momentum:
             self.momentum_flat = torch.zeros_like(flat)
             dist.broadcast(self.momentum_flat, src=1, group=self.pair)
@@ -198,6 +197,7 @@ class Master(Rank):
         row["time"] = time.time()  # when the record was written (Unix time)
         return row
 
+    @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy of the model, the test split read a block at a time."""
         losses, correct, count = [], 0.0, 0

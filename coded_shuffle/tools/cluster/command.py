@@ -56,10 +56,10 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         if not args.script.is_file():
             raise UsageError(f"--script {str(args.script)!r} is not a file")
         target = [str(args.script), *rest]
-        if any(f.after_epoch is not None for f in faults):
-            raise UsageError("--kill/--cut HOST@eEPOCH needs the training job, not --script")
         logs = args.logs or Path(time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S"))
         record = logs / "cluster.json"
+        for fault in faults:
+            fault.console = logs / "h0.log"  # eN: the script's N-th "epoch" line
     else:
         overrides, run_dir = training_overrides(rest, cluster)
         check_training_config(overrides)

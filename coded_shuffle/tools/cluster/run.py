@@ -43,13 +43,15 @@ class HostResult:
 class Fault:
     """``--kill HOST@WHEN`` or ``--cut HOST@WHEN``: what happens to a host, and when. ``WHEN``
     is seconds after the start (``2@30``) or ``eN``: once the job has recorded epoch ``N``
-    in its ``metrics.jsonl`` (``2@e2``: mid-run whatever the machine's speed)."""
+    in its ``metrics.jsonl``, or a ``--script`` has printed its ``N``-th line starting with
+    ``epoch`` on host 0 (``2@e2``: mid-run whatever the machine's speed)."""
 
     kind: str  # "kill" | "cut"
     host: int
     at: float | None  # seconds after the start, or
     after_epoch: int | None = None  # ... once this many epochs are recorded
-    metrics: Path | None = None  # the job's metrics.jsonl (for after_epoch)
+    metrics: Path | None = None  # the job's metrics.jsonl (for after_epoch), or
+    console: Path | None = None  # ... host 0's log, for a script
     done_at: float | None = None
     restarted: bool = False
 
@@ -72,6 +74,8 @@ class Fault:
     def due(self, now: float) -> bool:
         if self.at is not None:
             return self.at <= now
+        if self.console is not None:
+            return printed_epochs(self.console) >= self.after_epoch
         return recorded_epochs(self.metrics) >= self.after_epoch
 
     def record(self) -> dict:
@@ -84,6 +88,14 @@ def recorded_epochs(metrics: Path | None) -> int:
     """Epochs the job has written to ``metrics.jsonl`` so far (0 before the file exists)."""
     try:
         return metrics.read_bytes().count(b"\n") if metrics is not None else 0
+    except FileNotFoundError:
+        return 0
+
+
+def printed_epochs(log: Path) -> int:
+    """Lines starting with ``epoch`` that a script has printed on host 0 so far."""
+    try:
+        return len(re.findall(rb"^epoch\b", log.read_bytes(), re.M))
     except FileNotFoundError:
         return 0
 
