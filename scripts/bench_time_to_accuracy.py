@@ -13,13 +13,15 @@ the shuffle policies a user chooses between, each delivered the ways that can ca
 * ``full`` coded (``cycles``) over ``chain`` and ``multicast``; ``full`` uncoded over
   ``unicast`` (the master sends each worker its points) and ``p2p`` (workers exchange);
 * ``partial`` (``Q = --fraction``) coded over ``chain`` and ``multicast``, uncoded over
-  ``unicast``;
+  ``unicast`` and ``p2p``;
 * ``none`` (no global reshuffle: no byte after the placement).
 
 ``--big-gb G`` adds a data set larger than memory: a synthetic set of ``G`` GB packed by
 ``coded-shuffle pack`` into a temporary directory (removed after), logistic regression on it
-(``data=file``, memory-mapped) at ``--big-rate``, full reshuffles coded over ``multicast`` and
-uncoded over ``unicast`` and ``p2p``, to ``--big-target``.
+(``data=file``, memory-mapped) at ``--big-rate`` (multicast paced at ``--big-multicast-rate``),
+full reshuffles coded over ``multicast`` and uncoded over ``unicast`` and ``p2p``. Every
+delivery trains the same parameters (same seed), so every run reaches the same accuracy at
+the same epoch: its table gives the seconds to every epoch, the time to any accuracy.
 
 It prints per run the final test accuracy, the epochs, seconds (``elapsed_seconds``: since the
 first epoch began) and shuffle bytes (network, master) to ``--target``, the seconds ratio
@@ -49,6 +51,7 @@ RUNS = (  # policy, scheme, transport
     ("partial", "cycles", "chain"),
     ("partial", "cycles", "multicast"),
     ("partial", "uncoded", "unicast"),
+    ("partial", "uncoded", "p2p"),
     ("none", "uncoded", "unicast"),
 )
 BASELINE = ("full", "uncoded", "unicast")
@@ -86,7 +89,10 @@ class Result:
 
 
 def cluster(args: argparse.Namespace, rate: str, run_dir: Path, overrides: list[str]) -> list:
-    """One training job on the emulated cluster; its metrics (every epoch verified)."""
+    """One training job on the emulated cluster; its metrics (every epoch verified). With
+    ``--reuse``, a finished run already in ``run_dir`` (every epoch recorded) is read instead."""
+    if args.reuse and (run_dir / "summary.json").is_file():
+        return verified(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(args.workers + 1),
@@ -97,6 +103,11 @@ def cluster(args: argparse.Namespace, rate: str, run_dir: Path, overrides: list[
         raise SystemExit(
             f"bench_time_to_accuracy.py: error: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}"
         )
+    return verified(run_dir)
+
+
+def verified(run_dir: Path) -> list:
+    """A finished run's records, every epoch verified."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     if not all(r["verified"] for r in rows):
         raise SystemExit(f"bench_time_to_accuracy.py: error: {run_dir}: an epoch not verified")
@@ -129,6 +140,8 @@ def run_big(args: argparse.Namespace, packed: Path, scheme: str, transport: str)
         "model=logreg", f"epochs={args.big_epochs}", "optim.batch_size=512",
         "optim.lr=0.01", f"dist.store_dir={Path(args.out) / 'big-stores'}",
     ]  # fmt: skip
+    if transport == "multicast":
+        overrides.append(f"dist.multicast.rate={args.big_multicast_rate}")
     run_dir = Path(args.out) / "big" / f"full-{scheme}-{transport}"
     try:
         return Result(
@@ -155,7 +168,7 @@ def big(args: argparse.Namespace) -> list[Result]:
         print(
             f"larger than memory: {points:,} synthetic points of {record} bytes ({size / 1e9:.2f}"
             f" GB on disk, memory-mapped), logreg, {args.big_epochs} epochs, NICs and medium "
-            f"{args.big_rate}, target {args.big_target:g}",
+            f"{args.big_rate} ({args.medium}), multicast paced at {args.big_multicast_rate}",
             flush=True,
         )
         results = []
@@ -204,6 +217,32 @@ def table(results: list[Result], target: float, fraction: float) -> list[str]:
     return lines
 
 
+def epoch_table(results: list[Result]) -> list[str]:
+    """Seconds since the first epoch began, at the end of every epoch, per run; the test
+    accuracy of every epoch (the same for every run: the same parameters); the last epoch's
+    seconds over ``unicast``'s."""
+    epochs = len(results[0].rows)
+    base = next(r for r in results if r.transport == "unicast").series("elapsed_seconds")[-1]
+    head = f"{'run':24s} " + " ".join(f"{f'epoch {e}':>8s}" for e in range(1, epochs + 1))
+    head += f" {'vs unicast':>10s} {'deliv/epoch':>11s} {'load/unc':>8s}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        seconds = r.series("elapsed_seconds")
+        share = r.later("delivery_seconds") / r.later("epoch_seconds")
+        load = r.later("load_points") / r.later("uncoded_points")
+        lines.append(
+            f"{label(r, 1.0):24s} " + " ".join(f"{s:8.1f}" for s in seconds)
+            + f" {seconds[-1] / base:10.2f} {share:11.2f} {load:8.3f}"
+        )  # fmt: skip
+    accuracy = results[0].series("test_accuracy")
+    same = all(np.array_equal(r.series("test_accuracy"), accuracy) for r in results)
+    lines.append(
+        "test accuracy at every epoch: " + ", ".join(f"{a:.4f}" for a in accuracy)
+        + (" (every run the same)" if same else " (the runs differ)")
+    )  # fmt: skip
+    return lines
+
+
 def partial_check(results: list[Result], fraction: float) -> list[str]:
     """``partial``: its uncoded bytes per epoch against ``fraction`` times ``full``'s."""
     out = []
@@ -235,7 +274,7 @@ def verdicts(results: list[Result], target: float) -> list[str]:
         line = f"H={every}: fastest to {target:g}: {'/'.join(best)} ({reached[best]:.2f} s)"
         for policy, coded, uncoded in (
             ("full", ("chain", "multicast"), ("unicast", "p2p")),
-            ("partial", ("multicast",), ("unicast",)),
+            ("partial", ("multicast",), ("unicast", "p2p")),
         ):
             c = [
                 reached[k]
@@ -306,10 +345,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-gb", type=float, default=0.0, help="a set larger than memory")
     parser.add_argument("--big-rate", default="400mbit", help="NICs and medium of the big runs")
     parser.add_argument("--big-epochs", type=int, default=4)
-    parser.add_argument("--big-target", type=float, default=0.85)
+    parser.add_argument(
+        "--big-multicast-rate", default="380mbit", help="multicast's pacing in the big runs"
+    )
     parser.add_argument("--big-features", type=int, default=2000, help="records of 4*F+4 bytes")
     parser.add_argument("--big-dir", type=Path, default=None, help="where the big set is packed")
     parser.add_argument("--skip-digits", action="store_true", help="only the big runs")
+    parser.add_argument(
+        "--reuse", action="store_true",
+        help="read the finished runs already in --out instead of running them again",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target} out of range (0, 1]")
@@ -332,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(verdicts(results, args.target)))
     if args.big_gb > 0:
         large = big(args)
-        print("\n".join(table(large, args.big_target, args.fraction)))
-        print("\n".join(verdicts(large, args.big_target)))
+        print("\n".join(epoch_table(large)))
     if args.plot and results:
         plot(results, args.plot, args)
         print(f"wrote {args.plot}")

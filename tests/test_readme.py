@@ -147,7 +147,11 @@ def test_quick_start_job_writes_what_the_readme_promises(workdir):
     assert len(runs) == 1, runs
     for name in ("metrics.jsonl", "summary.json", "config.yaml"):
         assert (runs[0] / name).is_file(), name
-    assert re.search(r"epoch +2/2 cycles over chain: train_loss", out.stdout + out.stderr)
+    (shown,) = [ln for ln in section("Quick start").splitlines() if ln.startswith("epoch ")]
+    # the README's line with its numbers as patterns: the job prints that line, its epoch 2
+    pattern = re.sub(r"(?:\\ )+", " +", re.escape(shown))
+    pattern = re.sub(r"\d+(?:\\\.\d+)?", r"\\d+(?:\\.\\d+)?", pattern)
+    assert re.search(pattern, out.stdout + out.stderr), (shown, out.stdout[-2000:])
 
 
 @pytest.mark.distributed
@@ -348,6 +352,9 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
     assert chain[2:8] == ["0.970", "2", "3.00", "0.75", "2.00", "1.00"]  # 3 s / 4 s
     assert chain[-1] == "0.500"
     assert "not reached" in next(ln for ln in lines if "none/uncoded" in ln)
+    big = mod.epoch_table([coded, base])  # the big runs: seconds to every epoch
+    assert big[2].split()[1:] == ["1.0", "3.0", "0.75", "0.50", "0.500"]
+    assert big[-1].endswith("0.5000, 0.9700 (every run the same)")
 
 
 def test_the_cifar10_line_composes():
