@@ -255,7 +255,7 @@ def test_p6_l3_rows_used_per_worker_are_n_over_n(p6_run) -> None:
         assert r["rows_used_max"] == r["rows_used_min"] == 360 // n
 
 
-def test_p6_l3_moved_bytes(p6_run) -> None:
+def test_p6_l3_event_bytes(p6_run) -> None:
     runs = by_method(p6_run[0])
     coded = {r["step"]: r for r in runs["coded"]}
     assert coded[10]["events"] == ["leave 2,4"] and coded[10]["moved_bytes"] == 0

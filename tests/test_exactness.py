@@ -20,7 +20,14 @@ from coded_shuffle.codec import decode, encode, ops
 from coded_shuffle.codec.digest import digest
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.epochs import EpochChain
-from coded_shuffle.distributed.reports import verify_digests
+from coded_shuffle.distributed.reports import (
+    REPORT,
+    HostCpu,
+    peers_seconds,
+    verify_digests,
+    worker_report,
+)
+from coded_shuffle.distributed.transports import HostBytes
 from coded_shuffle.errors import VerificationError
 from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import DeliveryPlan, symbol_blocks
@@ -206,3 +213,14 @@ def test_verification_names_the_first_worker_whose_digest_differs(k, wrong):
             verify_digests(3, reported, expected)
     with pytest.raises(VerificationError, match="reports for"):
         verify_digests(3, reported[:-1], expected)
+
+
+def test_a_delivery_between_the_workers_is_timed_by_their_clocks():
+    """``p2p``: from the earliest worker's start to the latest one's batch (the master's
+    clock starts late and ends late, both by its own evaluation of the epoch before)."""
+    reports = np.zeros(3, dtype=REPORT)
+    reports["started"] = [100.2, 100.0, 100.5]
+    reports["finished"] = [100.9, 101.25, 101.0]
+    assert peers_seconds(reports) == pytest.approx(1.25)
+    mine = worker_report(b"\0" * 32, 0.0, 0, HostBytes(), HostCpu.start())
+    assert mine.dtype == REPORT and 0 <= mine["finished"][0] - mine["started"][0] < 1.0

@@ -114,7 +114,7 @@ def workdir(tmp_path) -> Path:
     return tmp_path
 
 
-def test_the_readme_is_short_and_links_what_moved():
+def test_the_readme_is_short_and_links_the_docs():
     """At most 250 lines; the benchmarks, the layout and the command's details are in docs,
     each linked from the README."""
     assert len(README.splitlines()) <= README_LINES

@@ -22,6 +22,7 @@ from coded_shuffle.distributed.reports import (
     HostCpu,
     gather_reports,
     host_metrics,
+    peers_seconds,
     verify_digests,
 )
 from coded_shuffle.distributed.transports import Routes
@@ -151,8 +152,8 @@ class MasterSide:
             )  # fmt: skip
         reports, cpu = self.reports(), cpu.stop()
         seconds = time.perf_counter() - t0
-        if routing == "peers":  # the first byte left a worker: from the earliest one's start
-            seconds += max(0.0, cpu.started - float(reports["started"].min()))
+        if routing == "peers":  # the bytes move between the workers: timed by their clocks
+            seconds = peers_seconds(reports)
         verified = verify_digests(tr.epoch, [bytes(r) for r in reports["digest"]], ready.expected)
         return self.epoch_metrics(
             epoch=tr.epoch,

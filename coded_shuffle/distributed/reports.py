@@ -31,6 +31,7 @@ REPORT = np.dtype(
         ("cpu_user_seconds", "<f8"),  # this process's CPU in the delivery (HostCpu)
         ("cpu_system_seconds", "<f8"),
         ("started", "<f8"),  # wall clock (time.time) when this worker's delivery began
+        ("finished", "<f8"),  # ... and when it had its batch, decoded and hashed
     ]
 )
 COUNTS = ("egress", "ingress", "repairs", "control", "parity")
@@ -40,8 +41,8 @@ COUNTS = ("egress", "ingress", "repairs", "control", "parity")
 class HostCpu:
     """CPU seconds this process (every thread: the transport's, gloo's, the decoder's) spent
     since :meth:`start`, split into user and kernel (``getrusage(RUSAGE_SELF)``), and the wall
-    clock when it started (``started``: where the first byte of a delivery may come from a
-    worker, ``p2p``, the master's clock starts with the earliest worker's)."""
+    clock when it started (``started``: a delivery between the workers, ``p2p``, is timed by
+    their clocks, :func:`peers_seconds`)."""
 
     user: float = 0.0
     system: float = 0.0
@@ -129,12 +130,20 @@ def worker_report(
     mine["digest"][0] = np.frombuffer(batch_digest, dtype=np.uint8)
     used = cpu.stop()
     mine["cpu_user_seconds"], mine["cpu_system_seconds"] = used.user, used.system
-    mine["started"] = used.started
+    mine["started"], mine["finished"] = used.started, time.time()
     mine["decode_seconds"] = decode_seconds
     mine["stored_bytes"] = stored_bytes
     for key, value in zip(COUNTS, counts.as_list(), strict=True):
         mine[key] = value
     return mine
+
+
+def peers_seconds(reports: np.ndarray) -> float:
+    """A delivery between the workers (``p2p``): from the earliest worker's start to the
+    latest one's batch, by the hosts' wall clocks. The master's own clock would start late
+    (it may still evaluate the last epoch while the workers exchange) and end late (it
+    gathers the reports once it is done)."""
+    return float(reports["finished"].max() - reports["started"].min())
 
 
 def gather_reports(mine: np.ndarray, rank: int, workers: int) -> np.ndarray | None:
