@@ -15,7 +15,9 @@ stopped or loses its link ends every rank within ``--timeout`` seconds, with one
 it and its address (in the delivery, and in the training inside ``cs.watched()``).
 ``--shuffle partial|none`` (``--fraction Q``) picks the shuffle policy; ``--average-every H``
 runs local SGD (DDP's ``no_sync`` at every step, the models averaged every ``H`` steps and at
-every epoch's end) instead of averaging the gradients at every step.
+every epoch's end) instead of averaging the gradients at every step. ``--device cuda`` (or
+``auto`` where every rank has CUDA) trains on the GPU: the model, its minibatches and DDP's
+NCCL group there, while the coded shuffle, its gloo group and the data stay on the host.
 """
 
 from __future__ import annotations
@@ -62,10 +64,16 @@ def main() -> None:
     parser.add_argument(
         "--average-every", type=int, default=0, help="0: average gradients; H: local SGD"
     )
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available on this host")
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo")  # the coded shuffle's plane: the host
     rank, features, classes = dist.get_rank(), 16, 4
+    on_gpu = torch.tensor([int(args.device != "cpu" and torch.cuda.is_available())])
+    dist.all_reduce(on_gpu, op=dist.ReduceOp.MIN)  # CUDA only where every rank has it
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if on_gpu else None
     dataset = make_dataset(args.points, features, classes) if rank == 0 else None
     cs = CodedShuffle(
         dataset,
@@ -80,9 +88,19 @@ def main() -> None:
 
     torch.manual_seed(0)  # the same initial model on every rank
     model = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, classes))
+    model.to(device or "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    workers = dist.get_world_size() - 1
-    ddp = None if rank == 0 else DistributedDataParallel(model, process_group=cs.workers_group)
+    world = dist.get_world_size()
+    workers = world - 1
+    # the model's all-reduce: gloo beside the shuffle on the CPU, NCCL on GPUs (new_group is
+    # collective: every rank calls it)
+    group = (
+        cs.workers_group
+        if device is None
+        else dist.new_group(list(range(1, world)), backend="nccl")
+    )
+    ids = None if device is None else [device.index]
+    ddp = None if rank == 0 else DistributedDataParallel(model, ids, process_group=group)
 
     for epoch in range(1, args.epochs + 1):
         local = cs.epoch(epoch)  # worker: its new batch; master: None
@@ -101,6 +119,9 @@ def main() -> None:
         )
         with cs.watched():  # a lost peer: one line naming it on every rank, not a traceback
             for step, (x, y) in enumerate(loader, start=1):
+                if device is not None:  # from pinned host memory, without blocking
+                    x = x.pin_memory().to(device, non_blocking=True)
+                    y = y.pin_memory().to(device, non_blocking=True)
                 opt.zero_grad()
                 # synchronous SGD: DDP averages the gradients; local SGD: no_sync every step
                 with ddp.no_sync() if args.average_every else contextlib.nullcontext():
@@ -108,10 +129,10 @@ def main() -> None:
                 opt.step()
                 if args.average_every and (step % args.average_every == 0 or step == len(loader)):
                     # local SGD: the workers' models averaged every H steps and at the end
-                    average([p.data for p in model.parameters()], cs.workers_group, workers)
+                    average([p.data for p in model.parameters()], group, workers)
 
     if rank == 1:
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
         print(f"final parameters sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}")
     cs.close()  # with the workers' group: DDP may outlive it
     dist.destroy_process_group()

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset, TensorDataset
 
+from coded_shuffle import ShuffleSettings
 from coded_shuffle.codec import buffers
 from coded_shuffle.codec.records import ColumnDataset, RecordLayout, item_labels
 from coded_shuffle.costs.wire import REACH_DTYPE
@@ -322,9 +323,12 @@ def test_bad_use_fails_on_every_rank_with_one_line(case, message):
 # --- resuming a restarted job -------------------------------------------------------------------
 
 
-def epochs_with_store(rank, world, scheme, storage, store_dir, first, last, resume_after):
-    """Epochs ``first..last`` of 5 (after ``restore(resume_after)`` when given): what every
-    worker got, and the master's restore report."""
+def epochs_with_store(
+    rank, world, scheme, storage, store_dir, first, last, resume_after, inside=False
+):
+    """Epochs ``first..last`` of 5 (after ``restore(resume_after)`` when given; ``inside``:
+    keeping the batches, and resumed inside epoch ``first`` instead of delivering it): what
+    every worker got, and the master's restore report."""
     from coded_shuffle import CodedShuffle
 
     gen = torch.Generator().manual_seed(5)
@@ -336,11 +340,16 @@ def epochs_with_store(rank, world, scheme, storage, store_dir, first, last, resu
         seed=2,
         epochs=5,
         store_dir=store_dir,
+        keep_batch=inside,
     )
     restored = cs.restore(resume_after) if resume_after else None
     got = {}
     for epoch in range(first, last + 1):
-        local = cs.epoch(epoch)
+        if inside and epoch == first and first > 1:
+            local = cs.resume_inside(epoch)
+            restored = cs.report
+        else:
+            local = cs.epoch(epoch)
         if rank:
             assert torch.equal(local.tensors[0], x[cs.indices])
             got[epoch] = cs.indices.tolist()
@@ -384,6 +393,29 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
     for k in range(1, 4):
         assert intact[k][1][4] == unbroken[k][1][4]
         assert resumed[k][1][5] == unbroken[k][1][5]
+
+
+@pytest.mark.distributed
+def test_a_restart_inside_an_epoch_gets_the_kept_batch_without_a_delivery(tmp_path, monkeypatch):
+    """``keep_batch``: every worker keeps its batch; ``resume_inside(3)`` hands it back (the
+    same points, the same bytes) with nothing on the link, and epoch 4 decodes from the
+    stores after epoch 3 as an unbroken run's does."""
+    monkeypatch.setattr(buffers, "FILE_MIN_BYTES", 0)
+    scheme, storage = "elmahdy-mohajer", 2.0
+    unbroken = run_ranks(4, epochs_with_store, scheme, storage, None, 1, 4, 0)
+    run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 1, 3, 0, True)  # then killed
+    resumed = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 3, 4, 0, True)
+    assert resumed[0][0] == {
+        "resumed_inside_epoch": 3,
+        "replaced_workers": [],
+        "replacement_bytes": 0,
+        "rebatched_workers": [],
+        "rebatch_bytes": 0,
+    }
+    for k in range(1, 4):
+        assert resumed[k][1] == {e: unbroken[k][1][e] for e in (3, 4)}
+    with pytest.raises(UsageError, match=r"keep_batch=True needs a store_dir"):
+        ShuffleSettings(keep_batch=True)
 
 
 @pytest.mark.distributed

@@ -25,6 +25,32 @@ def see(live: Liveness, rank: int, now: float, beat: int, stage: tuple[int, str]
     live.observe(rank, record, now)
 
 
+def test_a_stage_change_is_published_when_it_happens_not_at_the_next_beat():
+    """A rank lost right after a stage change is named where it was: the record in the store
+    says the new stage long before the next heartbeat (here 30 s away)."""
+    import torch.distributed as dist
+
+    from tests.ranks import free_port
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    live = Liveness(1, 2, 120.0, 30.0, ("127.0.0.1", port), "stage").start()
+    try:
+        store = dist.PrefixStore("stage", server)
+        deadline = time.monotonic() + 10
+        while not store.check(["hb/1"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert Record.unpack(store.get("hb/1")).stage == "start"
+        live.mark("epoch 2 delivered")
+        while time.monotonic() < deadline:
+            if Record.unpack(store.get("hb/1")).stage == "epoch 2 delivered":
+                break
+            time.sleep(0.02)
+        assert Record.unpack(store.get("hb/1")).stage == "epoch 2 delivered"
+    finally:
+        live.stop()
+
+
 def test_a_rank_whose_heartbeat_stops_is_lost_after_the_deadline():
     live = watchdog()
     for r in range(3):

@@ -145,6 +145,11 @@ def test_workers_decode_from_their_own_store_every_epoch(name, storage, seed):
             "is neither a directory of .npy files nor a file",
         ),
         (["debug.die_rank=7"], "debug.die_rank=7 out of range 0..4"),
+        (["device=tpu"], "device=tpu is not one of auto | cpu | cuda"),
+        (["job.checkpoint_steps=-1"], "job.checkpoint_steps=-1 out of range (must be >= 0"),
+        (["job.checkpoint_steps=4", "job.checkpoint=false"], "needs job.checkpoint=true"),
+        (["debug.die_rank=0", "debug.die_step=3"], "debug.die_step=3: a step >= 1 of a worker"),
+        (["debug.die_rank=1", "debug.die_step=0"], "debug.die_step=0: a step >= 1 of a worker"),
         (["dist.transport=smoke"], "dist.transport='smoke' unknown; valid: chain, multicast"),
         (["dist.transport=p2p"], "dist.transport=p2p carries uncoded deliveries only"),
         (["dist.transport=unicast", "scheme=best"], "scheme=best is coded"),
@@ -202,6 +207,11 @@ def _run(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.Complet
         (["scheme=no-such-scheme"], "unknown scheme 'no-such-scheme'; valid:"),
         (["workers=5000"], "workers=5000 exceeds the 1438 training points"),
         (["dist.transport=unicast"], "dist.transport=unicast carries uncoded deliveries only"),
+        pytest.param(
+            ["device=cuda"],
+            "device=cuda but CUDA is not available on this host",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA"),
+        ),
     ],
 )
 def test_command_line_errors_are_one_line_and_start_nothing(tmp_path, args, message):
@@ -299,6 +309,7 @@ def test_every_epoch_is_verified_and_recorded(runs, scheme):
     summary = _summary(runs[scheme])
     assert summary["all_verified"] and summary["workers_params_agree"]
     assert len(summary["final_params_sha256"]) == 64
+    assert summary["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")  # auto
     config = OmegaConf.load(runs[scheme] / "config.yaml")
     assert config.seed == 3 and config.workers == 4
 
@@ -478,6 +489,45 @@ def test_a_restarted_job_resumes_with_every_store_and_the_same_parameters(runs, 
     assert gap > rows[2]["epoch_seconds"]
     summary = _summary(tmp_path)
     assert summary["final_params_sha256"] == _summary(runs["cycles"])["final_params_sha256"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("scheme", "transport", "damage"), [("cycles", "chain", False), ("uncoded", "unicast", True)]
+)
+def test_a_worker_killed_mid_epoch_resumes_at_its_last_checkpointed_step(
+    runs, tmp_path, scheme, transport, damage
+):
+    """``job.checkpoint_steps=4``: worker 1 dies at step 7 of epoch 2 (23 steps); the restart
+    (the launcher's, or the same command again after a worker's kept batch was damaged)
+    resumes at step 4 of epoch 2 without a new delivery (the damaged batch sent again, alone)
+    and ends with the unbroken run's parameters."""
+    args = [f"scheme={scheme}", f"dist.transport={transport}", *JOB, "job.checkpoint_steps=4",
+            "debug.die_rank=2", "debug.die_epoch=2", "debug.die_step=7",
+            f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    if damage:
+        assert _run(args, tmp_path).returncode == 1
+        kept = tmp_path / "stores" / "worker-0" / "batch-e2.npy"
+        kept.write_bytes(kept.read_bytes()[:-1] + bytes([kept.read_bytes()[-1] ^ 1]))
+        out = _run([*args, "debug.die_rank=null"], tmp_path)
+    else:
+        out = _run([*args, "dist.max_restarts=1"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed inside epoch 2 at step 4 of 23" in out.stderr + out.stdout
+    reference = runs[scheme if transport == "chain" else f"{scheme}/{transport}"]
+    rows, unbroken = _metrics(tmp_path), _metrics(reference)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    second = rows[1]
+    assert second["resumed_at_step"] == 4 and second["resumed_inside_epoch"] == 2
+    assert second["attempt"] == (0 if damage else 1) and second["replaced_workers"] == []
+    assert second["rebatched_workers"] == ([0] if damage else [])
+    assert (second["rebatch_bytes"] > 0) == damage
+    assert second["rebatch_bytes"] < rows[0]["broadcast_bytes"] / 3  # one worker's batch
+    assert second["broadcast_bytes"] == unbroken[1]["broadcast_bytes"]  # the first delivery
+    assert second["verified"] and "resumed_at_step" not in rows[2]
+    summary = _summary(tmp_path)
+    assert summary["final_params_sha256"] == _summary(reference)["final_params_sha256"]
+    assert summary["restarts"] == 1 and summary["all_verified"] is True
 
 
 @pytest.mark.distributed

@@ -5,6 +5,10 @@ torch's RNG state, written to a temporary file and renamed (a kill mid-write lea
 one). The workers' stores live beside it (``RUN_DIR/stores``, :class:`~coded_shuffle.CodedShuffle`
 ``store_dir``). A restart with the same run directory, by the launcher's ``dist.max_restarts``
 or by running the same command again, resumes after the last epoch it holds.
+
+With ``job.checkpoint_steps=S`` every worker also writes its own training state every ``S``
+optimiser steps (:func:`save_step`: ``RUN_DIR/steps/worker-K.pt``, the one before it kept as
+``worker-K.prev.pt``), and a restart resumes at the last step every worker holds.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from coded_shuffle.errors import UsageError
 from .config import Config
 
 FILE = "checkpoint.pt"
+DELIVERY_FILE = "delivery.pt"
 # what must not change for a checkpoint to be resumed (the transport may: bit-identical)
 IDENTITY_KEYS = ("scheme", "storage", "seed", "workers", "data", "model", "optim")
 
@@ -67,7 +72,6 @@ def save(
 ) -> None:
     """Writes the checkpoint after ``epoch`` atomically."""
     path = Path(run_dir) / FILE
-    tmp = path.with_suffix(".pt.tmp")
     state = {
         "identity": identity(cfg),
         "epoch": epoch,
@@ -76,8 +80,62 @@ def save(
         "rows": rows,
         "rng": torch.get_rng_state(),
     }
+    _write(path, state)
+
+
+def _write(path: Path, state: dict[str, Any]) -> None:
+    """``state`` to ``path`` atomically (a temporary file, flushed, renamed)."""
+    tmp = path.with_suffix(".pt.tmp")
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def step_files(run_dir: str | os.PathLike[str], worker: int) -> tuple[Path, Path]:
+    """Worker ``worker``'s (0-based) last step checkpoint and the one before it."""
+    folder = Path(run_dir) / "steps"
+    return folder / f"worker-{worker}.pt", folder / f"worker-{worker}.prev.pt"
+
+
+def save_step(
+    run_dir: str | os.PathLike[str], cfg: Config, worker: int, state: dict[str, Any]
+) -> None:
+    """Worker ``worker``'s training state after step ``state["step"]`` of ``state["epoch"]``
+    (its parameters, momentum, loss so far and RNG), keeping the one before it."""
+    last, prev = step_files(run_dir, worker)
+    last.parent.mkdir(parents=True, exist_ok=True)
+    if last.is_file():
+        os.replace(last, prev)
+    _write(last, {**state, "identity": identity(cfg), "rng": torch.get_rng_state()})
+
+
+def load_steps(
+    run_dir: str | os.PathLike[str], cfg: Config, worker: int
+) -> dict[tuple[int, int], dict[str, Any]]:
+    """Worker ``worker``'s step checkpoints of this run, by ``(epoch, step)``."""
+    found = {}
+    for path in step_files(run_dir, worker):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except (OSError, RuntimeError, EOFError):
+            continue
+        if state.get("identity") == identity(cfg):
+            found[(int(state["epoch"]), int(state["step"]))] = state
+    return found
+
+
+def save_delivery(run_dir: str | os.PathLike[str], epoch: int, report: dict[str, Any]) -> None:
+    """The master's record of the delivery of ``epoch`` (its bytes, seconds, verification),
+    for the record of an epoch resumed inside after a restart."""
+    _write(Path(run_dir) / DELIVERY_FILE, {"epoch": epoch, "report": report})
+
+
+def load_delivery(run_dir: str | os.PathLike[str], epoch: int) -> dict[str, Any] | None:
+    """The record of the delivery of ``epoch``, if it is the last one saved."""
+    try:
+        saved = torch.load(Path(run_dir) / DELIVERY_FILE, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError):
+        return None
+    return saved["report"] if saved.get("epoch") == epoch else None

@@ -165,6 +165,10 @@ class ShuffleJobConf:
     checkpoint: bool = True
     """After every epoch: the master's checkpoint and every worker's store in the run
     directory; a restart resumes after the last epoch (docs/training.md, "Failures")."""
+    checkpoint_steps: int = 0
+    """0: epoch checkpoints only. S >= 1: every worker also checkpoints its training state
+    every S optimiser steps and keeps its batch, so that a restart resumes at that step of
+    that epoch without a new delivery (needs checkpoint=true)."""
 
 
 @dataclass
@@ -289,6 +293,9 @@ class DebugConf:
     die_rank: int | None = None
     """A rank that exits (or hangs) on purpose, to test failure handling."""
     die_epoch: int = 2
+    die_step: int | None = None
+    """The die rank exits at this optimiser step (1-based) of die_epoch instead of at the
+    epoch's start (a worker: a failure in the middle of an epoch)."""
     die_mode: str = "exit"
     """exit | hang."""
     corrupt_epoch: int | None = None
@@ -315,6 +322,9 @@ class Config:
     """T: what a worker stores, in batches (1 <= T <= workers)."""
     threads: int = 1
     """Torch and codec threads per process (fixed: bit-identical runs)."""
+    device: str = "auto"
+    """Where the model trains: auto (CUDA where every rank has it, else the CPU) | cpu |
+    cuda. The data plane (transports, stores) stays on the host."""
     tensorboard: bool = False
     """TensorBoard scalars in RUN_DIR/tb (skipped if tensorboard is missing)."""
     dist: DistConf = field(default_factory=DistConf)

@@ -214,17 +214,19 @@ def stalled_ranks() -> str:
     return _LIVENESS.stalled() if _LIVENESS is not None else ""
 
 
-def die_if_asked(debug: DebugConf, rank: int, epoch: int) -> None:
-    """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``, in
-    the first attempt only (a restart can then succeed)."""
+def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = None) -> None:
+    """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``
+    (``step`` None), or at its step ``debug.die_step`` where that is set, in the first
+    attempt only (a restart can then succeed)."""
     if debug.die_rank is None or int(debug.die_rank) != rank:
         return
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
-    if int(debug.die_epoch) != epoch:
+    if int(debug.die_epoch) != epoch or step != debug.die_step:
         return
     mode = str(debug.die_mode)
-    print(f"debug: {rank_label(rank)} {mode}s at epoch {epoch}", file=sys.stderr, flush=True)
+    where = f"epoch {epoch}" + (f" step {step}" if step is not None else "")
+    print(f"debug: {rank_label(rank)} {mode}s at {where}", file=sys.stderr, flush=True)
     if mode == "hang":
         while True:
             time.sleep(3600)

@@ -54,6 +54,9 @@ EPOCH_KEYS = (
     "worker_stored_bytes_max",
 )
 
+# an epoch's record after a restart: after the epoch before it, or inside it at a step
+RESUMED_KEYS = {"resumed_after_epoch", "resumed_at_step"}
+
 SCALARS = ("train_loss", "test_loss", "test_accuracy", "broadcast_bytes", "uncoded_bytes")
 
 
@@ -137,8 +140,10 @@ class MetricsWriter:
             "allreduce_payload_bytes_total": total("allreduce_payload_bytes", rows),
             "delivery_seconds_total": total("delivery_seconds", rows),
             "all_verified": all(r["verified"] for r in rows),
-            "restarts": sum(1 for r in rows if "resumed_after_epoch" in r),
-            "replacement_bytes_total": sum(r.get("replacement_bytes", 0) for r in rows),
+            "restarts": sum(1 for r in rows if RESUMED_KEYS & r.keys()),
+            "replacement_bytes_total": sum(
+                r.get("replacement_bytes", 0) + r.get("rebatch_bytes", 0) for r in rows
+            ),
             "stored_points_max": max((r["stored_points_max"] for r in rows), default=0.0),
             "final_train_loss": rows[-1]["train_loss"] if rows else None,
             "final_test_loss": rows[-1]["test_loss"] if rows else None,

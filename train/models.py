@@ -108,7 +108,7 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
 
 def params_sha256(model: nn.Module) -> str:
     """SHA-256 of the parameters' float32 bytes (the bit-identity check across schemes)."""
-    return hashlib.sha256(flat_params(model).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(flat_params(model).cpu().numpy().tobytes()).hexdigest()
 
 
 def num_params(model: nn.Module) -> int:

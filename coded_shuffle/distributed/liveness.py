@@ -35,6 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 FIELDS = 6  # beat | stage count | stage | ticks | detail | address
+LINGER_BEATS = 2  # heartbeat intervals a failing rank waits before it exits (see _fail)
 
 
 def rank_label(rank: int) -> str:
@@ -139,6 +140,8 @@ class Liveness:
         self.behind_at: dict[int, float] = {}  # when each rank fell behind the others
         self.t0 = self.stage_since = self.last_line = self.reached = time.monotonic()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a stage changed: publish it now
+        self._failing = False
         self._threads: list[threading.Thread] = []
         self._store: Any = None
 
@@ -167,6 +170,7 @@ class Liveness:
         self.record.stage = stage
         self.record.detail = ""
         self.stage_since = time.monotonic()
+        self._wake.set()  # published at once, so a rank lost now is named where it was
 
     def tick(self, detail: str | None = None) -> None:
         """Progress inside a stage (a minibatch step, a message)."""
@@ -192,6 +196,7 @@ class Liveness:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         for t in self._threads:
             t.join(timeout=5)
 
@@ -215,10 +220,12 @@ class Liveness:
 
     def _run(self) -> None:
         """A heartbeat at once (a rank that dies early is still known by its address), then
-        one every ``interval`` until :meth:`stop`."""
+        one every ``interval`` and one at every stage change, until :meth:`stop`."""
         while True:
             self._beat(time.monotonic())
-            if self._stop.wait(self.interval):
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
                 return
 
     def _beat(self, now: float) -> None:
@@ -345,10 +352,16 @@ class Liveness:
 
     def _fail(self, reason: str) -> None:
         """Prints ``reason``, records it for the launcher, ends this process (gloo cannot be
-        woken from a blocked collective)."""
+        woken from a blocked collective) after :data:`LINGER_BEATS` heartbeat intervals: the
+        other survivors reach their verdict within about one, and print it before a launcher
+        that saw this process end stops them."""
+        if self._failing:
+            return
+        self._failing = True
         print(f"{rank_label(self.rank)}: {reason}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
             ErrorHandler().record_exception(RankLost(reason))
+        time.sleep(LINGER_BEATS * self.interval)
         os._exit(1)

@@ -28,6 +28,11 @@ def slot(epoch: int, part: int) -> str:
     return f"e{epoch}-part{part}"
 
 
+def batch_slot(epoch: int) -> str:
+    """The name of a worker's kept batch of ``epoch``."""
+    return f"batch-e{epoch}"
+
+
 class StorePersistence:
     """A worker's store, one slot per epoch and part (the one before it dropped), in the
     folder of ``buffers`` (:func:`rank_folder`), where its rows live from the start."""
@@ -52,6 +57,20 @@ class StorePersistence:
                 self.disk.save(name, cache.numpy(), self.identity(epoch))
             self.disk.remove(slot(epoch - 2, part))
 
+    def save_batch(self, epoch: int, batch: torch.Tensor) -> None:
+        """Keeps the batch of ``epoch`` (the one of the epoch before is dropped)."""
+        self.disk.save(batch_slot(epoch), batch.numpy(), self.identity(epoch))
+        self.disk.remove(batch_slot(epoch - 1))
+
+    def load_batch(self, epoch: int) -> torch.Tensor | None:
+        """The kept batch of ``epoch``, if present and intact (memory-mapped)."""
+        return self._load(batch_slot(epoch), epoch)
+
+    def _load(self, name: str, epoch: int) -> torch.Tensor | None:
+        meta = {k: v for k, v in self.disk.meta(name).items() if k != "digest"}
+        array = self.disk.load(name, mapped=True) if meta == self.identity(epoch) else None
+        return None if array is None else as_tensor(array)
+
     def identity(self, epoch: int) -> dict[str, Any]:
         """What a stored store must match to be reused: the same job, the same epoch."""
         s, shape = self.ctx.settings, self.ctx.shape
@@ -67,12 +86,7 @@ class StorePersistence:
 
     def load(self, epoch: int, parts: int) -> WorkerStore | None:
         """The store after ``epoch``, if every part is present and intact (memory-mapped)."""
-        caches: list[torch.Tensor] = []
-        for part in range(parts):
-            name = slot(epoch, part)
-            meta = {k: v for k, v in self.disk.meta(name).items() if k != "digest"}
-            array = self.disk.load(name, mapped=True) if meta == self.identity(epoch) else None
-            if array is None:
-                return None
-            caches.append(as_tensor(array))
-        return WorkerStore(caches)
+        caches = [self._load(slot(epoch, part), epoch) for part in range(parts)]
+        if any(c is None for c in caches):
+            return None
+        return WorkerStore([c for c in caches if c is not None])

@@ -54,6 +54,9 @@ class ShuffleSettings:
     store_dir : where every rank keeps its large buffers and every worker its store, in
         memory-mapped files (persisted after every epoch, for :meth:`CodedShuffle.restore`);
         ``None``: in memory.
+    keep_batch : with ``store_dir``, every worker also keeps its batch of the last delivered
+        epoch there, so that a job restarted inside an epoch resumes without a new delivery
+        (:meth:`CodedShuffle.resume_inside`).
     stream : an epoch not made ready ahead is encoded message by message while earlier
         messages travel (``False``: whole before the first byte).
     names : how the caller names these settings in its errors.
@@ -73,6 +76,7 @@ class ShuffleSettings:
     timeout: timedelta = DEFAULT_TIMEOUT
     heartbeat: float = DEFAULT_HEARTBEAT_SECONDS
     store_dir: Path | None = None
+    keep_batch: bool = False
     stream: bool = True
     names: SettingNames = field(default_factory=lambda: LIBRARY_NAMES, compare=False)
 
@@ -98,6 +102,8 @@ class ShuffleSettings:
             raise UsageError(f"{n.epochs}={self.epochs} out of range (must be >= 1)")
         if self.timeout.total_seconds() <= 0:
             raise UsageError(f"{n.timeout}={self.timeout} out of range (must be > 0)")
+        if self.keep_batch and self.store_dir is None:
+            raise UsageError("keep_batch=True needs a store_dir: the batch is kept there")
         if self.heartbeat < 0:
             raise UsageError(
                 f"{n.heartbeat}={self.heartbeat} out of range (seconds >= 0; 0: no watchdog)"

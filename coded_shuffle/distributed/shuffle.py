@@ -42,6 +42,7 @@ from coded_shuffle.distributed.worker import WorkerSide
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes.memory_sharing import storage_used
+from coded_shuffle.math.state import CacheState
 
 log = logging.getLogger("coded_shuffle")
 
@@ -263,11 +264,16 @@ class CodedShuffle:
         ``resumed_after_epoch``, ``replaced_workers`` and ``replacement_bytes`` (bytes the
         master sent, headers included), so a restart's cost is counted.
         """
+        self.report, _ = self._restore(completed, "restore")
+        return self.report
+
+    def _restore(self, completed: int, name: str) -> tuple[dict[str, Any], CacheState]:
+        """:meth:`restore`'s work; also the state after ``completed``."""
         if self._next != 1:
-            raise UsageError(f"restore({completed}) after epoch {self._next - 1}: call it first")
+            raise UsageError(f"{name}({completed}) after epoch {self._next - 1}: call it first")
         epochs = self.settings.epochs
         if completed < 1 or (epochs is not None and completed > epochs):
-            raise UsageError(f"restore({completed}) out of range 1..{epochs or 'epochs'}")
+            raise UsageError(f"{name}({completed}) out of range 1..{epochs or 'epochs'}")
         side = self._master or self._worker
         assert side is not None
         state = side.advance(completed)
@@ -281,9 +287,49 @@ class CodedShuffle:
             side.replace(completed, needs, np.unique(np.concatenate(list(needs.values()))))
         counts, _ = self.link.take_counts()
         self._next = completed + 1
-        self.report = {
+        report = {
             "resumed_after_epoch": completed,
             "replaced_workers": broken,
             "replacement_bytes": counts.egress if self.rank == 0 else 0,
         }
-        return self.report
+        return report, state
+
+    def resume_inside(self, epoch: int) -> LocalBatch | None:
+        """Resumes a job restarted inside ``epoch``, after its delivery (call on every rank,
+        instead of :meth:`restore` and :meth:`epoch`; needs ``keep_batch``).
+
+        The stores after ``epoch`` come back as :meth:`restore` brings them, and every
+        worker's batch of ``epoch`` is the copy it kept, checked against its digest; a worker
+        whose copy is missing or damaged gets its batch's points again, uncoded. Returns the
+        worker's batch (``None`` on the master); ``report``: ``resumed_inside_epoch``,
+        ``replaced_workers``, ``replacement_bytes``, ``rebatched_workers`` and
+        ``rebatch_bytes`` (bytes the master sent, headers included).
+        """
+        if not self.settings.keep_batch:
+            raise UsageError(f"resume_inside({epoch}) needs keep_batch=True (and a store_dir)")
+        report, state = self._restore(epoch, "resume_inside")
+        report["resumed_inside_epoch"] = report.pop("resumed_after_epoch")
+        rows = self._worker.kept_batch(epoch) if self._worker is not None else None
+        every = [torch.zeros(1, dtype=torch.int64) for _ in range(self.workers + 1)]
+        dist.all_gather(every, torch.tensor([int(rows is not None or self.rank == 0)]))
+        missing = [k for k in range(self.workers) if not int(every[k + 1])]
+        mine = batches(state.assignment, self.workers)
+        if missing:
+            needs = {k: mine[k] for k in missing}
+            union = np.unique(np.concatenate(list(needs.values())))
+            if self._master is not None:
+                self._master.replace(epoch, needs, union)
+            elif self._worker is not None:
+                got = self._worker.receive_again(epoch, needs, union, store=False)
+                rows = got if self.rank - 1 in needs else rows
+        counts, _ = self.link.take_counts()
+        self.report = {
+            **report,
+            "rebatched_workers": missing,
+            "rebatch_bytes": counts.egress if self.rank == 0 else 0,
+        }
+        if self._worker is None:
+            return None
+        assert rows is not None
+        self.indices = mine[self.rank - 1]
+        return LocalBatch(rows, self.shape.layout, self.indices)

@@ -96,6 +96,7 @@ class WorkerSide:
         self.send_report(digest(batch), seconds, stored, cpu)
         if self.delivery is not None:
             self.persist(1)  # after the report: the disk is not part of the delivery's time
+        self.keep(1, batch)
         return batch
 
     def points_slot(self, epoch: int, points: np.ndarray) -> str | None:
@@ -165,6 +166,7 @@ class WorkerSide:
         self.send_report(check.digest(), seconds, self.store.stored_bytes(), cpu)
         if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
             self.persist(tr.epoch)  # is found broken on restore and sent its store again
+        self.keep(tr.epoch, batch)
         return batch
 
     def send_report(
@@ -191,6 +193,15 @@ class WorkerSide:
         if self.persistence is not None and self.store is not None:
             self.persistence.save(epoch, self.store)
 
+    def keep(self, epoch: int, batch: torch.Tensor) -> None:
+        """The batch of ``epoch`` kept on disk (``keep_batch``), for a resume inside it."""
+        if self.persistence is not None and self.ctx.settings.keep_batch:
+            self.persistence.save_batch(epoch, batch)
+
+    def kept_batch(self, epoch: int) -> torch.Tensor | None:
+        """The kept batch of ``epoch``, if present and intact."""
+        return None if self.persistence is None else self.persistence.load_batch(epoch)
+
     def load(self, epoch: int) -> bool:
         """The store after ``epoch`` from disk, if every part is present and intact."""
         if not self.ctx.pending(epoch):
@@ -216,8 +227,22 @@ class WorkerSide:
         every broken store's points, sorted: the stream's rows)."""
         k = self.worker
         points = needs.get(k, np.zeros(0, dtype=np.int64))
-        rows = self.receive_points(completed, points, union.size,
-                                   self.mine(np.searchsorted(union, points)))  # fmt: skip
+        rows = self.receive_again(completed, needs, union)
         if k in needs and self.delivery is not None:
             self.store = self.store_of(completed, points, rows)
             self.persist(completed)
+
+    def receive_again(
+        self, epoch: int, needs: dict[int, np.ndarray], union: np.ndarray, store: bool = True
+    ) -> Any:
+        """Its points of ``needs`` (sorted) out of the master's uncoded stream of ``union``:
+        into the store's slot after ``epoch`` where they are the whole store (``store``)."""
+        points = needs.get(self.worker, np.zeros(0, dtype=np.int64))
+        routes = self.mine(np.searchsorted(union, points))
+        if store:
+            return self.receive_points(epoch, points, union.size, routes)
+        out = self.buffers.empty(points.size, self.ctx.record_bytes)
+        return self.ctx.link.deliver(
+            epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
+            row_bytes=self.ctx.record_bytes, routes=routes, out=out,
+        )  # fmt: skip

@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ..config import Config
+from ..device import agreed_device_type, model_group
 from ..dist import context, start_liveness
 from ..jobs import Job
 from .master import Master, stage_line
@@ -60,8 +61,11 @@ class ShuffleSGD(Job):
     def run(self, cfg: Config) -> None:
         ctx = context()
         start_liveness(cfg.dist, stage_line if ctx.is_master else None)
-        pair = dist.new_group([0, 1], timeout=ctx.collective_timeout or ctx.timeout)
-        (Master if ctx.is_master else Worker)(cfg, ctx, pair).run()
+        timeout = ctx.collective_timeout or ctx.timeout
+        pair = dist.new_group([0, 1], timeout=timeout)
+        kind = agreed_device_type(cfg.device)
+        models = model_group(kind, ctx.workers_group, timeout)
+        (Master if ctx.is_master else Worker)(cfg, ctx, pair, (kind, models)).run()
 
 
 JOB = ShuffleSGD()

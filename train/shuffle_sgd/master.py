@@ -18,6 +18,7 @@ from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.errors import VerificationError
 
 from .. import checkpoint, data, models
+from ..device import to_device
 from ..dist import mark
 from ..metrics import MetricsWriter, human_bytes
 from .rank import Rank
@@ -55,7 +56,13 @@ class Master(Rank):
         t_start = time.perf_counter()
         saved = self.setup()
         done = int(saved["epoch"]) if saved else 0
-        restart = self.resume(saved) if saved else {}
+        record = checkpoint.load_delivery(self.ctx.run_dir, done + 1) if self.step_every else None
+        at = self.agree_inside(done, set(), ready=record is not None)
+        if at:
+            assert record is not None
+            restart = self.resume_inside(saved, done + 1, at, record)
+        else:
+            restart = self.resume(saved) if saved else {}
         clock = (time.perf_counter(), self.elapsed_before(saved))
         try:
             for epoch in range(done + 1, self.epochs + 1):
@@ -123,12 +130,18 @@ class Master(Rank):
         """Delivers ``epoch``, waits for the trained model, checkpoints, records."""
         began = time.perf_counter()
         self.begin(epoch)
-        self.cs.epoch(epoch)  # then prepares the next while the workers train
+        if "resumed_at_step" in restart:  # delivered before the restart
+            delivery = restart.pop("delivery")
+        else:
+            self.cs.epoch(epoch)  # then prepares the next while the workers train
+            delivery = self.cs.report
+            if self.step_every:  # the delivery's record, for a restart inside the epoch
+                checkpoint.save_delivery(self.ctx.run_dir, epoch, delivery)
         mark(f"epoch {epoch} delivered")
-        report = {**self.cs.report, "dropped_points": self.dropped, "attempt": attempt()}
+        report = {**delivery, "dropped_points": self.dropped, "attempt": attempt()}
         row = self.finish_epoch({**report, **restart}, (began, *clock))
         if self.checkpointing:  # before the record: a recorded epoch is a resumable one
-            flat = models.flat_params(self.model)
+            flat = self.host_params()
             rows = [*self.writer.rows, row]
             checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, self.momentum_flat, rows)
         self.writer.epoch(row)
@@ -141,7 +154,7 @@ class Master(Rank):
         report = self.cs.restore(done)
         params, momentum = saved["params"].clone(), saved["momentum"].clone()
         self.resumed_state(params, momentum)
-        models.load_flat(self.model, params)
+        self.load_params(params)
         self.momentum_flat = momentum
         self.writer.resume(saved["rows"])
         replaced = report["replaced_workers"]
@@ -152,6 +165,25 @@ class Master(Rank):
                if replaced else "")
         )  # fmt: skip
         return {**report, "attempt": attempt()}
+
+    def resume_inside(
+        self, saved: dict[str, Any] | None, epoch: int, step: int, delivery: dict[str, Any]
+    ) -> dict[str, Any]:
+        """After a restart inside ``epoch``, once every worker has trained ``step`` steps of
+        it: the stores and the workers' batches restored (no new delivery; the workers load
+        their own training state), the metrics so far rewritten. The epoch's record is its
+        delivery's (the attempt before) with what the restart cost."""
+        self.cs.resume_inside(epoch)
+        report = self.cs.report
+        if saved:
+            self.writer.resume(saved["rows"])
+        again = report["replaced_workers"] + report["rebatched_workers"]
+        log.info(
+            f"resumed inside epoch {epoch} at step {step} of {self.steps} (attempt "
+            f"{attempt()}): no new delivery"
+            + (f"; sent again: workers {sorted(set(again))}" if again else "")
+        )  # fmt: skip
+        return {**report, "resumed_at_step": step, "attempt": attempt(), "delivery": delivery}
 
     def corrupt_if_asked(self, epoch: int, symbols: list[torch.Tensor]) -> None:
         """Debug knob ``debug.corrupt_epoch``: flips a byte of the first symbol before sending.
@@ -175,13 +207,13 @@ class Master(Rank):
         and the seconds elapsed before this attempt (``elapsed_seconds`` of the last record).
         """
         t0 = time.perf_counter()
-        flat = models.flat_params(self.model).clone()
+        flat = self.host_params().clone()
         dist.broadcast(flat, src=1, group=self.pair)
         loss = torch.zeros(2, dtype=torch.float64)
         dist.broadcast(loss, src=1, group=self.pair)
         row["train_seconds"] = time.perf_counter() - t0
         mark(f"epoch {row['epoch']} trained")
-        models.load_flat(self.model, flat)
+        self.load_params(flat)
         self.model.eval()
         row["test_loss"], row["test_accuracy"] = self.evaluate()
         if self.checkpointing and self.momentum:
@@ -202,7 +234,8 @@ class Master(Rank):
         """Test loss and accuracy of the model, the test split read a block at a time."""
         losses, correct, count = [], 0.0, 0
         for inputs, labels in self.data.test_batches():
-            logits = self.model(model_inputs(self.data.transform, inputs))
+            logits = self.model(to_device(model_inputs(self.data.transform, inputs), self.device))
+            labels = to_device(labels, self.device)
             losses.append((float(F.cross_entropy(logits, labels)), labels.numel()))
             correct += float((logits.argmax(1) == labels).double().sum())
             count += labels.numel()
@@ -238,6 +271,7 @@ class Master(Rank):
                 "dropped_points": self.dropped,
                 "model": str(self.cfg.model.name),
                 "data": str(self.cfg.data.source),
+                "device": str(self.device),  # the master's (a worker's: cuda:LOCAL_RANK)
                 "workers_params_agree": agree,
                 "final_params_sha256": final,
                 "wall_seconds": wall,

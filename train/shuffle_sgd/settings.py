@@ -15,6 +15,7 @@ from coded_shuffle.errors import UsageError
 
 from .. import data, models
 from ..config import Config, DistConf
+from ..device import check_device
 
 
 def transport_options(dist: DistConf) -> dict[str, Any]:
@@ -38,6 +39,7 @@ def shuffle_settings(cfg: Config, store_dir: Path | None = None) -> ShuffleSetti
         epochs=int(cfg.epochs),
         timeout=timedelta(seconds=float(cfg.dist.timeout_seconds)),
         store_dir=store_dir,
+        keep_batch=store_dir is not None and int(cfg.job.checkpoint_steps) > 0,
         names=JOB_NAMES,
     )
 
@@ -50,6 +52,7 @@ def validate(cfg: Config) -> None:
     if int(cfg.epochs) < 1:
         raise UsageError(f"epochs={cfg.epochs} out of range (must be >= 1)")
     _check_dist(cfg.dist)
+    check_device(cfg.device)
     settings = shuffle_settings(cfg)
     info = data.describe(cfg.data)
     if info.train_points < workers:
@@ -60,9 +63,25 @@ def validate(cfg: Config) -> None:
     settings.check_job(workers, data.kept(info.train_points, workers), info.point_bytes)
     models.check(cfg.model, info.input_shape)
     _check_optim(cfg)
-    die = cfg.debug.die_rank
+    _check_debug(cfg, workers)
+    steps = int(cfg.job.checkpoint_steps)
+    if steps < 0:
+        raise UsageError(
+            f"job.checkpoint_steps={steps} out of range (must be >= 0; 0: epoch checkpoints only)"
+        )
+    if steps and not cfg.job.checkpoint:
+        raise UsageError(f"job.checkpoint_steps={steps} needs job.checkpoint=true")
+
+
+def _check_debug(cfg: Config, workers: int) -> None:
+    die, step = cfg.debug.die_rank, cfg.debug.die_step
     if die is not None and not 0 <= int(die) <= workers:
         raise UsageError(f"debug.die_rank={die} out of range 0..{workers}")
+    if step is not None and (int(step) < 1 or (die is not None and int(die) < 1)):
+        raise UsageError(
+            f"debug.die_step={step}: a step >= 1 of a worker's epoch (debug.die_rank in "
+            f"1..{workers}, not the master)"
+        )
 
 
 def _check_optim(cfg: Config) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from coded_shuffle.codec.records import LocalBatch
 
-from .. import data, models
+from .. import checkpoint, data, models
+from ..device import to_device
 from ..dist import mark, tick
 from .rank import Rank
 from .steps import (
@@ -47,78 +49,113 @@ class Worker(Rank):
             momentum=float(o.momentum),
             weight_decay=float(o.weight_decay),
         )
-        if done:
+        held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k) if self.step_every else {}
+        at = self.agree_inside(done, set(held))
+        inside = self.resume_inside(done + 1, held[(done + 1, at)]) if at else None
+        if done and not at:
             self.resume(done)
         try:
             for epoch in range(done + 1, self.epochs + 1):
                 self.begin(epoch)
-                batch = self.cs.epoch(epoch)
+                state = inside if epoch == done + 1 else None
+                batch = self.cs.epoch(epoch) if state is None else state["batch"]
                 mark(f"epoch {epoch} delivered")
                 assert batch is not None
-                self.train(epoch, batch)
+                self.train(epoch, batch, state)
         finally:
             self.cs.close()
         self.gather_digest()
         release_ddp(self)
 
     def distributed(self) -> DistributedDataParallel:
-        """The model in DDP over the workers' group: the gradients averaged at every step (no
-        buffer synchronised at each forward: the models keep none that training changes), in
-        one bucket reduced in the parameters' order: the same bits before and after DDP
-        rebuilds its buckets, so a resumed job ends with the parameters of an unbroken one."""
+        """The model in DDP over the workers' model group (gloo, or NCCL on CUDA): the
+        gradients averaged at every step (no buffer synchronised at each forward: the models
+        keep none that training changes), in one bucket reduced in the parameters' order: the
+        same bits before and after DDP rebuilds its buckets, so a resumed job ends with the
+        parameters of an unbroken one."""
         model_mb = models.num_params(self.model) * 4 / 2**20
+        on_gpu = self.device.type == "cuda"
         ddp = DistributedDataParallel(
             self.model,
-            process_group=self.ctx.workers_group,
+            device_ids=[self.device.index] if on_gpu else None,
+            process_group=self.model_group,
             forward_sync_buffers=False,
             bucket_cap_mb=model_mb + 1,
         )
         order = {id(p): i for i, p in enumerate(self.model.parameters())}
-        ddp.register_comm_hook((self.ctx.workers_group, order), mean_in_model_order)
+        ddp.register_comm_hook((self.model_group, order), mean_in_model_order)
         return ddp
 
     def resume(self, done: int) -> None:
         """After a restart: the own store restored (or re-placed), the master's checkpointed
         parameters and momentum loaded."""
         self.cs.restore(done)
-        params = models.flat_params(self.model).clone()
+        params = self.host_params().clone()
         momentum = torch.zeros_like(params) if self.momentum else torch.zeros(0)
         self.resumed_state(params, momentum)
-        models.load_flat(self.model, params)
-        if momentum.numel():
-            offset = 0
-            for p in self.model.parameters():
-                n = p.numel()
-                self.opt.state[p]["momentum_buffer"] = (
-                    momentum[offset : offset + n].view_as(p).clone()
-                )
-                offset += n
+        self.load_params(params)
+        self.set_momentum(momentum)
+
+    def resume_inside(self, epoch: int, state: dict[str, Any]) -> dict[str, Any]:
+        """After a restart inside ``epoch``: the own store and batch restored (no new
+        delivery), the own training state at the checkpointed step loaded."""
+        batch = self.cs.resume_inside(epoch)
+        self.load_params(state["params"])
+        self.set_momentum(state["momentum"])
+        torch.set_rng_state(state["rng"])
+        return {**state, "batch": batch}
+
+    def set_momentum(self, momentum: torch.Tensor) -> None:
+        """The optimiser's momentum from one flat host vector (parameters' order)."""
+        offset = 0
+        for p in self.model.parameters() if momentum.numel() else ():
+            n = p.numel()
+            self.opt.state[p]["momentum_buffer"] = (
+                momentum[offset : offset + n].view_as(p).to(self.device, copy=True)
+            )
+            offset += n
+
+    def save_step(self, epoch: int, step: int, totals: tuple[float, int]) -> None:
+        """This worker's training state after ``step`` of ``epoch`` (``job.checkpoint_steps``),
+        once every worker got there (so the last checkpoint of one is the last or the one
+        before of every other)."""
+        dist.barrier(group=self.ctx.workers_group)
+        momentum = self.momentum_buffers() if self.momentum else torch.zeros(0)
+        state = {"epoch": epoch, "step": step, "params": self.host_params().clone(),
+                 "momentum": momentum, "loss_sum": totals[0], "count": totals[1]}  # fmt: skip
+        checkpoint.save_step(self.ctx.run_dir, self.cfg, self.k, state)
 
     def momentum_buffers(self) -> torch.Tensor:
-        """The optimiser's momentum as one flat vector (parameters' order)."""
+        """The optimiser's momentum as one flat host vector (parameters' order)."""
         return torch.cat(
             [self.opt.state[p]["momentum_buffer"].reshape(-1) for p in self.model.parameters()]
-        )
+        ).cpu()
 
-    def train(self, epoch: int, batch: LocalBatch) -> None:
+    def train(self, epoch: int, batch: LocalBatch, start: dict[str, Any] | None = None) -> None:
         """One epoch of synchronous SGD over the own batch (each minibatch read from the
-        batch's records where they are); worker 0 sends the result."""
+        batch's records where they are), from step ``start["step"]`` after a restart inside
+        it; worker 0 sends the result."""
         order = torch.from_numpy(minibatch_order(self.seed, epoch, self.k, self.q))
         size = int(self.cfg.optim.batch_size)
         params = list(self.model.parameters())
         self.model.train()
-        loss_sum, count = 0.0, 0
+        loss_sum, count = (start["loss_sum"], start["count"]) if start else (0.0, 0)
+        first = start["step"] if start else 0
         steps = math.ceil(self.q / size)
         every = self.average_every
         average_after = set(averaging_steps(steps, every))
         delay = float(self.cfg.debug.step_delay)
         for step, a in enumerate(range(0, self.q, size)):
+            if step < first:  # done before the restart
+                continue
+            self.die_at(epoch, step + 1)
             tick(f"epoch {epoch} step {step + 1}/{steps}")
             if delay:  # debug: a slow model (long epochs without changing the data)
                 time.sleep(delay)
             idx = order[a : a + size]
             inputs, labels = batch.fields(idx)
-            x, y = model_inputs(self.transform, inputs), labels.long()
+            x = to_device(model_inputs(self.transform, inputs), self.device)
+            y = to_device(labels.long(), self.device)
             # local SGD: no gradient synchronisation (every step stays inside no_sync)
             with self.ddp.no_sync() if every else contextlib.nullcontext():
                 loss = F.cross_entropy(self.ddp(x), y)
@@ -126,9 +163,11 @@ class Worker(Rank):
                 loss.backward()  # DDP: the gradients averaged over the workers
             self.opt.step()
             if step + 1 in average_after:
-                average_state(params, self.opt, self.ctx.workers_group, self.workers)
+                average_state(params, self.opt, self.model_group, self.workers)
             loss_sum += float(loss.detach()) * idx.numel()
             count += idx.numel()
+            if self.step_every and (step + 1) % self.step_every == 0 and step + 1 < steps:
+                self.save_step(epoch, step + 1, (loss_sum, count))
         self.report(epoch, torch.tensor([loss_sum, count], dtype=torch.float64))
 
     def report(self, epoch: int, totals: torch.Tensor) -> None:
@@ -136,7 +175,7 @@ class Worker(Rank):
         (for the checkpoint) the momentum to the master."""
         dist.all_reduce(totals, group=self.ctx.workers_group)
         if self.k == 0:
-            dist.broadcast(models.flat_params(self.model), src=1, group=self.pair)
+            dist.broadcast(self.host_params(), src=1, group=self.pair)
             dist.broadcast(totals, src=1, group=self.pair)
             if self.checkpointing and self.momentum:
                 dist.broadcast(self.momentum_buffers(), src=1, group=self.pair)
