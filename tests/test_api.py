@@ -395,6 +395,20 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
         assert resumed[k][1][5] == unbroken[k][1][5]
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"keep_batch": True}, r"keep_batch=True needs a store_dir"),
+        ({"first_epoch": 0}, r"first_epoch=0 out of range 1\.\.epochs"),
+        ({"epochs": 3, "first_epoch": 4}, r"first_epoch=4 out of range 1\.\.3"),
+        ({"previous_workers": 0}, r"previous_workers=0 out of range \(>= 1\)"),
+    ],
+)
+def test_the_settings_of_a_resumed_shuffle_are_checked_in_one_line(options, message):
+    with pytest.raises(UsageError, match=message):
+        ShuffleSettings(**options)
+
+
 @pytest.mark.distributed
 def test_a_restart_inside_an_epoch_gets_the_kept_batch_without_a_delivery(tmp_path, monkeypatch):
     """``keep_batch``: every worker keeps its batch; ``resume_inside(3)`` hands it back (the
@@ -414,8 +428,6 @@ def test_a_restart_inside_an_epoch_gets_the_kept_batch_without_a_delivery(tmp_pa
     }
     for k in range(1, 4):
         assert resumed[k][1] == {e: unbroken[k][1][e] for e in (3, 4)}
-    with pytest.raises(UsageError, match=r"keep_batch=True needs a store_dir"):
-        ShuffleSettings(keep_batch=True)
 
 
 @pytest.mark.distributed

@@ -28,7 +28,7 @@ from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes import get_scheme
 from train import checkpoint, data, shuffle_sgd
 from train.compose import CONF_DIR
-from train.metrics import EPOCH_KEYS
+from train.metrics import EPOCH_KEYS, RESIZE_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
@@ -528,6 +528,38 @@ def test_a_worker_killed_mid_epoch_resumes_at_its_last_checkpointed_step(
     summary = _summary(tmp_path)
     assert summary["final_params_sha256"] == _summary(reference)["final_params_sha256"]
     assert summary["restarts"] == 1 and summary["all_verified"] is True
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("before", "after"), [(4, 3), (3, 4)])
+def test_a_run_killed_after_epoch_3_goes_on_with_another_number_of_workers(tmp_path, before, after):
+    """The same command with another ``workers``: the model goes on from the checkpoint,
+    epoch 4 places the data for the new number (only what the workers that remain do not
+    hold crosses the link), every epoch verified, and the accuracy is an unbroken run's at
+    the new number, within 0.01."""
+    args = ["epochs=4", "seed=3", "model.hidden=16", f"hydra.run.dir={tmp_path / 'run'}"]
+    assert _run([f"workers={before}", *args, "debug.die_rank=2", "debug.die_epoch=4"],
+                tmp_path).returncode == 1  # fmt: skip
+    out = _run([f"workers={after}", *args], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"with {after} workers instead of {before}" in out.stderr + out.stdout
+    rows = _metrics(tmp_path / "run")
+    assert [(r["epoch"], r["workers"]) for r in rows] == [(1, before), (2, before),
+                                                          (3, before), (4, after)]  # fmt: skip
+    resized = rows[3]
+    assert resized["phase"] == "placement" and resized["verified"]
+    assert (resized["workers_before"], resized["workers_after"]) == (before, after)
+    assert resized["resize_bytes"] == resized["broadcast_bytes"] > 0
+    assert resized["resize_bytes"] < resized["fresh_placement_bytes"] == resized["uncoded_bytes"]
+    assert resized["reused_points"] > 0 and resized["resumed_after_epoch"] == 3
+    summary = _summary(tmp_path / "run")
+    assert summary["all_verified"] and summary["workers"] == after
+    assert summary["resizes"] == [{k: resized[k] for k in RESIZE_KEYS}]
+    unbroken = _run([f"workers={after}", *args[:3], f"hydra.run.dir={tmp_path / 'unbroken'}"],
+                    tmp_path)  # fmt: skip
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    reference = _summary(tmp_path / "unbroken")["final_test_accuracy"]
+    assert abs(summary["final_test_accuracy"] - reference) <= 0.01
 
 
 @pytest.mark.distributed

@@ -27,8 +27,9 @@ from .config import Config
 
 FILE = "checkpoint.pt"
 DELIVERY_FILE = "delivery.pt"
-# what must not change for a checkpoint to be resumed (the transport may: bit-identical)
-IDENTITY_KEYS = ("scheme", "storage", "seed", "workers", "data", "model", "optim")
+# what must not change for a checkpoint to be resumed (the transport may: bit-identical; the
+# number of workers may: the run goes on with the new one, from a new placement)
+IDENTITY_KEYS = ("scheme", "storage", "seed", "data", "model", "optim")
 
 
 def identity(cfg: Config) -> str:
@@ -40,10 +41,6 @@ def identity(cfg: Config) -> str:
     return json.dumps(plain, sort_keys=True, default=str)
 
 
-def _plain(value: Any) -> Any:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-
-
 def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
     """The checkpoint in ``run_dir``, or None; :class:`UsageError` if it is another run's."""
     path = Path(run_dir) / FILE
@@ -53,7 +50,7 @@ def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
     if saved.get("identity") != identity(cfg):
         raise UsageError(
             f"{path} is the checkpoint of another run (different scheme, storage, seed, "
-            "workers, data, model or optim): use another hydra.run.dir, or delete it"
+            "data, model or optim): use another hydra.run.dir, or delete it"
         )
     if saved["epoch"] > int(cfg.epochs):
         raise UsageError(
@@ -74,6 +71,7 @@ def save(
     path = Path(run_dir) / FILE
     state = {
         "identity": identity(cfg),
+        "workers": int(cfg.workers),
         "epoch": epoch,
         "params": params.clone(),
         "momentum": momentum.clone(),
@@ -93,6 +91,11 @@ def _write(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def step_identity(cfg: Config) -> str:
+    """A worker's step checkpoint belongs to the run and to its number of workers."""
+    return f"{identity(cfg)} workers={int(cfg.workers)}"
+
+
 def step_files(run_dir: str | os.PathLike[str], worker: int) -> tuple[Path, Path]:
     """Worker ``worker``'s (0-based) last step checkpoint and the one before it."""
     folder = Path(run_dir) / "steps"
@@ -108,7 +111,7 @@ def save_step(
     last.parent.mkdir(parents=True, exist_ok=True)
     if last.is_file():
         os.replace(last, prev)
-    _write(last, {**state, "identity": identity(cfg), "rng": torch.get_rng_state()})
+    _write(last, {**state, "identity": step_identity(cfg), "rng": torch.get_rng_state()})
 
 
 def load_steps(
@@ -121,7 +124,7 @@ def load_steps(
             state = torch.load(path, map_location="cpu", weights_only=False)
         except (OSError, RuntimeError, EOFError):
             continue
-        if state.get("identity") == identity(cfg):
+        if state.get("identity") == step_identity(cfg):
             found[(int(state["epoch"]), int(state["step"]))] = state
     return found
 

@@ -57,6 +57,16 @@ EPOCH_KEYS = (
 # an epoch's record after a restart: after the epoch before it, or inside it at a step
 RESUMED_KEYS = {"resumed_after_epoch", "resumed_at_step"}
 
+# what the record of the placement after a change in the number of workers says of it
+RESIZE_KEYS = (
+    "epoch",
+    "workers_before",
+    "workers_after",
+    "resize_bytes",
+    "fresh_placement_bytes",
+    "reused_points",
+)
+
 SCALARS = ("train_loss", "test_loss", "test_accuracy", "broadcast_bytes", "uncoded_bytes")
 
 
@@ -141,6 +151,7 @@ class MetricsWriter:
             "delivery_seconds_total": total("delivery_seconds", rows),
             "all_verified": all(r["verified"] for r in rows),
             "restarts": sum(1 for r in rows if RESUMED_KEYS & r.keys()),
+            "resizes": [{k: r.get(k) for k in RESIZE_KEYS} for r in rows if "workers_before" in r],
             "replacement_bytes_total": sum(
                 r.get("replacement_bytes", 0) + r.get("rebatch_bytes", 0) for r in rows
             ),

@@ -18,8 +18,10 @@ busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethern
 * ``uplink``: a switch whose master sits behind a slower link (``master_rate < rate``).
 
 ``overhead_seconds`` is a fixed cost per delivery (reports, digests, round trips) and
-``peer_seconds`` one per peer of a ``p2p`` worker (a stream set up and drained per peer), both
-calibrated on the emulated cluster (``scripts/bench_transport.py --predict``).
+``peer_seconds`` one per peer of a ``p2p`` worker (a stream set up and drained per peer, and
+the spread of the workers' starts: a ``p2p`` delivery is timed from the first worker's start
+to the last one's end), both calibrated on the emulated cluster
+(``scripts/bench_transport.py --predict``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ BROADCASTS = ("tree", "chain", "multicast")  # what carries a coded delivery
 CHAIN_SEGMENT_BYTES = 64 << 10  # ChainOptions.segment_bytes: what a relay forwards at once
 PACE_SHARE = 0.99  # multicast paced at this share of the slowest NIC (the cluster's default)
 OVERHEAD_SECONDS = 0.02  # per delivery: calibrated on the emulated cluster (transports.md)
-PEER_SECONDS = 0.007  # p2p: per peer a worker exchanges with (calibrated the same way)
+PEER_SECONDS = 0.021  # p2p: per peer a worker exchanges with (calibrated the same way)
 
 
 @dataclass(frozen=True)

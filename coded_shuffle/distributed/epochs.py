@@ -48,7 +48,8 @@ class Transition:
 
 
 class EpochChain:
-    """Epoch 1's placement, then one :class:`Transition` per later epoch, from the seed."""
+    """The placement (epoch 1, or ``first_epoch`` after a change in the number of workers),
+    then one :class:`Transition` per later epoch, from the seed."""
 
     def __init__(
         self,
@@ -59,16 +60,20 @@ class EpochChain:
         seed: int,
         policy: ShufflePolicy | None = None,
         first: np.ndarray | None = None,
+        first_epoch: int = 1,
     ) -> None:
         self.scheme, self.num_points, self.num_workers = scheme, num_points, num_workers
-        self.seed, self.policy = seed, policy or ShufflePolicy()
-        self.first = assignment(seed, 1, num_points, num_workers) if first is None else first
+        self.seed, self.policy, self.first_epoch = seed, policy or ShufflePolicy(), first_epoch
+        if first is None:
+            first = assignment(seed, first_epoch, num_points, num_workers)
+        self.first = first
         self.initial = scheme.initial_state(self.first, num_workers, storage)
 
     def transitions(self, epochs: int) -> Iterator[Transition]:
-        """Transitions of epochs ``2..epochs`` (lazily; each plan from the previous state)."""
+        """Transitions of the epochs after the placement up to ``epochs`` (lazily; each plan
+        from the previous state)."""
         state, current = self.initial, self.first
-        for epoch in range(2, epochs + 1):
+        for epoch in range(self.first_epoch + 1, epochs + 1):
             new = self.policy.next_assignment(current, self.seed, epoch, self.num_workers)
             current = new
             t0 = time.perf_counter()

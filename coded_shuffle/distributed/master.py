@@ -25,6 +25,7 @@ from coded_shuffle.distributed.reports import (
     peers_seconds,
     verify_digests,
 )
+from coded_shuffle.distributed.resize import exchange_held, still_needed
 from coded_shuffle.distributed.transports import Routes
 from coded_shuffle.distributed.transports.framing import (
     HEADER_BYTES,
@@ -67,8 +68,8 @@ class MasterSide:
 
     def epoch(self, epoch: int) -> dict[str, Any]:
         """Delivers ``epoch`` and returns its metrics; then prepares the next one (if known)."""
-        if epoch == 1:
-            row = self.placement()
+        if epoch == self.ctx.chain.first_epoch:
+            row = self.placement(epoch)
         else:
             ready = self.ready or self.prepare(next(self.ctx.transitions), stream=self.stream)
             self.ready = None
@@ -78,38 +79,52 @@ class MasterSide:
             self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train
         return row
 
-    def placement(self) -> dict[str, Any]:
-        """Epoch 1: every point sent uncoded; each worker gets (or keeps) what it stores."""
+    def placement(self, epoch: int) -> dict[str, Any]:
+        """The first epoch: every point sent uncoded; each worker gets (or keeps) what it
+        stores. After a change in the number of workers, only what each worker does not hold
+        yet: the stream is those points; the record's ``reused_points`` says what was held,
+        its ``uncoded_bytes`` what a fresh placement sends."""
         ctx = self.ctx
         n, b, chunk = ctx.shape.num_points, ctx.record_bytes, ctx.link.chunk_bytes
-        needs = tuple(
-            placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)
-        )
+        keeps = [placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)]
+        held = exchange_held(None, ctx.workers) if ctx.settings.previous_workers else None
         expected = [self.records.digest(p) for p in batches(ctx.chain.first, ctx.workers)]
-        rows = self.records.array
+        rows: Any = self.records if self.records.array is None else self.records.array
+        sent, routes, bound = n, Routes(tuple(keeps)), (float(n), True)
+        if held is not None:
+            needs = still_needed(keeps, held)
+            union = np.unique(np.concatenate(needs))
+            sent, rows = union.size, self.records.pick(union)
+            routes = Routes(tuple(np.searchsorted(union, need) for need in needs))
+            bound = (float(max(need.size for need in needs)), False)  # what one worker lacks
+            reused = int(sum(k.size for k in keeps) - sum(need.size for need in needs))
         t0, cpu = time.perf_counter(), HostCpu.start()
-        ctx.link.deliver(
-            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=b,
-            routes=Routes(needs), rows=self.records if rows is None else rows,
-        )  # fmt: skip
+        if sent:
+            ctx.link.deliver(
+                epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=sent, row_bytes=b,
+                routes=routes, rows=rows,
+            )  # fmt: skip
         reports, cpu = self.reports(), cpu.stop()
-        verified = verify_digests(1, [bytes(r) for r in reports["digest"]], expected)
-        link_bytes = framed_bytes(n, b, chunk)
-        return self.epoch_metrics(
-            epoch=1,
+        verified = verify_digests(epoch, [bytes(r) for r in reports["digest"]], expected)
+        fresh = framed_bytes(n, b, chunk)
+        row = self.epoch_metrics(
+            epoch=epoch,
             phase="placement",
             reports=reports,
             verified=verified,
-            link_bytes=(link_bytes, n * b),
-            uncoded_bytes=link_bytes,
-            load_points=float(n),
+            link_bytes=(framed_bytes(sent, b, chunk), sent * b),
+            uncoded_bytes=fresh,
+            load_points=float(sent),
             uncoded_points=float(n),
-            bound=(float(n), True),
+            bound=bound,
             seconds={"delivery": time.perf_counter() - t0, "plan": 0.0, "encode": 0.0},
             stored=self.scheme.stored_points_max(ctx.chain.initial),
             breakdown={"placement": float(n)},
             cpu=cpu,
         )
+        if held is not None:
+            row["reused_points"] = reused
+        return row
 
     def prepare(self, tr: Transition, stream: bool = False) -> ReadyEpoch:
         """Everything an epoch's delivery needs before its first byte: the proved delivery,
@@ -247,7 +262,7 @@ class MasterSide:
         """The chain moved on to the state after epoch ``completed`` (plans replayed, nothing
         proved, encoded or sent)."""
         state = self.ctx.chain.initial
-        for _ in range(completed - 1):
+        for _ in range(completed - self.ctx.chain.first_epoch):
             state = next(self.ctx.transitions).next_state
         return state
 

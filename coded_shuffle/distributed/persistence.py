@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from coded_shuffle.codec.blockstore import BlockStore
@@ -16,6 +17,8 @@ from coded_shuffle.codec.buffers import FileBuffers
 from coded_shuffle.codec.records import as_tensor
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import WorkerStore
+
+CHANGES_WITH_K = ("workers", "points")  # what a store's identity holds that K decides
 
 
 def rank_folder(root: str | os.PathLike[str], rank: int) -> Path:
@@ -26,6 +29,11 @@ def rank_folder(root: str | os.PathLike[str], rank: int) -> Path:
 def slot(epoch: int, part: int) -> str:
     """The name of a store's part after ``epoch``."""
     return f"e{epoch}-part{part}"
+
+
+def points_slot(epoch: int) -> str:
+    """The name of the point ids of a store of whole points after ``epoch``."""
+    return f"e{epoch}-points"
 
 
 def batch_slot(epoch: int) -> str:
@@ -56,6 +64,29 @@ class StorePersistence:
             else:
                 self.disk.save(name, cache.numpy(), self.identity(epoch))
             self.disk.remove(slot(epoch - 2, part))
+
+    def save_points(self, epoch: int, points: np.ndarray) -> None:
+        """The point ids of the store after ``epoch`` where it is whole points (a job that
+        goes on with another number of workers reuses them)."""
+        self.disk.save(points_slot(epoch), points, self.identity(epoch))
+        self.disk.remove(points_slot(epoch - 2))
+
+    def load_whole(self, epoch: int) -> tuple[np.ndarray, torch.Tensor] | None:
+        """The whole points of the store after ``epoch`` and their rows, kept by this job
+        with any number of workers (the identity without ``workers`` and ``points``), if
+        present and intact."""
+        loose = {k: v for k, v in self.identity(epoch).items() if k not in CHANGES_WITH_K}
+        found = []
+        for name in (points_slot(epoch), slot(epoch, 0)):
+            meta = {k: v for k, v in self.disk.meta(name).items() if k in loose}
+            array = self.disk.load(name, mapped=True) if meta == loose else None
+            if array is None:
+                return None
+            found.append(array)
+        points, rows = found
+        if rows.ndim != 2 or rows.shape != (points.size, self.ctx.record_bytes):
+            return None
+        return np.asarray(points, dtype=np.int64), as_tensor(rows)
 
     def save_batch(self, epoch: int, batch: torch.Tensor) -> None:
         """Keeps the batch of ``epoch`` (the one of the epoch before is dropped)."""

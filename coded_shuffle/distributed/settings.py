@@ -57,6 +57,11 @@ class ShuffleSettings:
     keep_batch : with ``store_dir``, every worker also keeps its batch of the last delivered
         epoch there, so that a job restarted inside an epoch resumes without a new delivery
         (:meth:`CodedShuffle.resume_inside`).
+    first_epoch, previous_workers : a job that goes on with another number of workers after
+        epoch ``first_epoch - 1``: the placement is epoch ``first_epoch`` (its assignment drawn
+        from ``(seed, first_epoch)`` for this ``K``), and with ``store_dir`` every worker that
+        was one of the ``previous_workers`` offers the whole points its store held then, so
+        that only the rest crosses the link.
     stream : an epoch not made ready ahead is encoded message by message while earlier
         messages travel (``False``: whole before the first byte).
     names : how the caller names these settings in its errors.
@@ -77,6 +82,8 @@ class ShuffleSettings:
     heartbeat: float = DEFAULT_HEARTBEAT_SECONDS
     store_dir: Path | None = None
     keep_batch: bool = False
+    first_epoch: int = 1
+    previous_workers: int | None = None
     stream: bool = True
     names: SettingNames = field(default_factory=lambda: LIBRARY_NAMES, compare=False)
 
@@ -104,6 +111,12 @@ class ShuffleSettings:
             raise UsageError(f"{n.timeout}={self.timeout} out of range (must be > 0)")
         if self.keep_batch and self.store_dir is None:
             raise UsageError("keep_batch=True needs a store_dir: the batch is kept there")
+        last = self.epochs if self.epochs is not None else "epochs"
+        beyond = self.epochs is not None and self.first_epoch > self.epochs
+        if int(self.first_epoch) < 1 or beyond:
+            raise UsageError(f"first_epoch={self.first_epoch} out of range 1..{last}")
+        if self.previous_workers is not None and int(self.previous_workers) < 1:
+            raise UsageError(f"previous_workers={self.previous_workers} out of range (>= 1)")
         if self.heartbeat < 0:
             raise UsageError(
                 f"{n.heartbeat}={self.heartbeat} out of range (seconds >= 0; 0: no watchdog)"

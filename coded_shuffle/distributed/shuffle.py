@@ -147,15 +147,16 @@ class CodedShuffle:
         transport = build_transport(s.transport, Peer(self.rank, world, wait),
                                     s.transport_options, buffers)  # fmt: skip
         self.link = Link(transport, s.chunk_bytes, self._progress(on_progress))
-        first = first_assignment(dataset, self.shape) if s.placement == "by_label" else None
+        by_label = s.placement == "by_label" and s.first_epoch == 1
+        first = first_assignment(dataset, self.shape) if by_label else None
         chain = EpochChain(self.scheme, self.shape.num_points, self.workers, s.storage, s.seed,
-                           s.policy, first)  # fmt: skip
+                           s.policy, first, s.first_epoch)  # fmt: skip
         transitions = chain.transitions(s.epochs if s.epochs is not None else sys.maxsize)
         self._ctx = EpochContext(self.rank, self.shape, s, self.scheme, self.link, chain,
                                  transitions, self.storage_used)  # fmt: skip
         self.report: dict[str, Any] = {}
         self.indices = np.zeros(0, dtype=np.int64)
-        self._next = 1
+        self._next = s.first_epoch
         self._master: MasterSide | None = None
         self._worker: WorkerSide | None = None
         if self.rank == 0:
@@ -189,7 +190,8 @@ class CodedShuffle:
     # -- the epoch ---------------------------------------------------------------------------
 
     def epoch(self, epoch: int) -> LocalBatch | None:
-        """Delivers epoch ``epoch`` (1 = placement; epochs in order 1, 2, ...).
+        """Delivers epoch ``epoch`` (the first, 1 or ``first_epoch``, is the placement; epochs
+        in order).
 
         Returns the worker's new batch as a data set (``None`` on the master); ``report``
         then holds the epoch's metrics.
@@ -269,11 +271,12 @@ class CodedShuffle:
 
     def _restore(self, completed: int, name: str) -> tuple[dict[str, Any], CacheState]:
         """:meth:`restore`'s work; also the state after ``completed``."""
-        if self._next != 1:
+        first = self.settings.first_epoch
+        if self._next != first:
             raise UsageError(f"{name}({completed}) after epoch {self._next - 1}: call it first")
         epochs = self.settings.epochs
-        if completed < 1 or (epochs is not None and completed > epochs):
-            raise UsageError(f"{name}({completed}) out of range 1..{epochs or 'epochs'}")
+        if completed < first or (epochs is not None and completed > epochs):
+            raise UsageError(f"{name}({completed}) out of range {first}..{epochs or 'epochs'}")
         side = self._master or self._worker
         assert side is not None
         state = side.advance(completed)

@@ -27,6 +27,12 @@ from coded_shuffle.distributed.epochs import (
 )
 from coded_shuffle.distributed.persistence import StorePersistence
 from coded_shuffle.distributed.reports import COUNTS, HostCpu, gather_reports, worker_report
+from coded_shuffle.distributed.resize import (
+    EMPTY,
+    exchange_held,
+    still_needed,
+    whole_store_points,
+)
 from coded_shuffle.distributed.transports import Routes
 from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT, KIND_SYMBOLS
 from coded_shuffle.errors import UsageError, VerificationError
@@ -55,8 +61,8 @@ class WorkerSide:
 
     def epoch(self, epoch: int) -> tuple[torch.Tensor, np.ndarray]:
         """This worker's new batch (records) and its assignment of the epoch."""
-        if epoch == 1:
-            return self.placement(), self.ctx.chain.first
+        if epoch == self.ctx.chain.first_epoch:
+            return self.placement(epoch), self.ctx.chain.first
         if self.upcoming is None or self.delivery is None:
             raise UsageError(f"epoch({epoch}) out of range 1..{self.ctx.epochs} (epochs=)")
         tr = self.upcoming
@@ -79,25 +85,62 @@ class WorkerSide:
             return [None] * parts
         return self.persistence.slots(epoch, parts)
 
-    def placement(self) -> torch.Tensor:
-        """Receives the points the placement gives it (its first batch and what it caches)."""
+    def placement(self, epoch: int) -> torch.Tensor:
+        """Receives the points the placement gives it (its first batch and what it caches);
+        after a change in the number of workers, those it does not hold yet."""
         ctx, k = self.ctx, self.worker
         cpu = HostCpu.start()
         first = batches(ctx.chain.first, ctx.workers)[k]
         keep = placement_points(ctx.scheme, ctx.chain.initial, k)
-        rows = self.receive_points(1, keep, ctx.shape.num_points, self.mine(keep))
+        if ctx.settings.previous_workers is None:
+            rows = self.receive_points(epoch, keep, ctx.shape.num_points, self.mine(keep))
+        else:
+            rows = self.receive_beyond_held(epoch, keep)
         t0 = time.perf_counter()
         where = np.searchsorted(keep, first)
         batch = rows if np.array_equal(keep, first) else gather_rows(rows, where, self.buffers)
         if self.delivery is not None:
-            self.store = self.store_of(1, keep, rows)
+            self.store = self.store_of(epoch, keep, rows)
         seconds = time.perf_counter() - t0
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
         self.send_report(digest(batch), seconds, stored, cpu)
-        if self.delivery is not None:
-            self.persist(1)  # after the report: the disk is not part of the delivery's time
-        self.keep(1, batch)
+        if self.delivery is not None:  # after the report: the disk is not the delivery's time
+            self.persist(epoch, ctx.chain.initial)
+        self.keep(epoch, batch)
         return batch
+
+    def receive_beyond_held(self, epoch: int, keep: np.ndarray) -> torch.Tensor:
+        """The rows of ``keep`` (sorted): those its store held before the change in the
+        number of workers from there, the others out of the master's stream of what every
+        worker lacks."""
+        ctx, k = self.ctx, self.worker
+        held = self.held_before(epoch - 1)
+        points, rows = held if held is not None else (EMPTY, None)
+        mine = np.isin(points, keep)
+        every = exchange_held(points[mine], ctx.workers)
+        keeps = [placement_points(ctx.scheme, ctx.chain.initial, j) for j in range(ctx.workers)]
+        needs = still_needed(keeps, every)
+        union = np.unique(np.concatenate(needs))
+        out = self.buffers.empty(keep.size, ctx.record_bytes, self.points_slot(epoch, keep))
+        if union.size:
+            got = ctx.link.deliver(
+                epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
+                row_bytes=ctx.record_bytes, routes=self.mine(np.searchsorted(union, needs[k])),
+            )  # fmt: skip
+            if needs[k].size:
+                out[torch.from_numpy(np.searchsorted(keep, needs[k]))] = got
+        if rows is not None and mine.any():
+            at = torch.from_numpy(np.flatnonzero(mine))
+            out[torch.from_numpy(np.searchsorted(keep, points[mine]))] = rows[at]
+        return out
+
+    def held_before(self, epoch: int) -> tuple[np.ndarray, torch.Tensor] | None:
+        """The whole points its store held after ``epoch``, when it was one of the previous
+        workers (and their rows), or None."""
+        before = self.ctx.settings.previous_workers
+        if self.persistence is None or before is None or self.worker >= before:
+            return None
+        return self.persistence.load_whole(epoch)
 
     def points_slot(self, epoch: int, points: np.ndarray) -> str | None:
         """The store's slot after ``epoch`` where whole ``points`` are the whole store."""
@@ -165,7 +208,7 @@ class WorkerSide:
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
         self.send_report(check.digest(), seconds, self.store.stored_bytes(), cpu)
         if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
-            self.persist(tr.epoch)  # is found broken on restore and sent its store again
+            self.persist(tr.epoch, tr.next_state)  # is found broken on restore, sent again
         self.keep(tr.epoch, batch)
         return batch
 
@@ -188,10 +231,15 @@ class WorkerSide:
 
     # -- the store on disk, and resuming -------------------------------------------------------
 
-    def persist(self, epoch: int) -> None:
-        """The store after ``epoch`` on this worker's disk (the one before it is dropped)."""
+    def persist(self, epoch: int, state: CacheState | None = None) -> None:
+        """The store after ``epoch`` (``state``) on this worker's disk (the one before it is
+        dropped), with its point ids where it is whole points."""
         if self.persistence is not None and self.store is not None:
             self.persistence.save(epoch, self.store)
+            points = None if state is None else whole_store_points(self.ctx.scheme, state,
+                                                                   self.worker)  # fmt: skip
+            if points is not None:
+                self.persistence.save_points(epoch, points)
 
     def keep(self, epoch: int, batch: torch.Tensor) -> None:
         """The batch of ``epoch`` kept on disk (``keep_batch``), for a resume inside it."""

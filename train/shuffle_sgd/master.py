@@ -56,13 +56,16 @@ class Master(Rank):
         t_start = time.perf_counter()
         saved = self.setup()
         done = int(saved["epoch"]) if saved else 0
-        record = checkpoint.load_delivery(self.ctx.run_dir, done + 1) if self.step_every else None
+        inside = self.step_every and self.before is None
+        record = checkpoint.load_delivery(self.ctx.run_dir, done + 1) if inside else None
         at = self.agree_inside(done, set(), ready=record is not None)
         if at:
             assert record is not None
             restart = self.resume_inside(saved, done + 1, at, record)
+        elif saved:
+            restart = self.resize(saved) if self.before is not None else self.resume(saved)
         else:
-            restart = self.resume(saved) if saved else {}
+            restart = {}
         clock = (time.perf_counter(), self.elapsed_before(saved))
         try:
             for epoch in range(done + 1, self.epochs + 1):
@@ -83,11 +86,14 @@ class Master(Rank):
             )
         self.dropped = ds.dropped
         saved = checkpoint.load(self.ctx.run_dir, self.cfg) if self.checkpointing else None
-        self.meta([ds.features, ds.classes, ds.dropped, int(saved["epoch"]) if saved else 0])
+        done = int(saved["epoch"]) if saved else 0
+        before = int(saved.get("workers", self.workers)) if saved else self.workers
+        self.before = before if before != self.workers else None  # a change in their number
+        self.meta([ds.features, ds.classes, ds.dropped, done, self.before or 0])
         # records of the inputs' and labels' own bytes (the array sources: float32 features
         # and an int32 label, 4 d + 4 bytes; data=dataset: the items' dtypes), read where
         # they are (a packed directory: memory-mapped)
-        self.cs = self.coded_shuffle(ds.train)
+        self.cs = self.coded_shuffle(ds.train, (done, self.before) if self.before else None)
         if self.cfg.debug.corrupt_epoch is not None:
             faults.set_before_send(self.corrupt_if_asked)
         self.n, self.b = self.cs.shape.num_points, self.cs.record_bytes
@@ -137,6 +143,9 @@ class Master(Rank):
             delivery = self.cs.report
             if self.step_every:  # the delivery's record, for a restart inside the epoch
                 checkpoint.save_delivery(self.ctx.run_dir, epoch, delivery)
+            if "workers_before" in restart:  # the placement after a change in their number
+                restart["resize_bytes"] = delivery["broadcast_bytes"]
+                restart["fresh_placement_bytes"] = delivery["uncoded_bytes"]
         mark(f"epoch {epoch} delivered")
         report = {**delivery, "dropped_points": self.dropped, "attempt": attempt()}
         row = self.finish_epoch({**report, **restart}, (began, *clock))
@@ -165,6 +174,30 @@ class Master(Rank):
                if replaced else "")
         )  # fmt: skip
         return {**report, "attempt": attempt()}
+
+    def resize(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """After a restart with another number of workers: the checkpointed model and
+        momentum to every rank, the new workers' among them, and the metrics so far
+        rewritten; the next epoch is a placement for the new number that reuses what the
+        workers that remain hold. Minibatches differ from there on (not bit-identical to
+        any unbroken run)."""
+        done = int(saved["epoch"])
+        params, momentum = saved["params"].clone(), saved["momentum"].clone()
+        self.resumed_state(params, momentum)
+        self.load_params(params)
+        self.momentum_flat = momentum
+        self.writer.resume(saved["rows"])
+        log.info(
+            f"resumed after epoch {done} (attempt {attempt()}) with {self.workers} workers "
+            f"instead of {self.before}: epoch {done + 1} places the data anew, reusing what "
+            "the workers that remain hold; the minibatches differ from an unbroken run's"
+        )
+        return {
+            "resumed_after_epoch": done,
+            "workers_before": self.before,
+            "workers_after": self.workers,
+            "attempt": attempt(),
+        }
 
     def resume_inside(
         self, saved: dict[str, Any] | None, epoch: int, step: int, delivery: dict[str, Any]

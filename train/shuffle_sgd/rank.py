@@ -18,7 +18,9 @@ from ..device import local_device
 from ..dist import RankContext, die_if_asked, liveness, mark
 from .settings import shuffle_settings
 
-META_FIELDS = 4  # features, classes, dropped points, epochs already done (int64 each)
+# features, classes, dropped points, epochs already done, the workers before a change in their
+# number (0: none; int64 each)
+META_FIELDS = 5
 NO_STEP = 2**62  # the master's bid when the ranks agree on a step to resume at
 
 
@@ -46,8 +48,12 @@ class Rank:
         given = self.cfg.dist.store_dir
         return Path(given) if given else self.ctx.run_dir / "stores"
 
-    def coded_shuffle(self, dataset: Dataset | None) -> CodedShuffle:
-        settings = shuffle_settings(self.cfg, self.store_dir)
+    def coded_shuffle(
+        self, dataset: Dataset | None, resize: tuple[int, int] | None = None
+    ) -> CodedShuffle:
+        """``resize``: ``(epochs done, workers before)`` when the run goes on with another
+        number of workers (its placement then reuses what they held)."""
+        settings = shuffle_settings(self.cfg, self.store_dir, resize)
         return CodedShuffle(dataset, settings, liveness=liveness())  # ticked by every message
 
     def agree_inside(self, done: int, held: set[tuple[int, int]], ready: bool = True) -> int:

@@ -24,8 +24,12 @@ def transport_options(dist: DistConf) -> dict[str, Any]:
     return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
 
 
-def shuffle_settings(cfg: Config, store_dir: Path | None = None) -> ShuffleSettings:
-    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key)."""
+def shuffle_settings(
+    cfg: Config, store_dir: Path | None = None, resize: tuple[int, int] | None = None
+) -> ShuffleSettings:
+    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key); ``resize``:
+    ``(epochs done, workers before)`` of a run that goes on with ``cfg.workers``."""
+    first, before = (resize[0] + 1, resize[1]) if resize else (1, None)
     return ShuffleSettings(
         scheme=cfg.scheme.name,
         storage=float(cfg.storage),
@@ -40,6 +44,8 @@ def shuffle_settings(cfg: Config, store_dir: Path | None = None) -> ShuffleSetti
         timeout=timedelta(seconds=float(cfg.dist.timeout_seconds)),
         store_dir=store_dir,
         keep_batch=store_dir is not None and int(cfg.job.checkpoint_steps) > 0,
+        first_epoch=first,
+        previous_workers=before,
         names=JOB_NAMES,
     )
 

@@ -34,8 +34,8 @@ class Worker(Rank):
     """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
 
     def run(self) -> None:
-        _, classes, _, done = self.meta()
-        self.cs = self.coded_shuffle(None)
+        _, classes, _, done, before = self.meta()
+        self.cs = self.coded_shuffle(None, (done, before) if before else None)
         self.k, self.q = self.ctx.worker, self.cs.shape.num_points // self.workers
         self.transform = data.transform_of(self.cfg.data)
         item = self.cs.shape.layout.fields[0]
@@ -49,11 +49,12 @@ class Worker(Rank):
             momentum=float(o.momentum),
             weight_decay=float(o.weight_decay),
         )
-        held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k) if self.step_every else {}
+        inside_ok = self.step_every and not before
+        held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k) if inside_ok else {}
         at = self.agree_inside(done, set(held))
         inside = self.resume_inside(done + 1, held[(done + 1, at)]) if at else None
         if done and not at:
-            self.resume(done)
+            self.resume(done, restore=not before)
         try:
             for epoch in range(done + 1, self.epochs + 1):
                 self.begin(epoch)
@@ -86,10 +87,12 @@ class Worker(Rank):
         ddp.register_comm_hook((self.model_group, order), mean_in_model_order)
         return ddp
 
-    def resume(self, done: int) -> None:
-        """After a restart: the own store restored (or re-placed), the master's checkpointed
-        parameters and momentum loaded."""
-        self.cs.restore(done)
+    def resume(self, done: int, restore: bool = True) -> None:
+        """After a restart: the own store restored (or re-placed; not after a change in the
+        number of workers: the next epoch places anew), the master's checkpointed parameters
+        and momentum loaded."""
+        if restore:
+            self.cs.restore(done)
         params = self.host_params().clone()
         momentum = torch.zeros_like(params) if self.momentum else torch.zeros(0)
         self.resumed_state(params, momentum)
