@@ -531,35 +531,46 @@ def test_a_worker_killed_mid_epoch_resumes_at_its_last_checkpointed_step(
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("before", "after"), [(4, 3), (3, 4)])
-def test_a_run_killed_after_epoch_3_goes_on_with_another_number_of_workers(tmp_path, before, after):
-    """The same command with another ``workers``: the model goes on from the checkpoint,
-    epoch 4 places the data for the new number (only what the workers that remain do not
+@pytest.mark.parametrize(("before", "after", "epochs"), [(4, 3, 5), (3, 4, 4)])
+def test_a_run_goes_on_with_another_number_of_workers(tmp_path, before, after, epochs):
+    """The same command with another ``workers``: the model goes on from the checkpoint, the
+    next epoch places the data for the new number (only what the workers that remain do not
     hold crosses the link), every epoch verified, and the accuracy is an unbroken run's at
-    the new number, within 0.01."""
-    args = ["epochs=4", "seed=3", "model.hidden=16", f"hydra.run.dir={tmp_path / 'run'}"]
-    assert _run([f"workers={before}", *args, "debug.die_rank=2", "debug.die_epoch=4"],
-                tmp_path).returncode == 1  # fmt: skip
-    out = _run([f"workers={after}", *args], tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
+    the new number, within 0.01. ``4 -> 3`` after epoch 3, killed again after epoch 4: the run
+    resumes at the new number from its stores (its assignments start at epoch 4's
+    placement)."""
+    run = tmp_path / "run"
+    args = [f"epochs={epochs}", *JOB[2:], f"hydra.run.dir={run}"]  # JOB's, but workers
+    at = 4  # the epoch at whose start worker 1 dies
+    die = ["debug.die_rank=2", f"debug.die_epoch={at}"]
+    assert _run([f"workers={before}", *args, *die], tmp_path).returncode == 1
+    again = epochs > at  # dies again at the next epoch's start, then resumes after it
+    twice = [die[0], f"debug.die_epoch={at + 1}"] if again else []
+    out = _run([f"workers={after}", *args, *twice], tmp_path)
+    assert out.returncode == (1 if again else 0), out.stderr[-3000:]
     assert f"with {after} workers instead of {before}" in out.stderr + out.stdout
-    rows = _metrics(tmp_path / "run")
-    assert [(r["epoch"], r["workers"]) for r in rows] == [(1, before), (2, before),
-                                                          (3, before), (4, after)]  # fmt: skip
-    resized = rows[3]
+    if again:
+        out = _run([f"workers={after}", *args], tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"resumed after epoch {at} (attempt 0): stores of {after} of {after}" in out.stderr
+    rows = _metrics(run)
+    assert [(r["epoch"], r["workers"]) for r in rows] == [
+        (e, before if e < at else after) for e in range(1, epochs + 1)
+    ]
+    resized = rows[at - 1]
     assert resized["phase"] == "placement" and resized["verified"]
     assert (resized["workers_before"], resized["workers_after"]) == (before, after)
     assert resized["resize_bytes"] == resized["broadcast_bytes"] > 0
     assert resized["resize_bytes"] < resized["fresh_placement_bytes"] == resized["uncoded_bytes"]
-    assert resized["reused_points"] > 0 and resized["resumed_after_epoch"] == 3
-    summary = _summary(tmp_path / "run")
+    assert resized["reused_points"] > 0 and resized["resumed_after_epoch"] == at - 1
+    summary = _summary(run)
     assert summary["all_verified"] and summary["workers"] == after
     assert summary["resizes"] == [{k: resized[k] for k in RESIZE_KEYS}]
-    unbroken = _run([f"workers={after}", *args[:3], f"hydra.run.dir={tmp_path / 'unbroken'}"],
-                    tmp_path)  # fmt: skip
-    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
-    reference = _summary(tmp_path / "unbroken")["final_test_accuracy"]
-    assert abs(summary["final_test_accuracy"] - reference) <= 0.01
+    unbroken = tmp_path / "unbroken"
+    done = _run([f"workers={after}", *args[:-1], f"hydra.run.dir={unbroken}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = _summary(unbroken)
+    assert abs(summary["final_test_accuracy"] - reference["final_test_accuracy"]) <= 0.01
 
 
 @pytest.mark.distributed
@@ -725,6 +736,7 @@ def test_the_master_evaluates_the_test_split_transformed_once():
     ds = data.load(cfg.data, workers=4, seed=0)
     assert ds.test.tensors[0].dtype == torch.uint8  # raw, as the records carry them
     master = object.__new__(Master)
+    master.device = torch.device("cpu")
     torch.manual_seed(0)
     master.model, master.data = torch.nn.Linear(64, 10), ds
     loss, accuracy = master.evaluate()

@@ -66,12 +66,15 @@ def save(
     params: torch.Tensor,
     momentum: torch.Tensor,
     rows: list[dict[str, Any]],
+    first_epoch: int = 1,
 ) -> None:
-    """Writes the checkpoint after ``epoch`` atomically."""
+    """Writes the checkpoint after ``epoch`` atomically (``first_epoch``: the epoch of the
+    run's last placement, later than 1 once its number of workers changed)."""
     path = Path(run_dir) / FILE
     state = {
         "identity": identity(cfg),
         "workers": int(cfg.workers),
+        "first_epoch": first_epoch,
         "epoch": epoch,
         "params": params.clone(),
         "momentum": momentum.clone(),

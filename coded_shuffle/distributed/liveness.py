@@ -352,9 +352,10 @@ class Liveness:
 
     def _fail(self, reason: str) -> None:
         """Prints ``reason``, records it for the launcher, ends this process (gloo cannot be
-        woken from a blocked collective) after :data:`LINGER_BEATS` heartbeat intervals: the
-        other survivors reach their verdict within about one, and print it before a launcher
-        that saw this process end stops them."""
+        woken from a blocked collective), under a launcher's agent (torchrun, the jobs' own)
+        after :data:`LINGER_BEATS` heartbeat intervals: the other survivors reach their verdict
+        within about one, and print it before the agent that saw this process end stops
+        them."""
         if self._failing:
             return
         self._failing = True
@@ -363,5 +364,6 @@ class Liveness:
             from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
             ErrorHandler().record_exception(RankLost(reason))
-        time.sleep(LINGER_BEATS * self.interval)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            time.sleep(LINGER_BEATS * self.interval)
         os._exit(1)

@@ -89,11 +89,13 @@ class Master(Rank):
         done = int(saved["epoch"]) if saved else 0
         before = int(saved.get("workers", self.workers)) if saved else self.workers
         self.before = before if before != self.workers else None  # a change in their number
-        self.meta([ds.features, ds.classes, ds.dropped, done, self.before or 0])
+        # the chain of assignments starts at the run's last placement
+        first = done + 1 if self.before else int(saved.get("first_epoch", 1)) if saved else 1
+        self.meta([ds.features, ds.classes, ds.dropped, done, first, self.before or 0])
         # records of the inputs' and labels' own bytes (the array sources: float32 features
         # and an int32 label, 4 d + 4 bytes; data=dataset: the items' dtypes), read where
         # they are (a packed directory: memory-mapped)
-        self.cs = self.coded_shuffle(ds.train, (done, self.before) if self.before else None)
+        self.cs = self.coded_shuffle(ds.train, first, self.before)
         if self.cfg.debug.corrupt_epoch is not None:
             faults.set_before_send(self.corrupt_if_asked)
         self.n, self.b = self.cs.shape.num_points, self.cs.record_bytes
@@ -152,7 +154,8 @@ class Master(Rank):
         if self.checkpointing:  # before the record: a recorded epoch is a resumable one
             flat = self.host_params()
             rows = [*self.writer.rows, row]
-            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, self.momentum_flat, rows)
+            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, self.momentum_flat, rows,
+                            first_epoch=self.cs.settings.first_epoch)  # fmt: skip
         self.writer.epoch(row)
 
     def resume(self, saved: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,10 @@ from ..device import local_device
 from ..dist import RankContext, die_if_asked, liveness, mark
 from .settings import shuffle_settings
 
-# features, classes, dropped points, epochs already done, the workers before a change in their
-# number (0: none; int64 each)
-META_FIELDS = 5
+# features, classes, dropped points, epochs already done, the epoch of the run's placement (1,
+# or later after a change in the number of workers), the workers before a change in their
+# number now (0: none); int64 each
+META_FIELDS = 6
 NO_STEP = 2**62  # the master's bid when the ranks agree on a step to resume at
 
 
@@ -49,11 +50,12 @@ class Rank:
         return Path(given) if given else self.ctx.run_dir / "stores"
 
     def coded_shuffle(
-        self, dataset: Dataset | None, resize: tuple[int, int] | None = None
+        self, dataset: Dataset | None, first_epoch: int = 1, before: int | None = None
     ) -> CodedShuffle:
-        """``resize``: ``(epochs done, workers before)`` when the run goes on with another
-        number of workers (its placement then reuses what they held)."""
-        settings = shuffle_settings(self.cfg, self.store_dir, resize)
+        """``first_epoch``: the epoch of the run's placement (later than 1 once the number of
+        workers changed); ``before``: the number of workers before a change now (the
+        placement then reuses what they held)."""
+        settings = shuffle_settings(self.cfg, self.store_dir, first_epoch, before)
         return CodedShuffle(dataset, settings, liveness=liveness())  # ticked by every message
 
     def agree_inside(self, done: int, held: set[tuple[int, int]], ready: bool = True) -> int:

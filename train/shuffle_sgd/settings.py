@@ -25,11 +25,14 @@ def transport_options(dist: DistConf) -> dict[str, Any]:
 
 
 def shuffle_settings(
-    cfg: Config, store_dir: Path | None = None, resize: tuple[int, int] | None = None
+    cfg: Config,
+    store_dir: Path | None = None,
+    first_epoch: int = 1,
+    previous_workers: int | None = None,
 ) -> ShuffleSettings:
-    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key); ``resize``:
-    ``(epochs done, workers before)`` of a run that goes on with ``cfg.workers``."""
-    first, before = (resize[0] + 1, resize[1]) if resize else (1, None)
+    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key):
+    ``first_epoch``, the epoch of its placement (later than 1 after a change in the number of
+    workers), and ``previous_workers``, the number before the change, when it happens now."""
     return ShuffleSettings(
         scheme=cfg.scheme.name,
         storage=float(cfg.storage),
@@ -44,8 +47,8 @@ def shuffle_settings(
         timeout=timedelta(seconds=float(cfg.dist.timeout_seconds)),
         store_dir=store_dir,
         keep_batch=store_dir is not None and int(cfg.job.checkpoint_steps) > 0,
-        first_epoch=first,
-        previous_workers=before,
+        first_epoch=first_epoch,
+        previous_workers=previous_workers,
         names=JOB_NAMES,
     )
 

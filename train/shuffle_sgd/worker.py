@@ -34,8 +34,8 @@ class Worker(Rank):
     """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
 
     def run(self) -> None:
-        _, classes, _, done, before = self.meta()
-        self.cs = self.coded_shuffle(None, (done, before) if before else None)
+        _, classes, _, done, first, before = self.meta()
+        self.cs = self.coded_shuffle(None, first, before or None)
         self.k, self.q = self.ctx.worker, self.cs.shape.num_points // self.workers
         self.transform = data.transform_of(self.cfg.data)
         item = self.cs.shape.layout.fields[0]
