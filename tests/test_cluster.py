@@ -207,7 +207,7 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
     dist.timeout_seconds and a margin, the error names rank 2 and its address."""
     before = our_namespaces()
     args = ["--hosts", "3", "--rate", "1gbit", "--grace", "5", "--cut", "2@e2", "--", *LONG,
-            "dist.timeout_seconds=10", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+            "dist.timeout_seconds=6", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     t0 = time.monotonic()
     out = run_cluster(args, tmp_path)
     elapsed = time.monotonic() - t0
@@ -218,12 +218,12 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
     record = json.loads((tmp_path / "run" / "cluster.json").read_text())
     cut_at = record["faults"][0]["done_at"]
     assert record["faults"][0]["after_epoch"] == 2 and cut_at is not None
-    assert elapsed - cut_at < 15 + 10 + 20, elapsed  # timeout, grace, exit and a margin
+    assert elapsed - cut_at < 15 + 6 + 20, elapsed  # timeout, grace, exit and a margin
     assert record["faults"][0]["kind"] == "cut"
     assert record["hosts"][2]["exit_code"] == 1  # the cut host ended itself
     assert all(h["exit_code"] for h in record["hosts"])  # nothing of the job left running
     # every process gone within dist.timeout_seconds, the cluster's grace and a margin
-    assert record["wall_seconds"] - cut_at < 10 + 5 + 10
+    assert record["wall_seconds"] - cut_at < 6 + 5 + 10
     cut_off = (tmp_path / "run" / "hosts" / "h2.log").read_text()
     assert "rank 2 (worker 1): lost contact with the job: its store at 10.77.0.1" in cut_off
     assert our_namespaces() == before
@@ -241,7 +241,7 @@ def test_an_own_loop_with_a_cut_host_ends_on_every_host_naming_it(tmp_path):
     script = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
     args = ["--hosts", "3", "--rate", "1gbit", "--grace", "60", "--cut", "2@e3",
             "--logs", str(logs), "--script", str(script), "--",
-            "--epochs", "2000", "--points", "2000", "--timeout", "8"]  # fmt: skip
+            "--epochs", "2000", "--points", "2000", "--timeout", "6"]  # fmt: skip
     out = run_cluster(args, tmp_path)
     assert out.returncode == 1, out.stderr[-2000:]
     record = json.loads((logs / "cluster.json").read_text())
@@ -249,8 +249,10 @@ def test_an_own_loop_with_a_cut_host_ends_on_every_host_naming_it(tmp_path):
     assert cut_at is not None and record["faults"][0]["kind"] == "cut"
     assert record["faults"][0]["after_epoch"] == 3  # once host 0 printed "epoch 3"
     assert all(h["exit_code"] for h in record["hosts"])  # every host ended, none finished
-    assert record["wall_seconds"] - cut_at < 8 + 12, record  # timeout, heartbeats, exit
-    lost = r"rank 2 \(worker 1\) on 10\.77\.0\.3 at '[^']*' lost: no heartbeat for \d+ s"
+    assert record["wall_seconds"] - cut_at < 6 + 12, record  # timeout, heartbeats, exit
+    # where it was (its stage published when it changed, not at its next heartbeat), on every
+    # surviving host (each lingers two heartbeats before it exits, so the others print too)
+    lost = r"rank 2 \(worker 1\) on 10\.77\.0\.3 at 'epoch \d+ [a-z]+' lost: no heartbeat"
     for host in (0, 1):
         assert re.search(lost, (logs / f"h{host}.log").read_text()), host
     cut_off = (logs / "h2.log").read_text()

@@ -89,8 +89,8 @@ def test_a_worker_lost_mid_delivery_ends_every_rank_naming_it(fault):
 def test_the_own_loop_example_with_a_killed_worker_ends_naming_it():
     """``examples/own_loop.py`` as four plain processes; worker 1 (rank 2) SIGKILLed once the
     master has printed its first epoch: the others end within ``--timeout`` + 5 s."""
-    timeout = 8.0
-    args = ["examples/own_loop.py", "--epochs", "400", "--points", "2000", "--timeout", "8"]
+    timeout = 5.0
+    args = ["examples/own_loop.py", "--epochs", "400", "--points", "2000", "--timeout", "5"]
     procs = start_ranks(args, 4)
     assert procs[0].stdout is not None
     line = procs[0].stdout.readline()
