@@ -46,6 +46,7 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
 from coded_shuffle.math.bounds import ordering_bound
 from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.math.warm import warm_planner
 
 GB = 1e9
 
@@ -95,6 +96,7 @@ def pattern_rates(data: torch.Tensor, xor: float, repeats: int, seed: int) -> di
 
 def bench_scheme(name, old, new, k, data, repeats) -> dict[str, float]:
     scheme = get_scheme(name)
+    warm_planner(scheme)  # compiled (or loaded from numba's cache) before the timing
     state = scheme.initial_state(old, k, 1)
     start = time.perf_counter()
     plan = scheme.plan(state, new)

@@ -394,3 +394,19 @@ def test_a_store_slot_with_one_flipped_byte_is_not_loaded(tmp_path, adopted):
     (tmp_path / "slot.npy").write_bytes(bytes(raw))
     for mapped_load in (False, True):
         assert BlockStore(tmp_path, dtype=None).load("slot", mapped=mapped_load) is None
+
+
+def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):
+    """``warm_planner``: the numba loops that planning and bounding a large ``K`` run
+    (triangle packing, cycle decomposition, the ordering bound's local search) are compiled
+    (or loaded from the disk cache) before any plan is timed, once per process."""
+    from coded_shuffle.math import bounds, warm
+    from coded_shuffle.math.schemes import cycle_search
+
+    loops = (cycle_search._pack, cycle_search._decompose, bounds._iterated_insertion)
+    for loop in loops:  # as in a fresh process, whatever ran before in this one
+        monkeypatch.setattr(loop, "_compiled", None)
+    monkeypatch.setattr(warm, "_warmed", set())
+    warm.warm_planner(get_scheme("cycles"))
+    assert all(loop._compiled is not None for loop in loops)
+    assert warm.warm_planner(get_scheme("cycles")) == 0.0  # once per process

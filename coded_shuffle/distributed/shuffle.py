@@ -43,6 +43,7 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes.memory_sharing import storage_used
 from coded_shuffle.math.state import CacheState
+from coded_shuffle.math.warm import COMPILE_NOTE_SECONDS, warm_planner
 
 log = logging.getLogger("coded_shuffle")
 
@@ -138,6 +139,10 @@ class CodedShuffle:
         wait = WATCHED_WAIT if self.liveness is not None else s.timeout
         self.shape: DataShape = describe(dataset, self.workers, s)
         self.scheme = s.check_job(self.workers, self.shape.num_points, self.record_bytes)
+        took = warm_planner(self.scheme, s.storage)  # no plan_seconds holds a compile
+        if took > COMPILE_NOTE_SECONDS:
+            log.info(f"compiled the {self.scheme.name} planner in {took:.1f} s (first use after "
+                     "an install; cached for the next)")  # fmt: skip
         self.storage_used = storage_used(self.scheme, self.workers, s.storage)
         self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
         dist.barrier()  # every worker joined its group before any rank can fail and leave
