@@ -59,7 +59,7 @@ def test_each_transport_follows_its_formula_on_a_switch():
     assert seconds("unicast", ru, traffic, SWITCH) == pytest.approx(tcp(ru) / b + over)
     p2p = tcp(ru / k) / b + over + (k - 1) * SWITCH.peer_seconds
     assert seconds("p2p", ru, traffic, SWITCH) == pytest.approx(p2p)
-    chain = tcp(rc) / b + (k - 1) * tcp(model.CHAIN_SEGMENT_BYTES) / b + over
+    chain = tcp(rc) / b + (k - 1) * tcp(SWITCH.mtu) / b + over
     assert seconds("chain", rc, traffic, SWITCH) == pytest.approx(chain)
     assert seconds("tree", rc, traffic, SWITCH) == pytest.approx(3 * tcp(rc) / b + over)
     d = wire.default_datagram_bytes(9000)
@@ -107,11 +107,9 @@ def test_chain_links_follow_how_far_each_message_is_kept():
 
 
 def test_the_cost_models_constants_are_the_transports_defaults():
-    from coded_shuffle.distributed.transports.chain import ChainOptions
     from coded_shuffle.distributed.transports.multicast import DGRAM
     from coded_shuffle.tools.cluster.run import MULTICAST_SHARE
 
-    assert ChainOptions().segment_bytes == model.CHAIN_SEGMENT_BYTES
     assert MULTICAST_SHARE == model.PACE_SHARE
     assert DGRAM.size == wire.DGRAM_HEADER_BYTES
 

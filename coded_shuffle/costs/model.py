@@ -7,10 +7,10 @@ busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethern
 
 * ``switch``: full bisection, every NIC sends and receives at once.
   ``unicast``: the master sends ``R_u``; ``p2p``: every worker sends and receives about
-  ``R_u / K``; ``chain``: ``R_c`` from the master, relayed pipelined (plus ``K - 1``
-  segments to fill the chain); ``tree``: ``ceil(log2 P)`` rounds of ``R_c`` at the master
-  (gloo's binomial tree); ``multicast``: ``R_c`` in datagrams once, paced at ``pace_share``
-  of the slowest NIC.
+  ``R_u / K``; ``chain``: ``R_c`` from the master, relayed cut-through (plus ``K - 1``
+  frames: what a relay receives before it forwards); ``tree``: ``ceil(log2 P)`` rounds of
+  ``R_c`` at the master (gloo's binomial tree); ``multicast``: ``R_c`` in datagrams once,
+  paced at ``pace_share`` of the slowest NIC.
 * ``shared``: one medium that every transmission occupies (the papers' shared link): the sum
   of every host's egress over the rate; multicast still sends once. ``chain`` pays for every
   relay's copy: every message on as many links as it reaches down the chain (a relay forwards
@@ -47,7 +47,6 @@ from coded_shuffle.math.plan import Plan, byte_parts, subpoint_bytes
 TOPOLOGIES = ("switch", "shared", "uplink")
 TRANSPORTS = ("unicast", "p2p", "tree", "chain", "multicast")
 BROADCASTS = ("tree", "chain", "multicast")  # what carries a coded delivery
-CHAIN_SEGMENT_BYTES = 64 << 10  # ChainOptions.segment_bytes: what a relay forwards at once
 PACE_SHARE = 0.99  # multicast paced at this share of the slowest NIC (the cluster's default)
 OVERHEAD_SECONDS = 0.02  # per delivery: calibrated on the emulated cluster (transports.md)
 PEER_SECONDS = 0.021  # p2p: per peer a worker exchanges with (calibrated the same way)
@@ -126,7 +125,8 @@ def seconds(
         if shared:  # every relay's copy crosses the medium
             busy = net.tcp(stream * (k if links is None else links)) / r
         else:
-            busy = net.tcp(stream) / first + (k - 1) * net.tcp(min(stream, CHAIN_SEGMENT_BYTES)) / r
+            hop = net.tcp(min(stream, net.mtu)) / r  # a relay forwards what has arrived
+            busy = net.tcp(stream) / first + (k - 1) * hop
     elif transport == "tree":
         rounds = math.ceil(math.log2(k + 1))
         if shared:  # every one of the K copies crosses the medium; the master sends `rounds`

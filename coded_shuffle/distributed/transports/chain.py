@@ -1,12 +1,14 @@
 """``chain``: a pipelined relay broadcast, ``0 -> w_1 -> w_2 -> ... -> w_K``.
 
 The master sends every message once, to the first worker of the chain; every worker forwards
-each *segment* of a message (``segment_bytes``, 64 KiB by default) to the next one as soon as
-it has arrived, while the following ones are already on their way (``window`` segments
-received ahead, sends in flight at the same time). So every link of the chain is busy at once:
-the time is about ``R / B + (K - 1) * segment / B`` (``R`` bytes, NICs of ``B`` bytes/s; with
-whole 256 KiB messages as the unit the pipeline's fill took four times longer), and the
-master's egress is the payload once. A message goes to its checks once all its segments are
+each piece of a message to the next one as soon as it has arrived: on the socket plane,
+whatever one receive returns (up to ``segment_bytes``, 64 KiB by default: cut-through, so a
+relay waits for no whole segment, which at 4 Mbit/s cost 0.4 s a delivery); on gloo's plane
+each *segment* of ``segment_bytes``, while the following ones are already on their way
+(``window`` segments received ahead, sends in flight at the same time). So every link of the
+chain is busy at once: the time is about ``R / B`` plus the relays' delays (``R`` bytes, NICs
+of ``B`` bytes/s; on gloo's plane ``(K - 1) * segment / B``), and the master's egress is the
+payload once. A message goes to its checks once all its segments are
 in. A relay forwards only the messages that some worker after it keeps a row of: the master
 sends each stream's *reach table* first (for every message, the position of the last worker
 that keeps one of its rows, :func:`~coded_shuffle.costs.wire.chain_reach`), and every relay
@@ -35,6 +37,7 @@ from coded_shuffle.distributed.transports.sockets import (
     check_plane,
     landing,
     receive_into,
+    relay_into,
     send_message,
 )
 from coded_shuffle.errors import UsageError, VerificationError
@@ -65,7 +68,8 @@ class ChainOptions:
     window: int = 16
     """Segments every relay receives ahead, >= 1."""
     segment_bytes: int = 64 << 10
-    """Bytes a relay forwards at once (a message is cut into segments), >= 1024."""
+    """The most a relay forwards at once (socket plane: what one receive returned, up to
+    this; gloo plane: a message is cut into segments of this), >= 1024."""
     plane: str = "socket"
     """socket (plain TCP connections, payloads sent from the rows and received into place) |
     gloo (its point-to-point calls): transports.md, "Data planes"."""
@@ -211,10 +215,7 @@ class Chain(Transport):
             receive_into(src, head, who)
             if out is not None:
                 out.sendall(head)
-            for a, b in self.segments(len(payload)):
-                receive_into(src, payload[a:b], who)
-                if out is not None:
-                    out.sendall(payload[a:b])
+            relay_into(src, payload, out, self.segment, who)
             self.counts.ingress += size
             self.counts.egress += size if out is not None else 0
             on_message(index, j, buf)

@@ -114,6 +114,22 @@ def receive_into(conn: socket.socket, view: memoryview, who: str) -> None:
         got += n
 
 
+def relay_into(
+    conn: socket.socket, view: memoryview, out: socket.socket | None, most: int, who: str
+) -> None:
+    """Fills ``view`` from ``conn`` and forwards every piece to ``out`` (if any) as soon as it
+    has arrived, at most ``most`` bytes at a time (cut-through: a relay that waited for whole
+    segments would hold every byte back by a segment's time at each hop)."""
+    got, size = 0, len(view)
+    while got < size:
+        n = conn.recv_into(view[got : min(size, got + most)])
+        if n == 0:
+            raise ConnectionError(f"{who} closed the connection after {got} of {size} bytes")
+        if out is not None:
+            out.sendall(view[got : got + n])
+        got += n
+
+
 def send_parts(conn: socket.socket, parts: Iterable[memoryview]) -> int:
     """Sends every part in order (``sendmsg``, gathered by the kernel); the bytes sent."""
     views = [p for p in parts if len(p)]
