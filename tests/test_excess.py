@@ -336,7 +336,7 @@ def test_dropping_a_symbol_makes_the_plan_undecodable():
     byte_exact=st.booleans(),
     seed=st.integers(0, 2**31),
 )
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 def test_random_schemes_decode_within_budget(name, k, q, storage_frac, worst, byte_exact, seed):
     """Every worker decodes from its own store; no worker exceeds ``T q`` (points) nor, with
     byte-exact parts, ``T q B`` bytes; E-M never exceeds its worst-case load; load >= bound."""

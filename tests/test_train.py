@@ -535,9 +535,9 @@ def test_a_worker_killed_mid_epoch_resumes_at_its_last_checkpointed_step(
 def test_a_run_goes_on_with_another_number_of_workers(tmp_path, before, after, epochs):
     """The same command with another ``workers``: the model goes on from the checkpoint, the
     next epoch places the data for the new number (only what the workers that remain do not
-    hold crosses the link), every epoch verified, and the accuracy is an unbroken run's at
-    the new number, within 0.01. ``4 -> 3`` after epoch 3, killed again after epoch 4: the run
-    resumes at the new number from its stores (its assignments start at epoch 4's
+    hold crosses the link), every epoch verified, and (``4 -> 3``) the accuracy is an unbroken
+    run's at the new number, within 0.01. ``4 -> 3`` after epoch 3, killed again after epoch
+    4: the run resumes at the new number from its stores (its assignments start at epoch 4's
     placement)."""
     run = tmp_path / "run"
     args = [f"epochs={epochs}", *JOB[2:], f"hydra.run.dir={run}"]  # JOB's, but workers
@@ -566,6 +566,8 @@ def test_a_run_goes_on_with_another_number_of_workers(tmp_path, before, after, e
     summary = _summary(run)
     assert summary["all_verified"] and summary["workers"] == after
     assert summary["resizes"] == [{k: resized[k] for k in RESIZE_KEYS}]
+    if not again:  # the accuracy against an unbroken run's: once (4 -> 3), for time
+        return
     unbroken = tmp_path / "unbroken"
     done = _run([f"workers={after}", *args[:-1], f"hydra.run.dir={unbroken}"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
