@@ -96,7 +96,7 @@ def pattern_rates(data: torch.Tensor, xor: float, repeats: int, seed: int) -> di
 
 def bench_scheme(name, old, new, k, data, repeats) -> dict[str, float]:
     scheme = get_scheme(name)
-    warm_planner(scheme)  # compiled (or loaded from numba's cache) before the timing
+    warm_planner(scheme, 1.0, k)  # compiled (or loaded from numba's cache) before the timing
     state = scheme.initial_state(old, k, 1)
     start = time.perf_counter()
     plan = scheme.plan(state, new)

@@ -397,9 +397,9 @@ def test_a_store_slot_with_one_flipped_byte_is_not_loaded(tmp_path, adopted):
 
 
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):
-    """``warm_planner``: the numba loops that planning and bounding a large ``K`` run
-    (triangle packing, cycle decomposition, the ordering bound's local search) are compiled
-    (or loaded from the disk cache) before any plan is timed, once per process."""
+    """``warm_planner``: the numba loops that planning and bounding ``K = 48`` run (triangle
+    packing, cycle decomposition, the ordering bound's local search) are compiled (or loaded
+    from the disk cache) before any plan is timed, once per process; at ``K = 4`` none."""
     from coded_shuffle.math import bounds, warm
     from coded_shuffle.math.schemes import cycle_search
 
@@ -407,6 +407,8 @@ def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypa
     for loop in loops:  # as in a fresh process, whatever ran before in this one
         monkeypatch.setattr(loop, "_compiled", None)
     monkeypatch.setattr(warm, "_warmed", set())
-    warm.warm_planner(get_scheme("cycles"))
+    warm.warm_planner(get_scheme("cycles"), 1.0, 4)
+    assert all(loop._compiled is None for loop in loops)  # a small K runs none of them
+    warm.warm_planner(get_scheme("cycles"), 1.0, 48)
     assert all(loop._compiled is not None for loop in loops)
-    assert warm.warm_planner(get_scheme("cycles")) == 0.0  # once per process
+    assert warm.warm_planner(get_scheme("cycles"), 1.0, 48) == 0.0  # once per process

@@ -12,8 +12,6 @@ import importlib
 import torch._inductor.config  # noqa: F401  (imported by torch.distributed on first use)
 
 from coded_shuffle.codec import kernel
-from coded_shuffle.math.schemes import get_scheme
-from coded_shuffle.math.warm import warm_planner
 
 from . import entry  # noqa: F401
 from .compose import available_jobs
@@ -21,5 +19,4 @@ from .compose import available_jobs
 for _name in available_jobs():
     importlib.import_module(f"train.{_name}")
 kernel.warm()
-warm_planner(get_scheme("cycles"))  # the default scheme's planner, loaded from numba's cache
 gc.freeze()

@@ -139,7 +139,7 @@ class CodedShuffle:
         wait = WATCHED_WAIT if self.liveness is not None else s.timeout
         self.shape: DataShape = describe(dataset, self.workers, s)
         self.scheme = s.check_job(self.workers, self.shape.num_points, self.record_bytes)
-        took = warm_planner(self.scheme, s.storage)  # no plan_seconds holds a compile
+        took = warm_planner(self.scheme, s.storage, self.workers)  # no plan holds a compile
         if took > COMPILE_NOTE_SECONDS:
             log.info(f"compiled the {self.scheme.name} planner in {took:.1f} s (first use after "
                      "an install; cached for the next)")  # fmt: skip

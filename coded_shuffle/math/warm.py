@@ -1,6 +1,8 @@
 """Compiling ahead of the timed work: a scheme's planner and the transition bound run once on a
-tiny instance, so that numba compiles their loops (on the first run after an install) or loads
-them from its disk cache now, and no ``plan_seconds`` includes a compile."""
+tiny instance with the real number of workers (the paths they take depend on it: the searches
+that numba compiles run above a few dozen workers), so that numba compiles their loops (on the
+first run after an install) or loads them from its disk cache now, and no ``plan_seconds``
+includes a compile."""
 
 from __future__ import annotations
 
@@ -9,38 +11,31 @@ import time
 import numpy as np
 
 from coded_shuffle.errors import UsageError
-from coded_shuffle.math.bounds import EXACT_MAX_WORKERS
 from coded_shuffle.math.schemes.base import Scheme
-from coded_shuffle.math.schemes.cycle_plan import SMALL_MAX_WORKERS
 from coded_shuffle.math.transition_bounds import lower_bound
 
-# a tiny transition past every small-K path (the searches that numba compiles run above
-# them), and a small one for the schemes that plan no such K
-WARM_SIZES = ((max(SMALL_MAX_WORKERS, EXACT_MAX_WORKERS) + 1, 2), (4, 12))
+WARM_BATCH = 2  # points per worker of the tiny transition
 COMPILE_NOTE_SECONDS = 0.5  # longer than this: a compile happened, worth a line
-_warmed: set[tuple[str, float]] = set()
+_warmed: set[tuple[str, float, int]] = set()
 
 
-def warm_planner(scheme: Scheme, storage: float = 1.0) -> float:
-    """Plans one tiny random transition with ``scheme`` at ``storage`` and bounds it (the
-    first of :data:`WARM_SIZES` that the scheme plans); returns the seconds it took (0.0 when
-    done before in this process)."""
-    key = (scheme.name, float(storage))
+def warm_planner(scheme: Scheme, storage: float, workers: int) -> float:
+    """Plans one tiny random transition (:data:`WARM_BATCH` points per worker) with
+    ``scheme`` for ``workers`` at ``storage`` and bounds it; returns the seconds it took (0.0
+    when done before in this process, or when the scheme does not plan it)."""
+    key = (scheme.name, float(storage), int(workers))
     if key in _warmed:
         return 0.0
     _warmed.add(key)
+    rng = np.random.default_rng(0)
+    deal = np.repeat(np.arange(workers), WARM_BATCH)
     t0 = time.perf_counter()
-    for k, batch in WARM_SIZES:
-        rng = np.random.default_rng(0)
-        deal = np.repeat(np.arange(k), batch)
-        t = min(float(storage), float(k))
-        try:
-            scheme.check(deal.size, k, t)
-        except UsageError:
-            continue
-        state = scheme.initial_state(rng.permutation(deal), k, t)
-        new = rng.permutation(deal)
-        scheme.plan(state, new)
-        lower_bound(state, new)
-        break
+    try:
+        scheme.check(deal.size, workers, float(storage))
+    except UsageError:
+        return 0.0
+    state = scheme.initial_state(rng.permutation(deal), workers, float(storage))
+    new = rng.permutation(deal)
+    scheme.plan(state, new)
+    lower_bound(state, new)
     return time.perf_counter() - t0

@@ -117,7 +117,7 @@ def run(ev: Evaluation, on_compile: Callable[[float], None] | None = None) -> It
     used = storage_used(scheme, ev.workers, ev.storage)
     t0 = time.perf_counter()
     kernel.warm()  # loaded before the first encode is timed
-    warm_planner(scheme, ev.storage)  # and the planner before the first plan
+    warm_planner(scheme, ev.storage, ev.workers)  # and the planner before the first plan
     took = time.perf_counter() - t0
     if on_compile is not None and took > COMPILE_NOTE_SECONDS:
         on_compile(took)
