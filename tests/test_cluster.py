@@ -28,7 +28,7 @@ LONG = [
     "model.hidden=16",
     "seed=3",
     "dist.timeout_seconds=15",
-    "debug.step_delay=0.05",
+    "debug.step_delay=0.02",
 ]
 
 
