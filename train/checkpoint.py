@@ -123,11 +123,8 @@ def load_steps(
     """Worker ``worker``'s step checkpoints of this run, by ``(epoch, step)``."""
     found = {}
     for path in step_files(run_dir, worker):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError, EOFError):
-            continue
-        if state.get("identity") == step_identity(cfg):
+        state = _read(path)
+        if state is not None and state.get("identity") == step_identity(cfg):
             found[(int(state["epoch"]), int(state["step"]))] = state
     return found
 
@@ -140,8 +137,13 @@ def save_delivery(run_dir: str | os.PathLike[str], epoch: int, report: dict[str,
 
 def load_delivery(run_dir: str | os.PathLike[str], epoch: int) -> dict[str, Any] | None:
     """The record of the delivery of ``epoch``, if it is the last one saved."""
+    saved = _read(Path(run_dir) / DELIVERY_FILE)
+    return saved["report"] if saved is not None and saved.get("epoch") == epoch else None
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """What :func:`_write` wrote to ``path``; None if it is missing or cut short."""
     try:
-        saved = torch.load(Path(run_dir) / DELIVERY_FILE, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, EOFError):
         return None
-    return saved["report"] if saved.get("epoch") == epoch else None

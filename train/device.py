@@ -30,8 +30,8 @@ def check_device(name: str, cuda_available: bool | None = None) -> None:
 
 def device_type(name: str, cuda_available: bool | None = None) -> str:
     """``cuda`` or ``cpu`` for ``device=name`` (``auto``: CUDA where available)."""
-    check_device(name, cuda_available)
     available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    check_device(name, available)
     return "cuda" if name == "cuda" or (name == "auto" and available) else "cpu"
 
 

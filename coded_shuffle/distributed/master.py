@@ -89,21 +89,22 @@ class MasterSide:
         keeps = [placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)]
         held = exchange_held(None, ctx.workers) if ctx.settings.previous_workers else None
         expected = [self.records.digest(p) for p in batches(ctx.chain.first, ctx.workers)]
-        rows: Any = self.records if self.records.array is None else self.records.array
-        sent, routes, bound = n, Routes(tuple(keeps)), (float(n), True)
-        if held is not None:
+        sent, bound = n, (float(n), True)
+        t0, cpu = time.perf_counter(), HostCpu.start()
+        if held is None:
+            rows = self.records if self.records.array is None else self.records.array
+            ctx.link.deliver(
+                epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=b,
+                routes=Routes(tuple(keeps)), rows=rows,
+            )  # fmt: skip
+        else:  # what each worker lacks, as a restore re-places a broken store
             needs = still_needed(keeps, held)
             union = np.unique(np.concatenate(needs))
-            sent, rows = union.size, self.records.pick(union)
-            routes = Routes(tuple(np.searchsorted(union, need) for need in needs))
+            if union.size:
+                self.replace(epoch, dict(enumerate(needs)), union)
+            sent = union.size
             bound = (float(max(need.size for need in needs)), False)  # what one worker lacks
             reused = int(sum(k.size for k in keeps) - sum(need.size for need in needs))
-        t0, cpu = time.perf_counter(), HostCpu.start()
-        if sent:
-            ctx.link.deliver(
-                epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=sent, row_bytes=b,
-                routes=routes, rows=rows,
-            )  # fmt: skip
         reports, cpu = self.reports(), cpu.stop()
         verified = verify_digests(epoch, [bytes(r) for r in reports["digest"]], expected)
         fresh = framed_bytes(n, b, chunk)

@@ -75,18 +75,13 @@ class StorePersistence:
         """The whole points of the store after ``epoch`` and their rows, kept by this job
         with any number of workers (the identity without ``workers`` and ``points``), if
         present and intact."""
-        loose = {k: v for k, v in self.identity(epoch).items() if k not in CHANGES_WITH_K}
-        found = []
-        for name in (points_slot(epoch), slot(epoch, 0)):
-            meta = {k: v for k, v in self.disk.meta(name).items() if k in loose}
-            array = self.disk.load(name, mapped=True) if meta == loose else None
-            if array is None:
-                return None
-            found.append(array)
-        points, rows = found
-        if rows.ndim != 2 or rows.shape != (points.size, self.ctx.record_bytes):
+        points = self._load(points_slot(epoch), epoch, CHANGES_WITH_K)
+        rows = self._load(slot(epoch, 0), epoch, CHANGES_WITH_K)
+        if points is None or rows is None:
             return None
-        return np.asarray(points, dtype=np.int64), as_tensor(rows)
+        if rows.ndim != 2 or tuple(rows.shape) != (points.numel(), self.ctx.record_bytes):
+            return None
+        return points.numpy().astype(np.int64, copy=False), rows
 
     def save_batch(self, epoch: int, batch: torch.Tensor) -> None:
         """Keeps the batch of ``epoch`` (the one of the epoch before is dropped)."""
@@ -97,9 +92,13 @@ class StorePersistence:
         """The kept batch of ``epoch``, if present and intact (memory-mapped)."""
         return self._load(batch_slot(epoch), epoch)
 
-    def _load(self, name: str, epoch: int) -> torch.Tensor | None:
-        meta = {k: v for k, v in self.disk.meta(name).items() if k != "digest"}
-        array = self.disk.load(name, mapped=True) if meta == self.identity(epoch) else None
+    def _load(self, name: str, epoch: int, regardless: tuple[str, ...] = ()) -> torch.Tensor | None:
+        """Slot ``name`` (memory-mapped) if present, intact and of this job after ``epoch``
+        (its identity but for the keys ``regardless``)."""
+        skip = {"digest", *regardless}
+        meta = {k: v for k, v in self.disk.meta(name).items() if k not in skip}
+        want = {k: v for k, v in self.identity(epoch).items() if k not in skip}
+        array = self.disk.load(name, mapped=True) if meta == want else None
         return None if array is None else as_tensor(array)
 
     def identity(self, epoch: int) -> dict[str, Any]:

@@ -123,10 +123,7 @@ class WorkerSide:
         union = np.unique(np.concatenate(needs))
         out = self.buffers.empty(keep.size, ctx.record_bytes, self.points_slot(epoch, keep))
         if union.size:
-            got = ctx.link.deliver(
-                epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
-                row_bytes=ctx.record_bytes, routes=self.mine(np.searchsorted(union, needs[k])),
-            )  # fmt: skip
+            got = self.receive_again(epoch, dict(enumerate(needs)), union, store=False)
             if needs[k].size:
                 out[torch.from_numpy(np.searchsorted(keep, needs[k]))] = got
         if rows is not None and mine.any():

@@ -164,11 +164,7 @@ class Master(Rank):
         epoch's record says what the restart cost."""
         done = int(saved["epoch"])
         report = self.cs.restore(done)
-        params, momentum = saved["params"].clone(), saved["momentum"].clone()
-        self.resumed_state(params, momentum)
-        self.load_params(params)
-        self.momentum_flat = momentum
-        self.writer.resume(saved["rows"])
+        self.checkpointed_model(saved)
         replaced = report["replaced_workers"]
         log.info(
             f"resumed after epoch {done} (attempt {attempt()}): stores of "
@@ -178,6 +174,15 @@ class Master(Rank):
         )  # fmt: skip
         return {**report, "attempt": attempt()}
 
+    def checkpointed_model(self, saved: dict[str, Any]) -> None:
+        """The checkpoint's parameters and momentum, here and to every rank; its metrics so
+        far rewritten."""
+        params, momentum = saved["params"].clone(), saved["momentum"].clone()
+        self.resumed_state(params, momentum)
+        self.load_params(params)
+        self.momentum_flat = momentum
+        self.writer.resume(saved["rows"])
+
     def resize(self, saved: dict[str, Any]) -> dict[str, Any]:
         """After a restart with another number of workers: the checkpointed model and
         momentum to every rank, the new workers' among them, and the metrics so far
@@ -185,11 +190,7 @@ class Master(Rank):
         workers that remain hold. Minibatches differ from there on (not bit-identical to
         any unbroken run)."""
         done = int(saved["epoch"])
-        params, momentum = saved["params"].clone(), saved["momentum"].clone()
-        self.resumed_state(params, momentum)
-        self.load_params(params)
-        self.momentum_flat = momentum
-        self.writer.resume(saved["rows"])
+        self.checkpointed_model(saved)
         log.info(
             f"resumed after epoch {done} (attempt {attempt()}) with {self.workers} workers "
             f"instead of {self.before}: epoch {done + 1} places the data anew, reusing what "

@@ -106,12 +106,7 @@ class SocketPlane:
 
 def receive_into(conn: socket.socket, view: memoryview, who: str) -> None:
     """Fills ``view`` from ``conn``; ``ConnectionError`` naming ``who`` if it closes first."""
-    got, size = 0, len(view)
-    while got < size:
-        n = conn.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError(f"{who} closed the connection after {got} of {size} bytes")
-        got += n
+    relay_into(conn, view, None, max(len(view), 1), who)
 
 
 def relay_into(
