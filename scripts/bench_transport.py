@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coded_shuffle.costs.wire import REACH_DTYPE
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES, REACH_DTYPE
 
 COMBOS = (
     ("uncoded", "unicast"),
@@ -94,9 +94,9 @@ def model_deviation(res: Result) -> float:
         elif res.transport == "chain":  # the stream to the first worker and its reach table;
             # each message on as many links as it reaches (the master's model from the plan)
             model = (link + REACH_DTYPE.itemsize * r["messages"], r["network_bytes_model"])
-        elif res.transport == "multicast":  # once, 16 B per datagram, repairs, parity, feedback
+        elif res.transport == "multicast":  # once, 20 B per datagram, repairs, parity, feedback
             datagram = r["transport_settings"]["datagram_bytes"]
-            sent = link + 16 * math.ceil(link / datagram) + r["repair_bytes"]
+            sent = link + DGRAM_HEADER_BYTES * math.ceil(link / datagram) + r["repair_bytes"]
             sent += r.get("parity_bytes", 0)
             workers_feedback = sum(r["host_egress_bytes"][1:])  # workers send feedback only
             model = (sent + control - workers_feedback, sent + control)

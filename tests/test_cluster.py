@@ -10,11 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES as DGRAM_HEAD
 from coded_shuffle.tools import cli
 from coded_shuffle.tools.cluster import netns, run
 from tests.ranks import is_root
@@ -172,10 +174,12 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     assert all(r["verified"] and r["transport"] == "multicast" for r in rows)
     assert all(r["workers"] == 2 for r in rows)
     assert sum(r["repair_bytes"] for r in rows) > 0  # losses happened and were repaired
-    for r in rows:  # master: the stream once, 16 bytes per datagram, repairs, parity, feedback
+    for r in rows:  # master: the stream once, 20 bytes per datagram, repairs, parity, feedback
         datagrams = -(-r["broadcast_bytes"] // 8192)  # MTU 1500: 8 KiB datagrams by default
         assert r["transport_settings"]["datagram_bytes"] == 8192
-        model = r["broadcast_bytes"] + 16 * datagrams + r["repair_bytes"] + r["parity_bytes"]
+        model = (
+            r["broadcast_bytes"] + DGRAM_HEAD * datagrams + r["repair_bytes"] + r["parity_bytes"]
+        )
         feedback = r["master_egress_bytes"] - model
         assert 0 <= feedback < 0.01 * r["broadcast_bytes"], r
     record = json.loads((run_dir / "cluster.json").read_text())
@@ -371,3 +375,52 @@ def test_a_shared_medium_is_one_budget_for_every_host_and_leaves_nothing():
     assert 2 * nbytes < crossed < 2.2 * nbytes  # both flows, each frame once (and ACKs)
     assert our_namespaces() == before
     assert netns.Cluster(3, rate).medium_counters() == {}  # a switch has no medium to count
+
+
+def _one_job(cluster, j: int, target: list[str], run_dir: Path, results: list) -> None:
+    """Job ``j`` on every host of ``cluster``, its master at port ``MASTER_PORT + j``."""
+    port = run.MASTER_PORT + j
+    results[j] = run.run_hosts(cluster, target, run_dir / "hosts", grace=10, port=port)
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_two_jobs_on_one_network_keep_to_themselves(tmp_path):
+    """Four training jobs at once on the same two hosts (four master ports; one worker
+    each, for time: the network is what they share): two over multicast with the default
+    group options, two over chain on the socket plane. Every epoch of every job verified;
+    each multicast job on a group of its own (derived from its identifier), so no datagram of
+    the other reached it; no connection refused."""
+    before = our_namespaces()
+    transports = ("multicast", "multicast", "chain", "chain")
+    with netns.Cluster(2, 400_000_000) as cluster:
+        jobs = []
+        for j, transport in enumerate(transports):
+            job = ["scheme=uncoded", f"dist.transport={transport}", "epochs=2",
+                   "model.hidden=16", f"seed={j}", "dist.timeout_seconds=60",
+                   f"hydra.run.dir={tmp_path / str(j)}"]  # fmt: skip
+            overrides, run_dir = run.training_overrides(job, cluster)
+            jobs.append((["-m", "train", *overrides], run_dir))
+        results: list = [None] * len(jobs)
+        threads = [
+            threading.Thread(target=_one_job, args=(cluster, j, *jobs[j], results))
+            for j in range(len(jobs))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=200)
+    assert all(r is not None and [h.code for h in r] == [0, 0] for r in results), [
+        run.last_error(h.log) for r in results if r for h in r if h.code
+    ]
+    settings = []
+    for (_, run_dir), transport in zip(jobs, transports, strict=True):
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == [1, 2]
+        assert all(r["verified"] and r["transport"] == transport for r in rows)
+        assert all(r["foreign_datagrams"] == 0 for r in rows)
+        assert all(r["refused_connections"] == 0 for r in rows)
+        settings.append(rows[-1]["transport_settings"])
+    places = {(s["group"], s["port"]) for s in settings[:2]}
+    assert len(places) == 2, settings  # each multicast job on a group of its own
+    assert our_namespaces() == before

@@ -63,7 +63,7 @@ def test_each_transport_follows_its_formula_on_a_switch():
     assert seconds("chain", rc, traffic, SWITCH) == pytest.approx(chain)
     assert seconds("tree", rc, traffic, SWITCH) == pytest.approx(3 * tcp(rc) / b + over)
     d = wire.default_datagram_bytes(9000)
-    sent = math.ceil(rc / d) * wire.wire_bytes(16 + d, 9000)
+    sent = math.ceil(rc / d) * wire.wire_bytes(wire.DGRAM_HEADER_BYTES + d, 9000)
     multicast = sent / (model.PACE_SHARE * b) + over
     assert seconds("multicast", rc, traffic, SWITCH) == pytest.approx(multicast)
     assert [master_bytes(x, rc, k) for x in ("p2p", "tree", "chain")] == [0, 3 * rc, rc]

@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES as DGRAM_HEAD
 from coded_shuffle.costs.wire import (
     chain_bytes,
     chain_reach,
@@ -50,7 +52,9 @@ from coded_shuffle.distributed.transports.framing import (
     Inbox,
     frame,
 )
+from coded_shuffle.distributed.transports.multicast import DGRAM
 from coded_shuffle.distributed.transports.multicast.pacing import CATCH_UP_BYTES, Pacer
+from coded_shuffle.distributed.transports.sockets import HELLO
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError, VerificationError
 from tests.ranks import is_root, private_netns, run_ranks
@@ -289,7 +293,7 @@ def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
 def test_default_datagrams_are_about_four_fragments():
     assert default_datagram_bytes(1500) == 8192  # 6 fragments: the floor
     assert default_datagram_bytes(9000) == 32768  # 4 fragments: the ceiling
-    assert default_datagram_bytes(4000) == 4 * (4000 - 44)
+    assert default_datagram_bytes(4000) == 4 * (4000 - 48)  # IPv4, UDP, our header
 
 
 def test_wire_bytes_of_a_fragmented_datagram():
@@ -381,10 +385,16 @@ def _routes_for(name: str, world: int, seed: int = 0) -> tuple[tuple, tuple | No
     return needs, tuple(senders)
 
 
-def _deliver(rank: int, world: int, name: str, options: dict) -> tuple:
+def _deliver(rank: int, world: int, name: str, options: dict, knock=None) -> tuple:
+    """One delivery of every worker's rows; ``knock(transport)`` (if given) runs on rank 1
+    before it, while every other rank waits: strangers at its door."""
     peer = Peer(rank, world, timedelta(seconds=30))
     transport = build_transport(name, peer, options)
     try:
+        if knock is not None:
+            if rank == 1:
+                knock(transport)
+            dist.barrier()
         link = Link(transport, CHUNK)
         rows = torch.arange(N_ROWS * WIDTH, dtype=torch.int64).remainder(251)
         rows = rows.to(torch.uint8).reshape(N_ROWS, WIDTH)
@@ -569,24 +579,28 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
     with private_netns() as ns:
         results = run_ranks(WORLD, _deliver, "multicast", options, netns=ns)
     _check_rows(results, WORLD, "multicast")
-    egress, ingress, repairs, control, parity = zip(*(r[1] for r in results), strict=True)
+    egress, ingress, repairs, control, parity, *_ = zip(*(r[1] for r in results), strict=True)
     datagrams = math.ceil(L / 512)
-    # the first stream carries parity: one 512-byte datagram per block of 32 (16-byte header)
-    assert parity[0] == math.ceil(datagrams / 32) * (16 + 512) and parity[1:] == (0, 0, 0)
+    # the first stream carries parity: one 512-byte datagram per block of 32 (20-byte header)
+    assert parity[0] == math.ceil(datagrams / 32) * (DGRAM_HEAD + 512) and parity[1:] == (
+        0,
+        0,
+        0,
+    )
     if drop == 0:
         assert repairs[0] == 0
     else:
         assert repairs[0] > 0  # 30% of the datagrams lost at every receiver: repairs ran
-    # model: every datagram once (16-byte header each), the repairs, parity, the feedback
-    assert egress[0] == L + 16 * datagrams + repairs[0] + parity[0] + control[0]
+    # model: every datagram once (20-byte header each), the repairs, parity, the feedback
+    assert egress[0] == L + DGRAM_HEAD * datagrams + repairs[0] + parity[0] + control[0]
     assert all(e == c for e, c in zip(egress[1:], control[1:], strict=True))  # workers: feedback
     # what each worker missed, one bit per datagram, and its count of lost or late (4 bytes)
     bitmap = math.ceil(datagrams / 8) + 4
     if drop == 0:  # one round: every datagram and parity, "round sent" (4 bytes), the union
         # (a receiver stops reading once it has every datagram: the last block's parity, sent
         # after it, is not read in this stream)
-        heard = parity[0] - (16 + 512)
-        assert list(ingress[1:]) == [L + 16 * datagrams + heard + 4 + bitmap] * (WORLD - 1)
+        heard = parity[0] - (DGRAM_HEAD + 512)
+        assert list(ingress[1:]) == [L + DGRAM_HEAD * datagrams + heard + 4 + bitmap] * (WORLD - 1)
         # each worker sends its bitmap (the master sends the union to each one itself)
         assert control[1:] == (bitmap, bitmap, bitmap)
         assert control[0] == 4 * (WORLD - 1) + bitmap * (WORLD - 1)  # "round sent", the union
@@ -658,19 +672,20 @@ MC_BASE = {"rate": "200mbit", "datagram_bytes": 512, "seed": 3}
 def test_multicast_parity_rebuilds_single_losses_where_they_happen():
     """3% of the datagrams lost at every receiver, parity every 8 datagrams: losses are
     rebuilt as the parity arrives. Every stream exact, the parity counted in the master's
-    egress (the model: every datagram once, 16-byte headers, repairs, parity, feedback)."""
+    egress (the model: every datagram once, 20-byte headers, repairs, parity, feedback)."""
     options = {**MC_BASE, "drop": 0.03, "parity_block": 8}
     with private_netns() as ns:
         results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
     assert all(r[0] for r in results)
     rebuilt = [r[3] for r in results[1:]]
     assert sum(rebuilt) > 0, rebuilt  # losses rebuilt from parity, not by a repair round
-    egress, _, repairs, control, parity = results[0][1]
+    egress, _, repairs, control, parity, *_ = results[0][1]
     assert (
         parity > 0
         and egress
         == sum(
-            16 * math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512) + framed(MC_ROWS, MC_WIDTH, 4096)
+            DGRAM_HEAD * math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
+            + framed(MC_ROWS, MC_WIDTH, 4096)
             for _ in range(2)
         )
         + repairs
@@ -723,7 +738,8 @@ def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
     else:
         pytest.fail("no run of three without a lost datagram on an unlimited network")
     datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
-    assert results[0][1][4] == math.ceil(datagrams / 32) * (16 + 512)  # one stream's parity
+    parity = math.ceil(datagrams / 32) * (DGRAM_HEAD + 512)  # one stream's
+    assert results[0][1][4] == parity
     assert results[0][4] == [200_000_000] * 2
 
 
@@ -754,3 +770,70 @@ def test_the_socket_plane_sends_parts_whole_and_names_a_peer_that_hangs_up():
         a.shutdown(socket.SHUT_WR)
         with pytest.raises(ConnectionError, match="rank 7 closed the connection after 50 of 100"):
             receive_message(b, 124, into, "rank 7")
+
+
+STRANGER = "127.0.0.2"  # loopback, but not the address any rank was gathered at
+
+
+def _strangers_at_the_listener(transport) -> None:
+    """Three connections to rank 1's listener that are not rank 0 of this job: the right
+    hello from another address, another job's hello from the right one, half a hello."""
+    listener, job = transport.plane.listener.getsockname(), transport.peer.job
+    knocks = [
+        (STRANGER, HELLO.pack(0, job)),
+        (listener[0], HELLO.pack(0, job ^ 1)),
+        (listener[0], HELLO.pack(0, job)[:5]),
+    ]
+    for source, hello in knocks:
+        with socket.create_connection(listener, timeout=5, source_address=(source, 0)) as s:
+            s.sendall(hello)
+
+
+@pytest.mark.distributed
+def test_the_socket_plane_refuses_strangers_and_counts_them():
+    """Only a rank of this job, from that rank's address, gets in: the strangers' connections
+    are closed (three, counted at rank 1), the delivery is exact and counts what it did."""
+    results = run_ranks(WORLD, _deliver, "unicast", {}, _strangers_at_the_listener)
+    _check_rows(results, WORLD, "unicast")
+    refused = [r[1][-1] for r in results]
+    assert refused == [0, 3, 0, 0]
+    clean = run_ranks(WORLD, _deliver, "unicast", {})
+    assert [r[1][:-2] for r in results] == [r[1][:-2] for r in clean]  # bytes: the same
+
+
+def _strangers_at_the_group(transport) -> None:
+    """Datagrams to the job's group and port that look like its first stream's first one:
+    the job's identifier from another address, another job's from the master's address."""
+    group, job, payload = (transport.group, transport.port), transport.peer.job, b"\xff" * 512
+    for source, who in ((STRANGER, job), (transport.master[0], job ^ 1)):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((source, 0))
+            s.sendto(DGRAM.pack(who, 1, 0, 0, 0) + payload, group)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_drops_datagrams_not_from_the_jobs_master_and_counts_them():
+    """Every worker hears both strangers' datagrams and drops them (two each, counted), the
+    delivery is exact; the group and port came from the job's identifier."""
+    options = {"rate": "200mbit", "datagram_bytes": 512, "parity_block": 0}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _deliver, "multicast", options, _strangers_at_the_group,
+                            netns=ns)  # fmt: skip
+    _check_rows(results, WORLD, "multicast")
+    foreign = [r[1][-2] for r in results]
+    assert foreign == [0, 2, 2, 2]
+    assert all(r[1][2] == 0 for r in results)  # nothing lost, nothing repaired
+
+
+def test_a_jobs_multicast_group_and_port_come_from_its_identifier():
+    from coded_shuffle.distributed.transports.multicast.options import job_group
+
+    rng = np.random.default_rng(5)
+    jobs = [int(j) for j in rng.integers(1, 2**63, 200, dtype=np.int64)]
+    places = {job_group(j) for j in jobs}
+    assert len(places) == len(jobs)  # two jobs: another group and port
+    for group, port in places:
+        octets = [int(x) for x in group.split(".")]
+        assert octets[:2] == [239, 255] and all(1 <= x <= 254 for x in octets[2:])
+        assert 10000 <= port < 20000

@@ -28,13 +28,15 @@ REPORT = np.dtype(
         ("repairs", "<i8"),
         ("control", "<i8"),
         ("parity", "<i8"),
+        ("foreign", "<i8"),  # datagrams dropped as not the job's (HostBytes.foreign)
+        ("refused", "<i8"),  # connections closed as not the job's (HostBytes.refused)
         ("cpu_user_seconds", "<f8"),  # this process's CPU in the delivery (HostCpu)
         ("cpu_system_seconds", "<f8"),
         ("started", "<f8"),  # wall clock (time.time) when this worker's delivery began
         ("finished", "<f8"),  # ... and when it had its batch, decoded and hashed
     ]
 )
-COUNTS = ("egress", "ingress", "repairs", "control", "parity")
+COUNTS = ("egress", "ingress", "repairs", "control", "parity", "foreign", "refused")
 
 
 @dataclass
@@ -102,6 +104,8 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu
         "repair_bytes": master.repairs + int(reports["repairs"].sum()),
         "control_bytes": master.control + int(reports["control"].sum()),
         "parity_bytes": master.parity + int(reports["parity"].sum()),
+        "foreign_datagrams": master.foreign + int(reports["foreign"].sum()),
+        "refused_connections": master.refused + int(reports["refused"].sum()),
         "host_egress_bytes": egress,
         "host_ingress_bytes": ingress,
         "host_cpu_seconds": busy,

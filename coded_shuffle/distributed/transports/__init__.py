@@ -8,6 +8,7 @@ any of them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from coded_shuffle.distributed.transports.base import (
     SettingNames,
     Stream,
     Transport,
+    job_identifier,
 )
 from coded_shuffle.distributed.transports.chain import Chain, ChainOptions
 from coded_shuffle.distributed.transports.link import Link, Routes
@@ -66,8 +68,11 @@ def build_transport(
     buffers: Buffers = IN_MEMORY,
 ) -> Transport:
     """Creates this rank's end of the transport (collective: every rank calls it); its large
-    buffers (a multicast stream) come from ``buffers``."""
+    buffers (a multicast stream) come from ``buffers``. A peer without a job identifier gets
+    one drawn by rank 0 (:func:`~.base.job_identifier`)."""
     cls = transport_class(name)
+    if not peer.job:
+        peer = dataclasses.replace(peer, job=job_identifier(peer.group))
     transport = cls(peer, cls.parse_options(peer.world_size, options))
     transport.buffers = buffers
     return transport

@@ -18,6 +18,7 @@ Routing (:attr:`Transport.routing`) says which streams a transport carries:
 from __future__ import annotations
 
 import dataclasses
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from datetime import timedelta
 from typing import Any, ClassVar, Literal
 
 import torch
+import torch.distributed as dist
 
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
 from coded_shuffle.errors import UsageError
@@ -92,23 +94,23 @@ class Stream:
 
 @dataclass
 class HostBytes:
-    """Bytes that crossed one host's NIC since the last reset (message bytes)."""
+    """Bytes that crossed one host's NIC since the last reset (message bytes), and what this
+    host turned away as not the job's."""
 
     egress: int = 0
     ingress: int = 0
     repairs: int = 0  # of the egress: datagrams sent again because a receiver missed them
     control: int = 0  # of the egress: the transport's own feedback messages
     parity: int = 0  # of the egress: parity datagrams (multicast), sent ahead of any loss
+    foreign: int = 0  # datagrams dropped: another job's identifier, or not the master's address
+    refused: int = 0  # connections closed: no hello, another job's, or not the rank's address
 
     def add(self, other: HostBytes) -> None:
-        self.egress += other.egress
-        self.ingress += other.ingress
-        self.repairs += other.repairs
-        self.control += other.control
-        self.parity += other.parity
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def as_list(self) -> list[int]:
-        return [self.egress, self.ingress, self.repairs, self.control, self.parity]
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,20 @@ class Peer:
     world_size: int
     timeout: timedelta
     group: Any = None  # the process group over all ranks (None: the default group)
+    job: int = 0  # the job's identifier (:func:`job_identifier`): what strangers do not carry
 
     @property
     def workers(self) -> tuple[int, ...]:
         return tuple(range(1, self.world_size))
+
+
+def job_identifier(group: Any = None) -> int:
+    """A random 64-bit identifier drawn by rank 0 and handed to every rank of ``group``
+    (collective). Every datagram and every connection's hello carries it, so two jobs on one
+    network, or a stranger, are told apart from the job's own."""
+    drawn = torch.frombuffer(bytearray(os.urandom(8)), dtype=torch.uint8)
+    dist.broadcast(drawn, src=0, group=group)
+    return int.from_bytes(drawn.numpy().tobytes(), "little")
 
 
 class Transport(ABC):

@@ -104,7 +104,7 @@ class Chain(Transport):
         self.position = at  # 0: the master, 1..K: the workers in relay order
         self.prev = path[at - 1] if at > 0 else None
         self.next = path[at + 1] if at + 1 < len(path) else None
-        self.plane = SocketPlane(peer) if self.zero_copy else None
+        self.plane = SocketPlane(peer, lambda: self.counts) if self.zero_copy else None
 
     def settings(self) -> dict[str, Any]:
         return {

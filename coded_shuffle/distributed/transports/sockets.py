@@ -11,12 +11,19 @@ end to end (no CRC-32: ``checksums = False``).
 
 Every rank listens on the address that routes to the job's master (``GLOO_SOCKET_IFNAME``'s
 when set); the addresses are gathered when the transport is built (a collective, like every
-transport's construction). Connections open on first use and close with the transport.
+transport's construction). Connections open on first use and close with the transport. A
+connection opens with a hello, ``rank u32, job u64`` (:data:`HELLO`, connection set-up like
+TCP's handshake: not counted as message bytes); a listener keeps it only when the hello arrives
+within :data:`HELLO_SECONDS`, carries the job's identifier and a rank that has not connected
+yet, and comes from the address gathered for that rank. It closes any other with a log line
+and counts it (:attr:`~.base.HostBytes.refused`): another job on the network, or a stranger
+that announces a rank, never gets a byte in.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import struct
@@ -27,11 +34,13 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.costs.wire import HEADER_BYTES
-from coded_shuffle.distributed.transports.base import KeyName, Peer
+from coded_shuffle.distributed.transports.base import HostBytes, KeyName, Peer
 from coded_shuffle.errors import UsageError
 
 SIOCGIFADDR = 0x8915
-RANK = struct.Struct("<I")
+HELLO = struct.Struct("<IQ")  # rank, job identifier
+HELLO_SECONDS = 5.0  # a rank sends its hello with the connection; a stranger may send nothing
+log = logging.getLogger("coded_shuffle")
 PLANES = ("gloo", "socket")  # the data planes of unicast and chain (``plane`` option)
 Targets = Callable[[int, int], torch.Tensor | None]  # (stream, message) -> payload in place
 
@@ -64,13 +73,14 @@ def local_address() -> str:
 
 
 class SocketPlane:
-    """One rank's TCP connections to the others (opened on first use)."""
+    """One rank's TCP connections to the others (opened on first use); ``counts()`` is where
+    a refused connection is counted."""
 
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
+    def __init__(self, peer: Peer, counts: Callable[[], HostBytes]) -> None:
+        self.peer, self.counts = peer, counts
         self.seconds = peer.timeout.total_seconds()
         host = local_address()
-        self.listener = socket.create_server((host, 0), backlog=peer.world_size)
+        self.listener = socket.create_server((host, 0), backlog=max(64, peer.world_size))
         self.listener.settimeout(self.seconds)
         mine = (host, self.listener.getsockname()[1])
         addresses: list = [None] * peer.world_size
@@ -80,23 +90,53 @@ class SocketPlane:
         self.receiving: dict[int, socket.socket] = {}
 
     def to(self, dst: int) -> socket.socket:
-        """The connection this rank sends to ``dst`` on."""
+        """The connection this rank sends to ``dst`` on (from its own gathered address, which
+        the listener checks)."""
         if dst not in self.sending:
-            conn = socket.create_connection(self.addresses[dst], timeout=self.seconds)
+            mine = (self.addresses[self.peer.rank][0], 0)
+            conn = socket.create_connection(
+                self.addresses[dst], timeout=self.seconds, source_address=mine
+            )
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sendall(RANK.pack(self.peer.rank))
+            conn.sendall(HELLO.pack(self.peer.rank, self.peer.job))
             self.sending[dst] = conn
         return self.sending[dst]
 
     def of(self, src: int) -> socket.socket:
-        """The connection this rank receives from ``src`` on (accepted when it arrives)."""
+        """The connection this rank receives from ``src`` on (accepted when it arrives; any
+        connection that is not a rank of this job is closed on the way)."""
         while src not in self.receiving:
-            conn, _ = self.listener.accept()
-            conn.settimeout(self.seconds)
-            buf = bytearray(RANK.size)
-            receive_into(conn, memoryview(buf), "a connecting rank")
-            self.receiving[RANK.unpack(buf)[0]] = conn
+            conn, address = self.listener.accept()
+            rank = self._admit(conn, address[0])
+            if rank is not None:
+                conn.settimeout(self.seconds)
+                self.receiving[rank] = conn
         return self.receiving[src]
+
+    def _admit(self, conn: socket.socket, address: str) -> int | None:
+        """The rank a new connection's hello announces, if it is this job's from that rank's
+        address; else the connection closed, logged and counted (None)."""
+        conn.settimeout(min(HELLO_SECONDS, self.seconds))
+        buf = bytearray(HELLO.size)
+        try:
+            receive_into(conn, memoryview(buf), "a connecting rank")
+        except OSError as exc:  # ConnectionError, a timeout
+            return self._refuse(conn, address, f"no hello ({exc})")
+        rank, job = HELLO.unpack(buf)
+        if job != self.peer.job:
+            return self._refuse(conn, address, f"job identifier {job:#018x} is not this job's")
+        if not 0 <= rank < self.peer.world_size or rank == self.peer.rank:
+            return self._refuse(conn, address, f"rank {rank} is no other rank of this job")
+        if address != self.addresses[rank][0]:
+            return self._refuse(conn, address, f"rank {rank} is at {self.addresses[rank][0]}")
+        if rank in self.receiving:
+            return self._refuse(conn, address, f"rank {rank} is connected already")
+        return rank
+
+    def _refuse(self, conn: socket.socket, address: str, why: str) -> None:
+        conn.close()
+        self.counts().refused += 1
+        log.warning(f"rank {self.peer.rank}: refused a connection from {address}: {why}")
 
     def close(self) -> None:
         for conn in [*self.sending.values(), *self.receiving.values(), self.listener]:

@@ -64,7 +64,7 @@ class Unicast(Transport):
 
     def __init__(self, peer: Peer, options: Any = None) -> None:
         super().__init__(peer, options)
-        self.plane = SocketPlane(peer) if self.zero_copy else None
+        self.plane = SocketPlane(peer, lambda: self.counts) if self.zero_copy else None
 
     def close(self) -> None:
         if self.plane is not None:

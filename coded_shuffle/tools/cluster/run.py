@@ -151,12 +151,14 @@ def max_restarts(target: Sequence[str]) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
-def torchrun_argv(cluster: Cluster, host: int, target: Sequence[str]) -> list[str]:
+def torchrun_argv(
+    cluster: Cluster, host: int, target: Sequence[str], port: int = MASTER_PORT
+) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(cluster.hosts), "--nproc-per-node", "1",
         "--node-rank", str(host), "--master-addr", cluster.address(0),
-        "--master-port", str(MASTER_PORT), "--max-restarts", str(max_restarts(target)),
+        "--master-port", str(port), "--max-restarts", str(max_restarts(target)),
         *target,
     ]  # fmt: skip
 
@@ -167,8 +169,10 @@ def run_hosts(
     logs: Path,
     grace: float = 30.0,
     faults: Sequence[Fault] = (),
+    port: int = MASTER_PORT,
 ) -> list[HostResult]:
-    """Starts ``torchrun ... target`` on every host and waits for all of them.
+    """Starts ``torchrun ... target`` on every host and waits for all of them (the job's
+    master at ``port`` of host 0: two jobs on one cluster take two ports).
 
     Host 0's output is echoed to the console. ``faults`` fire at their time: a killed host
     loses every process (and is started again when the job restarts after failures); a cut
@@ -183,7 +187,7 @@ def run_hosts(
     echo = None
 
     def start(i: int) -> subprocess.Popen:
-        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
+        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, port))
         out = subprocess.PIPE if i == 0 else files[i]
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 

@@ -27,7 +27,14 @@ and so is the feedback (:attr:`HostBytes.control`, its share of a host's egress)
 (debug) makes every receiver discard that fraction of the datagrams it gets; ``slow_seconds``
 (debug) makes rank 1 sleep after every datagram it reads (a receiver that cannot keep up).
 
-Datagram: ``session u32, stream u32, seq u32, round u16, flags u16`` (16 bytes) + up to
+Only the job's master is heard: every datagram carries the job's identifier
+(:func:`~coded_shuffle.distributed.transports.base.job_identifier`), and a receiver drops,
+and counts (:attr:`HostBytes.foreign`), any datagram that carries another or does not come from
+the master's address and port (which the master hands to every worker when the transport is
+built). Unless ``group`` and ``port`` are set, they are derived from the identifier
+(:func:`~.options.job_group`), so two jobs on one network do not even share a group.
+
+Datagram: ``job u64, stream u32, seq u32, round u16, flags u16`` (20 bytes) + up to
 ``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes`` (a parity
 datagram, flag 1: the XOR of block ``seq``'s datagrams, zero-padded, ``datagram_bytes`` long).
 The messages inside keep their own headers and CRC-32 checksums, checked as for every transport.
@@ -36,6 +43,7 @@ The messages inside keep their own headers and CRC-32 checksums, checked as for 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import struct
@@ -65,6 +73,7 @@ from coded_shuffle.distributed.transports.multicast.options import (
     MulticastOptions,
     MulticastUnavailable,
     interface_of,
+    job_group,
     mreqn,
 )
 from coded_shuffle.distributed.transports.multicast.pacing import Pacer, adapt
@@ -73,6 +82,7 @@ from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, P
 DGRAM = struct.Struct(DGRAM_FORMAT)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 POLL_SECONDS = 0.005
+log = logging.getLogger("coded_shuffle")
 
 __all__ = ["DGRAM", "Multicast", "MulticastOptions", "MulticastUnavailable"]
 
@@ -88,7 +98,10 @@ class Multicast(Transport):
     def __init__(self, peer: Peer, options: MulticastOptions | None = None) -> None:
         super().__init__(peer, options)
         o = self.options
-        self.rate, self.group, self.port = parse_rate(o.rate, "rate"), o.group, int(o.port)
+        self.rate, self.job = parse_rate(o.rate, "rate"), peer.job
+        group, port = job_group(self.job)
+        self.group = o.group if o.group is not None else group
+        self.port = int(o.port) if o.port is not None else port
         self.drop, self.grace = float(o.drop), float(o.grace_seconds)
         self.ifindex, self.mtu = interface_of(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
         self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
@@ -96,7 +109,8 @@ class Multicast(Transport):
         self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
         self.slow = float(o.slow_seconds) if peer.rank == 1 else 0.0
         self.sock = self._open()
-        self.session = self._agree_session()
+        self.master = self._agree_master()
+        self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
         self.stream_id = 0
         self.rounds = 0  # repair rounds of the last stream (0: none needed)
         self.pace = self.rate  # bits/s now: adapted round by round within [rate/16, rate]
@@ -135,14 +149,15 @@ class Multicast(Transport):
             ) from None
         return sock
 
-    def _agree_session(self) -> int:
-        """A random id chosen by the master, so datagrams of other jobs are ignored.
+    def _agree_master(self) -> tuple[str, int]:
+        """The address and port the master's datagrams come from (its socket's, connected to
+        the group), handed to every worker: a receiver hears nothing else.
 
         The collective also makes sure every receiver has joined before anything is sent.
         """
-        value = torch.tensor([int.from_bytes(os.urandom(4), "little") >> 1], dtype=torch.int64)
-        dist.broadcast(value, src=0, group=self.peer.group)
-        return int(value)
+        mine = [self.sock.getsockname() if self.peer.rank == 0 else None]
+        dist.broadcast_object_list(mine, src=0, group=self.peer.group)
+        return tuple(mine[0])
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -151,6 +166,8 @@ class Multicast(Transport):
             "parity_block": self.parity_block if self.parity else 0,
             "datagram_bytes": self.datagram_bytes,
             "mtu": self.mtu,
+            "group": self.group,
+            "port": self.port,
         }
 
     def close(self) -> None:
@@ -230,7 +247,7 @@ class Multicast(Transport):
                 continue
             parity = np.bitwise_xor.reduce(data[a * d : z * d].reshape(-1, d), axis=0)
             pacer.wait()
-            head = DGRAM.pack(self.session, self.stream_id, b, 0, FLAG_PARITY)
+            head = DGRAM.pack(self.job, self.stream_id, b, 0, FLAG_PARITY)
             sent += self.sock.sendmsg([head, memoryview(parity)])
             pacer.sent(1.0)
         return sent
@@ -243,12 +260,12 @@ class Multicast(Transport):
         d = self.datagram_bytes
         view = memoryview(data)
         pack, sendmsg = DGRAM.pack, self.sock.sendmsg
-        session, stream = self.session, self.stream_id
+        job, stream = self.job, self.stream_id
         sent = 0
         for seq in seqs:
             pacer.wait()
             end = min(seq * d + d, size)
-            sent += sendmsg([pack(session, stream, seq, rnd, 0), view[seq * d : end]])
+            sent += sendmsg([pack(job, stream, seq, rnd, 0), view[seq * d : end]])
             pacer.sent((end - seq * d) / d)
         return sent
 
@@ -323,7 +340,7 @@ class Multicast(Transport):
                 j += 1
             state["next"] = j
 
-        rnd = 0
+        rnd, foreign = 0, self.counts.foreign
         while True:
             lost, done = self._receive_round(out, have, rnd, complete, parity)
             self._report_missing(~have, lost)  # (nothing missing: sent before "round sent")
@@ -332,8 +349,13 @@ class Multicast(Transport):
             done.wait()  # the master's "round sent", in by now
             self._control(ingress=4)
             if todo.size == 0:
-                return
+                break
             rnd += 1
+        if self.counts.foreign > foreign:
+            log.warning(
+                f"rank {self.peer.rank}: dropped {self.counts.foreign - foreign} datagrams not "
+                f"from this job's master {self.master} (the last from {self.stranger})"
+            )
 
     def _receive_round(
         self,
@@ -359,7 +381,7 @@ class Multicast(Transport):
         view = memoryview(out)
         scratch = memoryview(bytearray(d))
         sock, unpack = self.sock, DGRAM.unpack
-        session, stream_id = self.session, self.stream_id
+        job, master, stream_id = self.job, self.master, self.stream_id
         count = int(have.sum())
         expect = 0
         draining = False
@@ -371,7 +393,7 @@ class Multicast(Transport):
                 complete(expect)
             slot = view[expect * d : expect * d + d] if expect < n else scratch
             try:
-                nbytes, *_ = sock.recvmsg_into([header, slot])
+                nbytes, _, _, source = sock.recvmsg_into([header, slot])
             except TimeoutError:
                 if draining:
                     break
@@ -379,9 +401,13 @@ class Multicast(Transport):
                     draining = True
                     sock.settimeout(self.grace)
                 continue
-            got_session, stream, seq, got_round, flags = unpack(header)
-            if got_session != session or stream > stream_id:
-                continue  # another job's
+            got_job, stream, seq, got_round, flags = unpack(header)
+            if got_job != job or source != master:
+                self.counts.foreign += 1  # another job's, or a stranger's
+                self.stranger = source
+                continue
+            if stream > stream_id:
+                continue
             if self.slow:
                 time.sleep(self.slow)  # debug: a receiver that cannot keep up
             if stream != stream_id:  # parity read after the end of its stream is not late

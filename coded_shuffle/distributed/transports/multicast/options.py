@@ -13,8 +13,7 @@ from coded_shuffle.distributed.transports.base import KeyName
 from coded_shuffle.errors import UsageError
 
 RCVBUF_BYTES = 64 << 20
-DEFAULT_GROUP = "239.255.77.77"
-DEFAULT_PORT = 29577
+PORTS = (10000, 20000)  # derived ports: below Linux's ephemeral range and torch's 29500
 
 
 class MulticastUnavailable(UsageError):
@@ -38,6 +37,14 @@ def interface_of(name: str | None) -> tuple[int, int]:
     return index, mtu
 
 
+def job_group(job: int) -> tuple[str, int]:
+    """The group and port a job uses unless set: from its identifier, in the
+    organisation-local scope 239.255.0.0/16 (RFC 2365), so two jobs on one network do not
+    share a group by default."""
+    x, y, p = (job >> 48) % 254 + 1, (job >> 32) % 254 + 1, job % (PORTS[1] - PORTS[0])
+    return f"239.255.{x}.{y}", PORTS[0] + p
+
+
 def mreqn(group: str, ifindex: int) -> bytes:
     """``struct ip_mreqn``: group, any local address, interface index."""
     return struct.pack("4s4si", socket.inet_aton(group), socket.inet_aton("0.0.0.0"), ifindex)
@@ -49,10 +56,10 @@ class MulticastOptions:
 
     rate: str | None = field(default=None, metadata={"required": True})
     """Required: pacing on the wire, e.g. 380mbit (a little below the slowest NIC)."""
-    group: str = DEFAULT_GROUP
-    """IPv4 multicast group of the job."""
-    port: int = DEFAULT_PORT
-    """UDP port of the job, 1..65535."""
+    group: str | None = None
+    """IPv4 multicast group of the job; null: 239.255.x.y derived from the job's identifier."""
+    port: int | None = None
+    """UDP port of the job, 1..65535; null: 10000..19999 derived from the job's identifier."""
     datagram_bytes: int | None = None
     """Stream bytes per datagram, 512..65000; null: about 4 IP fragments (8-32 KiB)."""
     interface: str | None = None
@@ -79,12 +86,12 @@ class MulticastOptions:
             )
         parse_rate(self.rate, name("rate"))
         try:
-            first = int(socket.inet_aton(str(self.group))[0])
+            first = int(socket.inet_aton(str(self.group))[0]) if self.group is not None else 239
         except OSError:
             first = 0
         if not 224 <= first <= 239:
             raise UsageError(f"{name('group')}={self.group!r} is not an IPv4 multicast address")
-        if not 1 <= int(self.port) <= 65535:
+        if self.port is not None and not 1 <= int(self.port) <= 65535:
             raise UsageError(f"{name('port')}={self.port} out of range 1..65535")
         if self.datagram_bytes is not None and not 512 <= int(self.datagram_bytes) <= 65000:
             raise UsageError(
