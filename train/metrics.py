@@ -82,13 +82,17 @@ def progress_line(row: dict[str, Any], epochs: int) -> str:
     """One console line per epoch: loss, accuracy, link bytes coded vs uncoded, delivery time."""
     what = "placement (uncoded)" if row["phase"] == "placement" else row["scheme"]
     what = f"{what} over {row['transport']}"
+    foreign, refused = row.get("foreign_datagrams", 0), row.get("refused_connections", 0)
+    away = (
+        f" | turned away {foreign} datagrams, {refused} connections" if foreign or refused else ""
+    )
     return (
         f"epoch {row['epoch']:>3}/{epochs} {what}: train_loss {row['train_loss']:.4f} "
         f"test_loss {row['test_loss']:.4f} acc {row['test_accuracy']:.3f} | link "
         f"{human_bytes(row['broadcast_bytes'])} vs uncoded {human_bytes(row['uncoded_bytes'])} "
         f"({row['saved_percent']:.1f}% saved) | master sent "
         f"{human_bytes(row['master_egress_bytes'])} | delivery {row['delivery_seconds']:.3f} s"
-        f"{'' if row['verified'] else ' NOT VERIFIED'}"
+        f"{away}{'' if row['verified'] else ' NOT VERIFIED'}"
     )
 
 
