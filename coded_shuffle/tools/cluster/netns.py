@@ -267,6 +267,19 @@ class Cluster:
         """Bytes every host's NIC has sent and received so far."""
         return [_counters(self.host_ns(i), IFACE) for i in range(self.hosts)]
 
+    def transport_counters(self) -> list[dict[str, int]]:
+        """Per host so far: TCP segments sent again and retransmission timeouts (its
+        namespace's ``/proc/net/snmp`` and ``netstat``), and the frames its NIC's queues
+        dropped sending (``eth0``'s tbf) and receiving (its bridge port's tbf): where a
+        delivery lost time to a full queue."""
+        out = []
+        for i in range(self.hosts):
+            tcp = _tcp_counters(self.host_ns(i))
+            tcp["tx_drops"] = _queue_drops(self.host_ns(i), IFACE)
+            tcp["rx_drops"] = _queue_drops(self.bridge_ns, f"p{i}")
+            out.append(tcp)
+        return out
+
     def medium_counters(self) -> dict[str, int]:
         """Bytes and frames that crossed the shared medium so far (empty on a switch)."""
         if self.medium != "shared":
@@ -283,3 +296,27 @@ def _counters(ns: str, dev: str) -> dict[str, int]:
                 "tx_packets": stats["tx"]["packets"]}  # fmt: skip
     except (ValueError, LookupError):
         return {"tx_bytes": -1, "rx_bytes": -1, "tx_packets": -1}
+
+
+def _tcp_counters(ns: str) -> dict[str, int]:
+    """``RetransSegs`` and ``TCPTimeouts`` of namespace ``ns`` (-1 where unreadable)."""
+    got = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    table: dict[str, int] = {}
+    lines = got.stdout.splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        kind, _, keys = names.partition(":")
+        for key, value in zip(keys.split(), values.partition(":")[2].split(), strict=False):
+            table[f"{kind}.{key}"] = int(value) if value.lstrip("-").isdigit() else -1
+    return {"retransmits": table.get("Tcp.RetransSegs", -1),
+            "timeouts": table.get("TcpExt.TCPTimeouts", -1)}  # fmt: skip
+
+
+def _queue_drops(ns: str, dev: str) -> int:
+    """Frames the root qdisc of ``dev`` dropped so far (-1 where unreadable)."""
+    got = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    try:
+        return int(next(q["drops"] for q in json.loads(got.stdout) if q.get("root")))
+    except (ValueError, LookupError, StopIteration):
+        return -1

@@ -330,16 +330,26 @@ def machine_cpu_use(before: dict[str, int], after: dict[str, int]) -> dict[str, 
     }
 
 
+TRANSPORT_RECORD = {  # Cluster.transport_counters' keys -> cluster.json's per host
+    "retransmits": "tcp_retransmitted_segments",
+    "timeouts": "tcp_timeouts",
+    "tx_drops": "queue_drops_sending",
+    "rx_drops": "queue_drops_receiving",
+}
+
+
 @dataclass
 class Counters:
     """The cluster's NIC and medium counters at one moment."""
 
     nics: list[dict[str, int]]
     medium: dict[str, int]
+    transport: list[dict[str, int]]  # per host: TCP retransmits and timeouts, queue drops
 
     @classmethod
     def read(cls, cluster: Cluster) -> Counters:
-        return cls(cluster.nic_counters(), cluster.medium_counters())
+        return cls(cluster.nic_counters(), cluster.medium_counters(),
+                   cluster.transport_counters())  # fmt: skip
 
 
 def medium_record(cluster: Cluster, before: Counters, after: Counters) -> dict:
@@ -375,6 +385,10 @@ def write_record(
                 "exit_code": results[i].code,
                 "nic_tx_bytes": after.nics[i]["tx_bytes"] - before.nics[i]["tx_bytes"],
                 "nic_rx_bytes": after.nics[i]["rx_bytes"] - before.nics[i]["rx_bytes"],
+                **{
+                    name: after.transport[i][key] - before.transport[i][key]
+                    for key, name in TRANSPORT_RECORD.items()
+                },
             }
         )
     record = {
