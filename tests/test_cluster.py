@@ -353,6 +353,20 @@ def _flows(cluster: netns.Cluster, pairs: list[tuple[int, int]], nbytes: int) ->
 
 
 @ROOT_ONLY
+@pytest.mark.distributed
+def test_a_full_queue_shows_in_the_hosts_tcp_and_queue_counters():
+    """One TCP flow through a 4 Mbit/s NIC (a 100 ms queue: 50 KB) outgrows the queue: the
+    sender's queue drops frames and its TCP sends segments again; nothing else moved."""
+    with netns.Cluster(3, 4_000_000) as cluster:
+        before = cluster.transport_counters()
+        _flows(cluster, [(0, 1)], 300_000)
+        after = cluster.transport_counters()
+    moved = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+    assert moved[0]["tx_drops"] > 0 and moved[0]["retransmits"] > 0, moved
+    assert moved[1]["rx_drops"] == 0 and moved[2] == dict.fromkeys(moved[2], 0), moved
+
+
+@ROOT_ONLY
 @pytest.mark.slow
 def test_a_shared_medium_is_one_budget_for_every_host_and_leaves_nothing():
     """``--medium shared``: two flows between disjoint pairs of hosts share the medium's rate
