@@ -66,6 +66,12 @@ def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.
         (["--hosts", "3", "--rate", "1gbit", "--kill", "2"], "expected HOST@SECONDS or HOST@e"),
         (["--hosts", "3", "--rate", "1gbit", "--kill", "3@e2"], "host 3 out of range 0..2"),
         (["--hosts", "3", "--rate", "1gbit", "--cut", "1@e0"], "epoch 0 out of range: >= 1"),
+        (["--hosts", "3", "--rate", "1gbit", "--lose", "2@e2"], "needs an elastic cluster"),
+        (
+            ["--hosts", "3", "--rate", "1gbit", "--min-hosts", "2", "--lose", "0@e2"],
+            "host 0 holds the rendezvous and the master",
+        ),
+        (["--hosts", "3", "--rate", "1gbit", "--min-hosts", "1"], "--min-hosts 1 out of range"),
         (
             ["--hosts", "3", "--rate", "1gbit", "--script", "/no/such.py"],
             "--script '/no/such.py' is not a file",
@@ -202,6 +208,42 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     ours = json.loads((run_dir / "summary.json").read_text())["final_params_sha256"]
     theirs = json.loads((local / "summary.json").read_text())["final_params_sha256"]
     assert ours == theirs  # multicast on the cluster = chain on one machine, bit for bit
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_an_elastic_cluster_goes_on_without_a_host_lost_for_good(tmp_path):
+    """``torchrun --nnodes 3:4`` on four hosts (three workers); host 3 is lost for good
+    once epoch 2 is recorded: the agents start the job again on the three hosts that are
+    left, and it goes on from its checkpoint with two workers (the survivors' stores reused:
+    the placement after the change sends less than a fresh one), every epoch verified."""
+    before = our_namespaces()
+    run_dir = tmp_path / "run"
+    args = ["--hosts", "4", "--rate", "1gbit", "--min-hosts", "3", "--grace", "10",
+            "--lose", "3@e2", "--", *LONG, "dist.timeout_seconds=6", "dist.max_restarts=1",
+            f"hydra.run.dir={run_dir}"]  # fmt: skip
+    out = run_cluster(args, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    assert re.search(r"coded-shuffle cluster: lose host 3 at [\d.]+ s \(after epoch 2\)",
+                     out.stderr), out.stderr[-2000:]  # fmt: skip
+    assert "dist.elastic: 3 processes: workers=2 (the config said 3)" in out.stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, 6))
+    assert all(r["verified"] for r in rows)
+    workers = [r["workers"] for r in rows]
+    at = workers.index(2)  # the first epoch after the loss
+    assert at >= 2 and workers == [3] * at + [2] * (5 - at), workers
+    resized = rows[at]
+    assert (resized["workers_before"], resized["workers_after"]) == (3, 2)
+    assert resized["phase"] == "placement" and resized["reused_points"] > 0
+    assert 0 < resized["resize_bytes"] < resized["fresh_placement_bytes"]
+    record = json.loads((run_dir / "cluster.json").read_text())
+    assert record["min_hosts"] == 3 and record["faults"][0]["kind"] == "lose"
+    assert [h["lost"] for h in record["hosts"]] == [False, False, False, True]
+    assert [h["exit_code"] for h in record["hosts"][:3]] == [0, 0, 0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["all_verified"] and summary["restarts"] == 1
+    assert our_namespaces() == before
 
 
 @ROOT_ONLY

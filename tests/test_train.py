@@ -761,3 +761,22 @@ def test_the_epoch_line_says_what_was_turned_away_only_when_something_was():
     assert "turned away" not in progress_line({**row, "foreign_datagrams": 0}, 3)
     line = progress_line({**row, "foreign_datagrams": 7, "refused_connections": 1}, 3)
     assert line.endswith("| turned away 7 datagrams, 1 connections")
+
+
+def test_an_elastic_job_takes_its_workers_from_the_world(monkeypatch, capsys):
+    """``dist.elastic``: ``workers`` becomes WORLD_SIZE - 1 (rank 0 says so); a world without
+    a worker, or torch's store shared across attempts, stops with one line."""
+    from train.compose import compose_argv
+    from train.entry import follow_world, typed
+
+    cfg = typed(compose_argv(["dist.elastic=true"])[0])
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    follow_world(cfg, 3, 0)
+    assert cfg.workers == 2
+    assert "dist.elastic: 3 processes: workers=2 (the config said 4)" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="started 1 process; the job needs a master"):
+        follow_world(cfg, 1, 0)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UsageError, match="needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        follow_world(cfg, 3, 0)

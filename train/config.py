@@ -279,6 +279,10 @@ class DistConf:
     max_restarts: int = 0
     """How often the launcher restarts the job's processes after a failure (>= 0); the
     job resumes from its checkpoint."""
+    elastic: bool = False
+    """Under ``torchrun --nnodes MIN:MAX``: the number of workers follows the processes the
+    launcher started (WORLD_SIZE - 1) at every start, so a restart with fewer or more hosts
+    goes on from the checkpoint with them; ``workers`` then only seeds the first config."""
     store_dir: str | None = None
     """Where every worker's store lives, memory-mapped (one folder per worker); null: the
     run directory's stores/."""

@@ -123,7 +123,10 @@ def setup(
 
 
 def store_prefix() -> str:
-    """The job's keys in the launcher's store, one prefix per restart attempt."""
+    """The job's keys in the launcher's store, one prefix per restart attempt; in a store of
+    this attempt's own (rank 0 hosts it: no agent store), one prefix for all."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return "coded-shuffle/job"
     return f"coded-shuffle/attempt_{int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
 
 

@@ -122,6 +122,26 @@ def check_main(argv: list[str]) -> None:
         _config_error(exc)
 
 
+def follow_world(cfg: Config, world: int, rank: int) -> None:
+    """``dist.elastic``: ``workers`` becomes what the launcher started, ``world - 1`` (rank 0
+    says so when that is not the configured number); a world without a worker is refused."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "RANK" in os.environ:
+        raise UsageError(
+            "dist.elastic needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment: "
+            "after a host is lost the agents count restarts differently, and a store shared "
+            "across attempts would mix their keys (rank 0 then hosts each attempt's store)"
+        )
+    if world < 2:
+        raise UsageError(
+            f"dist.elastic: the launcher started {world} process; the job needs a master and "
+            "at least one worker (2 or more)"
+        )
+    if world - 1 != cfg.workers and rank == 0:
+        print(f"dist.elastic: {world} processes: workers={world - 1} (the config said "
+              f"{cfg.workers})", file=sys.stderr, flush=True)  # fmt: skip
+    cfg.workers = world - 1
+
+
 @record
 def torchrun_main(argv: list[str]) -> None:
     """``torchrun ... -m train [overrides]``: compose the config here, run this rank."""
@@ -129,6 +149,8 @@ def torchrun_main(argv: list[str]) -> None:
     cfg = typed(composed)
     rank = int(os.environ.get("RANK", "0"))
     try:
+        if cfg.dist.elastic:
+            follow_world(cfg, int(os.environ.get("WORLD_SIZE", cfg.workers + 1)), rank)
         if rank == 0:
             validate(cfg)
             write_config(cfg, run_dir)

@@ -154,6 +154,20 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
         "recorded epoch N (2@e2); with dist.max_restarts > 0 the host is started again",
     )
     cl.add_argument(
+        "--lose",
+        action="append",
+        default=[],
+        metavar="HOST@WHEN",
+        help="SIGKILL every process of HOST WHEN, for good (needs --min-hosts: the job goes on "
+        "with the hosts that are left once dist.max_restarts > 0 restarts it)",
+    )
+    cl.add_argument(
+        "--min-hosts",
+        type=int,
+        help="elastic nodes: torchrun --nnodes MIN:P with c10d rendezvous at host 0; after a "
+        "failure the job starts again with the hosts that are left (at least MIN)",
+    )
+    cl.add_argument(
         "--cut",
         action="append",
         default=[],

@@ -31,6 +31,26 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def check_elastic(min_hosts: int | None, hosts: int, faults: list[Fault]) -> int | None:
+    """``--min-hosts`` checked against ``--hosts``; a ``--lose`` needs it and spares host 0
+    (the rendezvous and the master)."""
+    if min_hosts is not None and not 2 <= min_hosts <= hosts:
+        raise UsageError(f"--min-hosts {min_hosts} out of range 2..{hosts} (--hosts)")
+    for fault in faults:
+        if fault.kind != "lose":
+            continue
+        if min_hosts is None:
+            raise UsageError(
+                f"--lose {fault.host}@...: a host gone for good needs an elastic cluster "
+                "(--min-hosts M: the job goes on with the hosts that are left)"
+            )
+        if fault.host == 0:
+            raise UsageError(
+                "--lose 0@...: host 0 holds the rendezvous and the master; lose another host"
+            )
+    return min_hosts
+
+
 def run_cluster_command(args: argparse.Namespace) -> int:
     """Builds the cluster, runs every host, removes the cluster; 0 when every host succeeded."""
     if args.cleanup:
@@ -48,8 +68,9 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
     cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu, medium=args.medium)
-    faults = [Fault.parse(kind, text, args.hosts) for kind in ("kill", "cut")
+    faults = [Fault.parse(kind, text, args.hosts) for kind in ("kill", "lose", "cut")
               for text in getattr(args, kind, None) or []]  # fmt: skip
+    min_hosts = check_elastic(args.min_hosts, args.hosts, faults)
     if not args.dry_run:
         check_privileges()
     if args.script is not None:
@@ -61,7 +82,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         for fault in faults:
             fault.console = logs / "h0.log"  # eN: the script's N-th "epoch" line
     else:
-        overrides, run_dir = training_overrides(rest, cluster)
+        overrides, run_dir = training_overrides(rest, cluster, elastic=min_hosts is not None)
         check_training_config(overrides)
         target = ["-m", "train", *overrides]
         logs = args.logs or run_dir / "hosts"
@@ -70,7 +91,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
             fault.metrics = run_dir / "metrics.jsonl"
     if args.dry_run:
         for i in range(cluster.hosts):
-            argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target))
+            argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, min_hosts=min_hosts))
             rate = format_rate(cluster.host_rate(i))
             print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
         if cluster.medium == "shared":
@@ -82,16 +103,17 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         with cluster:
             before, ticks = Counters.read(cluster), machine_cpu_ticks()
             t0 = time.perf_counter()
-            results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults)
+            results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults,
+                                min_hosts=min_hosts)  # fmt: skip
             wall = time.perf_counter() - t0
             cpu = machine_cpu_use(ticks, machine_cpu_ticks())
             record.parent.mkdir(parents=True, exist_ok=True)
             after = Counters.read(cluster)
-            write_record(record, cluster, before, after, results, wall, faults, cpu)
+            write_record(record, cluster, before, after, results, wall, faults, cpu, min_hosts)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    failed = [r for r in results if r.code != 0]
+    failed = [r for r in results if r.code != 0 and not r.lost]
     if failed:
         first = failed[0]
         why = last_error(first.log)

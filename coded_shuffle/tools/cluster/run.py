@@ -3,8 +3,12 @@
 
 Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>``
 inside its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real
-multi-host code path, rendezvous by address. The first form runs the training job
-(``-m train``; ``workers = P - 1`` is set), the second any torchrun script. Host 0's output
+multi-host code path, rendezvous by address. With ``--min-hosts M`` the nodes are elastic
+instead (``--nnodes M:P``, torch's c10d rendezvous at host 0, every node named by its address,
+so that host 0, whose address sorts first, is rank 0: the master): after a failure the agents
+start the job again with the hosts that are left (``--lose``: a host gone for good). The first
+form runs the training job (``-m train``; ``workers = P - 1`` is set, and ``dist.elastic``
+with ``--min-hosts``), the second any torchrun script. Host 0's output
 goes to the console, every host's to ``LOGS/h<i>.log``; ``cluster.json`` beside them records
 the rates and what every NIC sent and received. When a host fails the others get ``grace``
 seconds to finish, then everything is killed; the namespaces go on every exit path.
@@ -29,6 +33,11 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
 
 MASTER_PORT = 29500
+# elastic rendezvous: a lost node is dropped after three missed 1 s keep-alives, and a round
+# closes 1 s after the minimum of nodes has joined (torch's defaults: 5 s x 3, and 30 s); host
+# 0 hosts the rendezvous store (``is_host``: torch's guess resolves the machine's name, which
+# a namespace cannot)
+RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
 MULTICAST_SHARE = PACE_SHARE  # default pacing of multicast: this share of the slowest NIC
 
 
@@ -37,16 +46,18 @@ class HostResult:
     host: int
     code: int | None
     log: Path
+    lost: bool = False  # gone for good (``--lose``): its exit is not the job's failure
 
 
 @dataclass
 class Fault:
-    """``--kill HOST@WHEN`` or ``--cut HOST@WHEN``: what happens to a host, and when. ``WHEN``
+    """``--kill``, ``--lose`` or ``--cut HOST@WHEN``: what happens to a host (killed and, with
+    restarts, started again; killed for good; its link taken down), and when. ``WHEN``
     is seconds after the start (``2@30``) or ``eN``: once the job has recorded epoch ``N``
     in its ``metrics.jsonl``, or a ``--script`` has printed its ``N``-th line starting with
     ``epoch`` on host 0 (``2@e2``: mid-run whatever the machine's speed)."""
 
-    kind: str  # "kill" | "cut"
+    kind: str  # "kill" | "lose" | "cut"
     host: int
     at: float | None  # seconds after the start, or
     after_epoch: int | None = None  # ... once this many epochs are recorded
@@ -110,9 +121,14 @@ def _override(overrides: Sequence[str], key: str) -> str | None:
     return found
 
 
-def training_overrides(overrides: Sequence[str], cluster: Cluster) -> tuple[list[str], Path]:
-    """The job's overrides with ``workers``, the run directory and multicast pacing set."""
+def training_overrides(
+    overrides: Sequence[str], cluster: Cluster, elastic: bool = False
+) -> tuple[list[str], Path]:
+    """The job's overrides with ``workers``, the run directory and multicast pacing set (and
+    ``dist.elastic``: an elastic cluster's workers follow its hosts)."""
     out = list(overrides)
+    if elastic and _override(out, "dist.elastic") is None:
+        out.append("dist.elastic=true")
     workers = cluster.hosts - 1
     given = _override(out, "workers")
     if given is not None and given != str(workers):
@@ -152,14 +168,26 @@ def max_restarts(target: Sequence[str]) -> int:
 
 
 def torchrun_argv(
-    cluster: Cluster, host: int, target: Sequence[str], port: int = MASTER_PORT
+    cluster: Cluster,
+    host: int,
+    target: Sequence[str],
+    port: int = MASTER_PORT,
+    min_hosts: int | None = None,
 ) -> list[str]:
+    """Host ``host``'s torchrun: a fixed node rank, or (``min_hosts``) an elastic node
+    named by its address at the c10d rendezvous on host 0 (module docstring)."""
+    if min_hosts is None:
+        nodes = ["--nnodes", str(cluster.hosts), "--node-rank", str(host),
+                 "--master-addr", cluster.address(0), "--master-port", str(port)]  # fmt: skip
+    else:
+        nodes = ["--nnodes", f"{min_hosts}:{cluster.hosts}", "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"{cluster.address(0)}:{port}",
+                 "--rdzv-id", f"cs-{cluster.run_id}",
+                 "--rdzv-conf", f"{RDZV_CONF},is_host={str(host == 0).lower()}",
+                 "--local-addr", cluster.address(host)]  # fmt: skip
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(cluster.hosts), "--nproc-per-node", "1",
-        "--node-rank", str(host), "--master-addr", cluster.address(0),
-        "--master-port", str(port), "--max-restarts", str(max_restarts(target)),
-        *target,
+        sys.executable, "-m", "torch.distributed.run", *nodes, "--nproc-per-node", "1",
+        "--max-restarts", str(max_restarts(target)), *target,
     ]  # fmt: skip
 
 
@@ -170,6 +198,7 @@ def run_hosts(
     grace: float = 30.0,
     faults: Sequence[Fault] = (),
     port: int = MASTER_PORT,
+    min_hosts: int | None = None,
 ) -> list[HostResult]:
     """Starts ``torchrun ... target`` on every host and waits for all of them (the job's
     master at ``port`` of host 0: two jobs on one cluster take two ports).
@@ -181,13 +210,15 @@ def run_hosts(
     """
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GLOO_SOCKET_IFNAME": IFACE, "PYTHONUNBUFFERED": "1"}
+    if min_hosts is not None:  # every attempt its own store (train.entry.follow_world)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     results = [HostResult(i, None, logs / f"h{i}.log") for i in range(cluster.hosts)]
     files = [r.log.open("w") for r in results]
     procs: list[subprocess.Popen] = []
     echo = None
 
     def start(i: int) -> subprocess.Popen:
-        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, port))
+        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, port, min_hosts))
         out = subprocess.PIPE if i == 0 else files[i]
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -231,6 +262,7 @@ class Faults:
             restart,
         )
         self.t0 = time.monotonic()
+        self.lost: set[int] = set()  # hosts gone for good
 
     def fire(self, procs: list[subprocess.Popen]) -> None:
         now = time.monotonic() - self.t0
@@ -243,7 +275,9 @@ class Faults:
                 while kill_namespace_processes(ns):
                     time.sleep(0.05)
                 procs[fault.host].wait()
-                if self.restart is not None:
+                if fault.kind == "lose":
+                    self.lost.add(fault.host)
+                elif self.restart is not None:
                     procs[fault.host] = self.restart(fault.host)
                     fault.restarted = True
             fault.done_at = round(now, 3)
@@ -268,11 +302,12 @@ def _wait(
     while True:
         faults.fire(procs)
         for r, p in zip(results, procs, strict=True):
-            r.code = p.poll()
+            r.code, r.lost = p.poll(), r.host in faults.lost
         codes = [r.code for r in results]
         if all(c is not None for c in codes):
             return
-        if failed_at is None and any(c not in (None, 0) for c in codes):
+        failing = [r.code for r in results if not r.lost]
+        if failed_at is None and any(c not in (None, 0) for c in failing):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace:
             for p in procs:
@@ -374,6 +409,7 @@ def write_record(
     wall: float,
     faults: Sequence[Fault] = (),
     cpu: dict[str, float] | None = None,
+    min_hosts: int | None = None,
 ) -> None:
     hosts = []
     for i in range(cluster.hosts):
@@ -383,6 +419,7 @@ def write_record(
                 "address": cluster.address(i),
                 "rate_bits": cluster.host_rate(i),
                 "exit_code": results[i].code,
+                "lost": results[i].lost,
                 "nic_tx_bytes": after.nics[i]["tx_bytes"] - before.nics[i]["tx_bytes"],
                 "nic_rx_bytes": after.nics[i]["rx_bytes"] - before.nics[i]["rx_bytes"],
                 **{
@@ -394,6 +431,7 @@ def write_record(
     record = {
         "run_id": cluster.run_id,
         "mtu": cluster.mtu,
+        "min_hosts": min_hosts,  # elastic nodes from this many up (None: fixed)
         "wall_seconds": wall,
         "medium": medium_record(cluster, before, after),
         "hosts": hosts,
