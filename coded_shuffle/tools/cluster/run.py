@@ -33,11 +33,11 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
 
 MASTER_PORT = 29500
-# elastic rendezvous: a lost node is dropped after three missed 1 s keep-alives, and a round
+# elastic rendezvous: a lost node is dropped after two missed 1 s keep-alives, and a round
 # closes 1 s after the minimum of nodes has joined (torch's defaults: 5 s x 3, and 30 s); host
 # 0 hosts the rendezvous store (``is_host``: torch's guess resolves the machine's name, which
 # a namespace cannot)
-RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"
 MULTICAST_SHARE = PACE_SHARE  # default pacing of multicast: this share of the slowest NIC
 
 
