@@ -146,14 +146,14 @@ def test_ranks_waiting_together_are_not_hung():
 
 @pytest.mark.distributed
 def test_an_epoch_longer_than_the_timeout_is_healthy_and_shows_progress(tmp_path):
-    """dist.timeout_seconds=2, yet every epoch trains for about 3 s (23 steps of 0.13 s): the
+    """dist.timeout_seconds=2, yet the epoch trains for about 3 s (23 steps of 0.13 s): the
     job completes, and the master's console shows the workers' progress while it waits."""
-    args = [*JOB, "scheme=uncoded", "epochs=2", "debug.step_delay=0.13", "dist.timeout_seconds=2"]
+    args = [*JOB, "scheme=uncoded", "epochs=1", "debug.step_delay=0.13", "dist.timeout_seconds=2"]
     args += ["dist.progress_seconds=1", f"hydra.run.dir={tmp_path}"]
     out = _run(args, tmp_path, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = _metrics(tmp_path)
-    assert [r["epoch"] for r in rows] == [1, 2] and all(r["verified"] for r in rows)
+    assert [r["epoch"] for r in rows] == [1] and all(r["verified"] for r in rows)
     assert min(r["train_seconds"] for r in rows) > 2  # longer than the timeout
     console = out.stdout + out.stderr
     assert re.search(
