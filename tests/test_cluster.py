@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -433,52 +432,3 @@ def test_a_shared_medium_is_one_budget_for_every_host_and_leaves_nothing():
     assert 2 * nbytes < crossed < 2.2 * nbytes  # both flows, each frame once (and ACKs)
     assert our_namespaces() == before
     assert netns.Cluster(3, rate).medium_counters() == {}  # a switch has no medium to count
-
-
-def _one_job(cluster, j: int, target: list[str], run_dir: Path, results: list) -> None:
-    """Job ``j`` on every host of ``cluster``, its master at port ``MASTER_PORT + j``."""
-    port = run.MASTER_PORT + j
-    results[j] = run.run_hosts(cluster, target, run_dir / "hosts", grace=10, port=port)
-
-
-@ROOT_ONLY
-@pytest.mark.distributed
-def test_two_jobs_on_one_network_keep_to_themselves(tmp_path):
-    """Two training jobs at once on the same two hosts (two master ports; one worker each,
-    for time: the network is what they share), both over multicast with the default group
-    options: every epoch of both verified, each on a group of its own (derived from its
-    identifier), so no datagram of the other reached it. (Two jobs over chain on the socket
-    plane: scripts/two_jobs.py; strangers at its listeners: test_transports.py.)"""
-    before = our_namespaces()
-    transports = ("multicast", "multicast")
-    with netns.Cluster(2, 400_000_000) as cluster:
-        jobs = []
-        for j, transport in enumerate(transports):
-            job = ["scheme=uncoded", f"dist.transport={transport}", "epochs=2",
-                   "model.hidden=16", f"seed={j}", "dist.timeout_seconds=60",
-                   f"hydra.run.dir={tmp_path / str(j)}"]  # fmt: skip
-            overrides, run_dir = run.training_overrides(job, cluster)
-            jobs.append((["-m", "train", *overrides], run_dir))
-        results: list = [None] * len(jobs)
-        threads = [
-            threading.Thread(target=_one_job, args=(cluster, j, *jobs[j], results))
-            for j in range(len(jobs))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=200)
-    assert all(r is not None and [h.code for h in r] == [0, 0] for r in results), [
-        run.last_error(h.log) for r in results if r for h in r if h.code
-    ]
-    settings = []
-    for (_, run_dir), transport in zip(jobs, transports, strict=True):
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [r["epoch"] for r in rows] == [1, 2]
-        assert all(r["verified"] and r["transport"] == transport for r in rows)
-        assert all(r["foreign_datagrams"] == 0 for r in rows)
-        assert all(r["refused_connections"] == 0 for r in rows)
-        settings.append(rows[-1]["transport_settings"])
-    places = {(s["group"], s["port"]) for s in settings[:2]}
-    assert len(places) == 2, settings  # each multicast job on a group of its own
-    assert our_namespaces() == before

@@ -659,25 +659,25 @@ def test_a_permutation_code_with_zero_points_still_decodes():
 
 
 @pytest.mark.parametrize(
-    ("k", "t", "limit"),
+    ("k", "t", "limit", "epochs"),
     [
-        (4, 2, 1.049),
-        (6, 2, 1.0424),
-        (8, 2, 1.050),
-        (6, 3, 1.0 + 1e-9),
-        pytest.param(8, 3, 1.0337, marks=pytest.mark.slow),
+        (4, 2, 1.049, 5),
+        (6, 2, 1.0424, 5),
+        (8, 2, 1.050, 5),
+        (6, 3, 1.0 + 1e-9, 5),
+        pytest.param(8, 3, 1.0337, 3, marks=pytest.mark.slow),  # 3 epochs: the longest case
     ],
 )  # issue 10: halve the gaps
-def test_the_clique_cover_closes_the_q10_gap(k, t, limit):
+def test_the_clique_cover_closes_the_q10_gap(k, t, limit, epochs):
     """``q = 10``, 5 epochs of random shuffles, 840-byte points (``scripts/excess_split.py``,
     table 2): mean load / placement bound 1.008 at ``K = 4, t = 2`` (1.098 before), 1.016 at
     ``K = 6, t = 2`` (1.085), 1.045 at ``K = 8, t = 2`` (1.100), the bound itself at
-    ``K = 6, t = 3`` (1.044) and 1.007 at ``K = 8, t = 3`` (1.067)."""
+    ``K = 6, t = 3`` (1.044) and 1.007 at ``K = 8, t = 3`` (1.067; its first 3 epochs here)."""
     from coded_shuffle.tools.evaluate import Evaluation, run
 
-    reports = list(run(Evaluation("elmahdy-mohajer", k, 10 * k, float(t), 5, 0, 840)))
+    reports = list(run(Evaluation("elmahdy-mohajer", k, 10 * k, float(t), epochs, 0, 840)))
     assert all(r.verified for r in reports)
-    assert sum(r.load_points / r.lower_bound_points for r in reports) / 5 <= limit
+    assert sum(r.load_points / r.lower_bound_points for r in reports) / epochs <= limit
     assert any("cliques" in key or "clique cover" in key for r in reports for key in r.breakdown)
 
 
