@@ -16,6 +16,7 @@ from coded_shuffle.tools.cluster.run import (
     Counters,
     Fault,
     check_training_config,
+    host_env,
     last_error,
     machine_cpu_ticks,
     machine_cpu_use,
@@ -94,6 +95,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
             argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, min_hosts=min_hosts))
             rate = format_rate(cluster.host_rate(i))
             print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
+        print("environment: " + " ".join(f"{k}={v}" for k, v in host_env(min_hosts).items()))
         if cluster.medium == "shared":
             print(f"medium: shared, {format_rate(cluster.rate)} for every frame of every host")
         print(f"logs: {logs}; record: {record}")

@@ -167,6 +167,16 @@ def max_restarts(target: Sequence[str]) -> int:
     return int(value) if value and value.isdigit() else 0
 
 
+def host_env(min_hosts: int | None = None) -> dict[str, str]:
+    """What every host's torchrun runs with, besides the caller's environment: gloo on the
+    host's NIC, and for elastic nodes a rendezvous store of each attempt's own
+    (``train.entry.follow_world``)."""
+    env = {"GLOO_SOCKET_IFNAME": IFACE, "PYTHONUNBUFFERED": "1"}
+    if min_hosts is not None:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
+
 def torchrun_argv(
     cluster: Cluster,
     host: int,
@@ -209,9 +219,7 @@ def run_hosts(
     every process in the cluster is killed.
     """
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": IFACE, "PYTHONUNBUFFERED": "1"}
-    if min_hosts is not None:  # every attempt its own store (train.entry.follow_world)
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env = {**os.environ, **host_env(min_hosts)}
     results = [HostResult(i, None, logs / f"h{i}.log") for i in range(cluster.hosts)]
     files = [r.log.open("w") for r in results]
     procs: list[subprocess.Popen] = []
