@@ -217,16 +217,31 @@ def stalled_ranks() -> str:
     return _LIVENESS.stalled() if _LIVENESS is not None else ""
 
 
+def _await_master_in(epoch: int, seconds: float = 30.0) -> None:
+    """Until the master's published stage is inside ``epoch`` (its heartbeat, read by this
+    rank's watchdog), at most ``seconds``; at once without a watchdog."""
+    until = time.monotonic() + seconds
+    while _LIVENESS is not None and time.monotonic() < until:
+        master = _LIVENESS.seen.get(0)
+        if master is not None and master.stage.startswith(f"epoch {epoch} "):
+            return
+        time.sleep(0.05)
+
+
 def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = None) -> None:
     """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``
     (``step`` None), or at its step ``debug.die_step`` where that is set, in the first
-    attempt only (a restart can then succeed)."""
+    attempt only (a restart can then succeed). A worker that dies at an epoch's start first
+    waits for the master to begin that epoch, so that the epoch before is recorded however
+    busy the machine (else the launcher could stop the master before it wrote it)."""
     if debug.die_rank is None or int(debug.die_rank) != rank:
         return
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
     if int(debug.die_epoch) != epoch or step != debug.die_step:
         return
+    if rank > 0 and step is None:
+        _await_master_in(epoch)
     mode = str(debug.die_mode)
     where = f"epoch {epoch}" + (f" step {step}" if step is not None else "")
     print(f"debug: {rank_label(rank)} {mode}s at {where}", file=sys.stderr, flush=True)
