@@ -218,14 +218,10 @@ def stalled_ranks() -> str:
 
 
 def _await_master_in(epoch: int, seconds: float = 30.0) -> None:
-    """Until the master's published stage is inside ``epoch`` (its heartbeat, read by this
-    rank's watchdog), at most ``seconds``; at once without a watchdog."""
-    until = time.monotonic() + seconds
-    while _LIVENESS is not None and time.monotonic() < until:
-        master = _LIVENESS.seen.get(0)
-        if master is not None and master.stage.startswith(f"epoch {epoch} "):
-            return
-        time.sleep(0.05)
+    """Until the master's published stage is inside ``epoch``, at most ``seconds``; at once
+    without a watchdog."""
+    if _LIVENESS is not None:
+        _LIVENESS.await_stage(0, f"epoch {epoch} ", seconds)
 
 
 def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = None) -> None:

@@ -210,6 +210,17 @@ class Liveness:
         reason = self.stalled() or f"no rank lost its heartbeat within {self.deadline:.0f} s"
         raise RankLost(f"{first_line(exc)}; {reason}") from exc
 
+    def await_stage(self, rank: int, prefix: str, seconds: float) -> bool:
+        """Until ``rank``'s published stage starts with ``prefix`` (read over a connection of
+        its own every 50 ms), at most ``seconds``; whether it did."""
+        store, key = self._connect(), f"hb/{rank}"
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if store.check([key]) and Heartbeat.unpack(store.get(key)).stage.startswith(prefix):
+                return True
+            time.sleep(0.05)
+        return False
+
     def _connect(self) -> Any:
         import torch.distributed as dist
 
