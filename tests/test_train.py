@@ -240,25 +240,23 @@ TRANSPORTS = ("tree", "unicast", "p2p")  # besides the default chain; multicast:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """Sweeps over the SCHEMES (on the default chain), over the other TCP transports
-    (uncoded, as unicast and p2p require), over the excess-storage schemes and over the gloo
-    data plane of chain and unicast; same seed."""
+    (uncoded, as unicast and p2p require) and chain on the gloo data plane (unicast's gloo
+    plane: test_transports.py), and over the excess-storage schemes; same seed."""
     root = tmp_path_factory.mktemp("train")
     found = {}
     (storage,) = {t for _, t in EXCESS}
     for name, sweep in (
         ("schemes", ["-m", f"scheme={','.join(SCHEMES)}"]),
-        ("transports", ["-m", "scheme=uncoded", f"dist.transport={','.join(TRANSPORTS)}"]),
-        ("excess", ["-m", f"scheme={','.join(n for n, _ in EXCESS)}", f"storage={storage}"]),
         (
-            "planes",
+            "transports",
             [
                 "-m",
                 "scheme=uncoded",
-                "dist.transport=chain,unicast",
+                f"dist.transport={','.join(TRANSPORTS)},chain",
                 "dist.chain.plane=gloo",
-                "dist.unicast.plane=gloo",
             ],
         ),
+        ("excess", ["-m", f"scheme={','.join(n for n, _ in EXCESS)}", f"storage={storage}"]),
     ):
         out = _run([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -268,8 +266,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                 "schemes": first["scheme"],
                 "transports": f"uncoded/{first['transport']}",
                 "excess": f"{first['scheme']} T={storage}",
-                "planes": f"uncoded/{first['transport']}/gloo",
             }[name]
+            key += "/gloo" if key == "uncoded/chain" else ""
             found[key] = metrics.parent
     return found
 
@@ -278,7 +276,7 @@ RUNS = [
     *SCHEMES,
     *(f"uncoded/{t}" for t in TRANSPORTS),
     *(f"{n} T={t}" for n, t in EXCESS),
-    *(f"uncoded/{t}/gloo" for t in ("chain", "unicast")),  # the gloo data plane
+    "uncoded/chain/gloo",  # the gloo data plane
 ]
 
 
