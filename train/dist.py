@@ -122,12 +122,21 @@ def setup(
     return _CONTEXT
 
 
+def attempt() -> int:
+    """The launcher's restart count (0: the first attempt, or the same command run again)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def agent_store() -> bool:
+    """Whether the launcher's agent hosts the store every attempt shares (else rank 0 hosts
+    one of this attempt's own)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def store_prefix() -> str:
     """The job's keys in the launcher's store, one prefix per restart attempt; in a store of
     this attempt's own (rank 0 hosts it: no agent store), one prefix for all."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return "coded-shuffle/job"
-    return f"coded-shuffle/attempt_{int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))}"
+    return f"coded-shuffle/attempt_{attempt()}" if agent_store() else "coded-shuffle/job"
 
 
 def init_gloo(timeout: timedelta) -> None:
@@ -137,11 +146,10 @@ def init_gloo(timeout: timedelta) -> None:
     would read the addresses of the group that died.
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
-        is_master=rank == 0 and not agent_store,
+        is_master=rank == 0 and not agent_store(),
         timeout=timeout,
     )
     prefixed = dist.PrefixStore(store_prefix(), store)
@@ -232,7 +240,7 @@ def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = Non
     busy the machine (else the launcher could stop the master before it wrote it)."""
     if debug.die_rank is None or int(debug.die_rank) != rank:
         return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if attempt() > 0:
         return
     if int(debug.die_epoch) != epoch or step != debug.die_step:
         return

@@ -25,6 +25,7 @@ from .compose import check_group_overrides, compose_argv, config_error_line
 from .config import Config
 from .dist import (
     PEER_LOSS_GRACE_SECONDS,
+    agent_store,
     deterministic,
     return_freed_arrays,
     setup,
@@ -125,7 +126,7 @@ def check_main(argv: list[str]) -> None:
 def follow_world(cfg: Config, world: int, rank: int) -> None:
     """``dist.elastic``: ``workers`` becomes what the launcher started, ``world - 1`` (rank 0
     says so when that is not the configured number); a world without a worker is refused."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "RANK" in os.environ:
+    if agent_store() and "RANK" in os.environ:
         raise UsageError(
             "dist.elastic needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment: "
             "after a host is lost the agents count restarts differently, and a store shared "

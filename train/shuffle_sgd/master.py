@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from coded_shuffle.errors import VerificationError
 
 from .. import checkpoint, data, models
 from ..device import to_device
-from ..dist import mark
+from ..dist import attempt, mark
 from ..metrics import MetricsWriter, human_bytes
 from .rank import Rank
 from .steps import averaging_steps, model_inputs
@@ -42,11 +41,6 @@ def stage_line(records: dict[int, Heartbeat], seconds: float) -> None:
         slowest = min(workers, key=lambda rec: (rec.stage_count, rec.ticks))
         doing = slowest.detail or slowest.stage
         log.info(f"  ... {seconds:.0f} s after {me.stage!r}: the slowest worker at {doing}")
-
-
-def attempt() -> int:
-    """The launcher's restart count (0: the first attempt, or the same command run again)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 class Master(Rank):
