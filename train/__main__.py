@@ -6,9 +6,10 @@ one line when it is invalid); ``coded-shuffle cluster`` runs it before building 
 
 import sys
 
-from .entry import check_main, torchrun_main
+from .entry import check_main, exit_now, torchrun_main
 
 if sys.argv[1:2] == ["--check"]:
     check_main(sys.argv[2:])
 else:
     torchrun_main(sys.argv[1:])
+    exit_now()  # the rank's work is written and its group destroyed: skip torch's teardown
