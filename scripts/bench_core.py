@@ -18,6 +18,9 @@ kernel (:mod:`coded_shuffle.codec.kernel`) computing ``N / 2`` rows ``a[i] ^ a[j
 (``sorted``), one ascending and one random (``half``), both random (``random``), each over
 raw XOR.
 
+The data lie where the training job's master holds an in-memory data set: on huge pages
+(:func:`coded_shuffle.codec.buffers.empty_rows`), as the workers' stores do.
+
 Times are medians over ``--repeats`` runs. Every decoded batch is compared with the master's
 bytes; a mismatch aborts the run.
 
@@ -41,6 +44,7 @@ import numpy as np
 import torch
 
 from coded_shuffle.codec import kernel
+from coded_shuffle.codec.buffers import empty_rows
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
@@ -191,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             rng = np.random.default_rng(args.seed)
             old, new = random_assignment(n, k, rng), random_assignment(n, k, rng)
             gen = torch.Generator().manual_seed(args.seed)
-            data = torch.randint(0, 256, (n, args.point_bytes), dtype=torch.uint8, generator=gen)
+            data = empty_rows(n, args.point_bytes)
+            data.copy_(torch.randint(0, 256, data.shape, dtype=torch.uint8, generator=gen))
             bound, exact, _ = ordering_bound(shuffle_matrix(old, new, k))
             xor = raw_xor_rate(n * args.point_bytes, args.repeats)
             pattern = pattern_rates(data, xor, args.repeats, args.seed)

@@ -4,6 +4,7 @@ bytes, as the source packed (so the same parameters), with one-line errors for b
 
 from __future__ import annotations
 
+import mmap
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,36 @@ def mapped_file(address: int) -> str | None:
         if lo <= address < hi:
             return fields[5] if len(fields) > 5 and fields[5].startswith("/") else None
     return None
+
+
+def huge_page_advised(address: int) -> bool:
+    """Whether the mapping that holds ``address`` is advised ``MADV_HUGEPAGE`` (its
+    ``VmFlags`` carry ``hg``)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return "hg" in line.split()[1:]
+    return False
+
+
+def test_records_in_memory_are_joined_on_huge_pages_with_the_items_bytes():
+    """An in-memory data set of 4 MiB and more is joined into one array on huge pages (the
+    encoder reads its rows in random order: docs/codec.md), holding every item's bytes."""
+    x = torch.randint(0, 256, (20_000, 250), dtype=torch.uint8)
+    y = torch.arange(20_000, dtype=torch.int64) % 7
+    dataset = torch.utils.data.TensorDataset(x, y)
+    records = RecordLayout.of(dataset).pack(dataset, 20_000)
+    array = records.array
+    assert array is not None and records.shape == (20_000, 258)
+    assert huge_page_advised(array.data_ptr()) == hasattr(mmap, "MADV_HUGEPAGE")
+    assert torch.equal(array[:, :250], x)
+    assert torch.equal(array[:, 250:].contiguous().view(torch.int64).reshape(-1), y)
+    small = RecordLayout.of(dataset).pack(torch.utils.data.TensorDataset(x[:10], y[:10]), 10)
+    assert small.array is not None and not huge_page_advised(small.array.data_ptr())
 
 
 def records_of(*overrides: str, workers: int = 4):

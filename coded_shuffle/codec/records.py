@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coded_shuffle.codec.buffers import empty_rows
 from coded_shuffle.errors import UsageError
 
 
@@ -142,8 +143,16 @@ DIGEST_ROWS_BYTES = 4 << 20  # rows hashed (and gathered) at a time
 
 
 def _joined(parts: list[torch.Tensor]) -> np.ndarray:
-    """A copy of the columns' bytes side by side, as one ``(n, B)`` array."""
-    return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0].clone()).numpy()
+    """A copy of the columns' bytes side by side, as one ``(n, B)`` array, on huge pages when
+    large (:func:`empty_rows`): the encoder reads its rows in random order, and with 4 KiB
+    pages every such read also walks the page table (docs/codec.md: the random pattern at
+    N = 10^6 reads 1.2-1.5x faster from huge pages)."""
+    out = empty_rows(parts[0].shape[0], sum(int(p.shape[1]) for p in parts))
+    if len(parts) > 1:
+        torch.cat(parts, dim=1, out=out)
+    else:
+        out.copy_(parts[0])
+    return out.numpy()
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
