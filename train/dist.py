@@ -27,6 +27,7 @@ from coded_shuffle.codec.kernel import set_threads as set_codec_threads
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, rank_label
 from coded_shuffle.errors import UsageError
 
+from .agent_env import agent_store, attempt
 from .config import Config, DebugConf, DistConf
 
 log = logging.getLogger("train")
@@ -120,17 +121,6 @@ def setup(
     path = Path(run_dir) if run_dir is not None else Path(os.getcwd())
     _CONTEXT = RankContext(rank, world, path, timeout, workers_group, collective)
     return _CONTEXT
-
-
-def attempt() -> int:
-    """The launcher's restart count (0: the first attempt, or the same command run again)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def agent_store() -> bool:
-    """Whether the launcher's agent hosts the store every attempt shares (else rank 0 hosts
-    one of this attempt's own)."""
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def store_prefix() -> str:

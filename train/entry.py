@@ -21,11 +21,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from coded_shuffle.distributed.liveness import first_line, is_peer_loss
 from coded_shuffle.errors import UsageError
 
+from .agent_env import agent_store
 from .compose import check_group_overrides, compose_argv, config_error_line
 from .config import Config
 from .dist import (
     PEER_LOSS_GRACE_SECONDS,
-    agent_store,
     deterministic,
     return_freed_arrays,
     setup,

@@ -14,6 +14,7 @@ from typing import Any
 from coded_shuffle.codec.blockstore import BlockStore
 from coded_shuffle.elastic.protocol import Message, Op, WorkerNode
 
+from .. import agent_env
 from ..config import ElasticConf
 from .channel import receive_message, send_message
 
@@ -63,7 +64,7 @@ def worker_loop(
     Every exit path except SIGKILL (a pre-empted machine) leaves ``pids/rank_<r>.exit``; after
     a restart the master asks every rank (HELLO) whether its previous incarnation left one.
     """
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = agent_env.attempt()
     pids = root / "pids"
     pids.mkdir(parents=True, exist_ok=True)
     marker = pids / f"rank_{rank}.exit"

@@ -17,8 +17,9 @@ from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.errors import VerificationError
 
 from .. import checkpoint, data, models
+from ..agent_env import attempt
 from ..device import to_device
-from ..dist import attempt, mark
+from ..dist import mark
 from ..metrics import MetricsWriter, human_bytes
 from .rank import Rank
 from .steps import averaging_steps, model_inputs
