@@ -278,12 +278,24 @@ class Liveness:
             self._check_contact(time.monotonic())
 
     def _read_all(self, now: float) -> None:
+        """Every rank's record: one ``multi_get`` once all of them have beaten (two round trips
+        to the store whatever the world, where a check and a get per rank took ``2 (P - 1)``:
+        on a shared 4 Mbit/s medium the heartbeats of five hosts took 5% of the line)."""
+        others = [r for r in range(self.world) if r != self.rank]
+        keys = [f"hb/{r}" for r in others]
+        if keys and self._store.check(keys):
+            found = dict(zip(others, self._store.multi_get(keys), strict=True))
+        else:  # at start-up: the ranks that have beaten so far
+            found = {
+                r: self._store.get(k)
+                for r, k in zip(others, keys, strict=True)
+                if self._store.check([k])
+            }
         for r in range(self.world):
-            key = f"hb/{r}"
             if r == self.rank:
                 self.observe(r, self.record, now)
-            elif self._store.check([key]):
-                self.observe(r, Heartbeat.unpack(self._store.get(key)), now)
+            elif r in found:
+                self.observe(r, Heartbeat.unpack(found[r]), now)
         self.update_behind(now)
 
     def observe(self, rank: int, record: Heartbeat, now: float) -> None:
