@@ -410,6 +410,18 @@ def test_a_full_queue_shows_in_the_hosts_tcp_and_queue_counters():
 
 
 @ROOT_ONLY
+@pytest.mark.distributed
+def test_a_full_medium_shows_in_its_queue_drops():
+    """Two TCP flows from two 4 Mbit/s NICs offer a shared 4 Mbit/s medium twice its rate: its
+    queue (100 ms: 50 KB) drops frames, and ``medium_counters`` says how many."""
+    with netns.Cluster(4, 4_000_000, medium="shared") as shared:
+        first = shared.medium_counters()
+        _flows(shared, [(0, 1), (2, 3)], 200_000)
+        last = shared.medium_counters()
+    assert first["drops"] >= 0 and last["drops"] - first["drops"] > 0, (first, last)
+
+
+@ROOT_ONLY
 @pytest.mark.slow
 def test_a_shared_medium_is_one_budget_for_every_host_and_leaves_nothing():
     """``--medium shared``: two flows between disjoint pairs of hosts share the medium's rate

@@ -281,10 +281,13 @@ class Cluster:
         return out
 
     def medium_counters(self) -> dict[str, int]:
-        """Bytes and frames that crossed the shared medium so far (empty on a switch)."""
+        """Bytes and frames that crossed the shared medium so far, and the frames its queue
+        dropped (empty on a switch)."""
         if self.medium != "shared":
             return {}
-        return _counters(self.bridge_ns, self.medium_dev)
+        counts = _counters(self.bridge_ns, self.medium_dev)
+        counts["drops"] = _queue_drops(self.bridge_ns, self.medium_dev)
+        return counts
 
 
 def _counters(ns: str, dev: str) -> dict[str, int]:

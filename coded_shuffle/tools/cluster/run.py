@@ -405,6 +405,7 @@ def medium_record(cluster: Cluster, before: Counters, after: Counters) -> dict:
         "rate_bits": cluster.rate,
         "bytes": after.medium["tx_bytes"] - before.medium["tx_bytes"],
         "frames": after.medium["tx_packets"] - before.medium["tx_packets"],
+        "queue_drops": after.medium["drops"] - before.medium["drops"],
     }
 
 
