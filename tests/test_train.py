@@ -716,6 +716,34 @@ def test_local_sgd_averages_the_parameters_and_the_momentum_of_every_worker():
             assert np.allclose(r[1][which], mean, rtol=1e-6, atol=1e-6)
 
 
+def _same_start(rank: int, world: int, differ: bool) -> str:
+    """The worker's start check on a drawn model (rank 1's nudged when ``differ``)."""
+    from types import SimpleNamespace
+
+    model = _tiny_model()
+    if differ and rank == 1:
+        with torch.no_grad():
+            next(model.parameters())[0, 0] += 1e-6
+    try:
+        shuffle_sgd.Worker.same_start(SimpleNamespace(model=model, model_group=None))
+    except RuntimeError as exc:
+        return str(exc)
+    return "same"
+
+
+@pytest.mark.distributed
+def test_workers_start_from_one_model_checked_by_digest_not_broadcast():
+    """DDP does not broadcast the model at start (``init_sync=False``): the workers compare
+    digests instead, and a worker whose model differs by one bit of one weight stops every
+    worker in one line."""
+    from tests.ranks import run_ranks
+
+    assert run_ranks(3, _same_start, False) == ["same"] * 3
+    for line in run_ranks(3, _same_start, True):
+        assert line.startswith("the workers drew different models from one seed"), line
+        assert "\n" not in line
+
+
 def test_the_job_hands_its_placement_and_policy_to_the_coded_shuffle():
     """``data.placement=by_label`` (and the shuffle policy) reach the library's settings."""
     from train.shuffle_sgd.settings import shuffle_settings

@@ -73,19 +73,37 @@ class Worker(Rank):
         gradients averaged at every step (no buffer synchronised at each forward: the models
         keep none that training changes), in one bucket reduced in the parameters' order: the
         same bits before and after DDP rebuilds its buckets, so a resumed job ends with the
-        parameters of an unbroken one."""
+        parameters of an unbroken one. Every worker drew the same model from the seed, so DDP
+        does not broadcast it at start (a model's bytes to every worker over the network):
+        :meth:`same_start` compares the workers' digests instead."""
         model_mb = models.num_params(self.model) * 4 / 2**20
         on_gpu = self.device.type == "cuda"
+        self.same_start()
         ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.device.index] if on_gpu else None,
             process_group=self.model_group,
             forward_sync_buffers=False,
             bucket_cap_mb=model_mb + 1,
+            init_sync=False,
         )
         order = {id(p): i for i, p in enumerate(self.model.parameters())}
         ddp.register_comm_hook((self.model_group, order), mean_in_model_order)
         return ddp
+
+    def same_start(self) -> None:
+        """Every worker's model the same bits before training (32-byte digests gathered over
+        the model group, where DDP's own start would send the whole model); a worker whose
+        model differs stops the job in one line."""
+        mine = models.params_sha256(self.model)
+        every: list[str | None] = [None] * dist.get_world_size(self.model_group)
+        dist.all_gather_object(every, mine, group=self.model_group)
+        if any(d != every[0] for d in every):
+            raise RuntimeError(
+                "the workers drew different models from one seed (digests "
+                + ", ".join(str(d)[:12] for d in every)
+                + "): their torch versions or devices differ"
+            )
 
     def resume(self, done: int, restore: bool = True) -> None:
         """After a restart: the own store restored (or re-placed; not after a change in the
