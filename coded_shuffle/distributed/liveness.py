@@ -279,8 +279,8 @@ class Liveness:
 
     def _read_all(self, now: float) -> None:
         """Every rank's record: one ``multi_get`` once all of them have beaten (two round trips
-        to the store whatever the world, where a check and a get per rank took ``2 (P - 1)``:
-        on a shared 4 Mbit/s medium the heartbeats of five hosts took 5% of the line)."""
+        to the store whatever the world, where a check and a get per rank took ``2 (P - 1)``;
+        rank 0's store serves every host's reads)."""
         others = [r for r in range(self.world) if r != self.rank]
         keys = [f"hb/{r}" for r in others]
         if keys and self._store.check(keys):
