@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from coded_shuffle.codec.buffers import empty_rows
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import EpochChain
@@ -51,7 +52,8 @@ def huge_page_advised(address: int) -> bool:
 
 def test_records_in_memory_are_joined_on_huge_pages_with_the_items_bytes():
     """An in-memory data set of 4 MiB and more is joined into one array on huge pages (the
-    encoder reads its rows in random order: docs/codec.md), holding every item's bytes."""
+    encoder reads its rows in random order: docs/codec.md), holding every item's bytes; the
+    recycled huge-page buffers never hand it out again while the records hold it."""
     x = torch.randint(0, 256, (20_000, 250), dtype=torch.uint8)
     y = torch.arange(20_000, dtype=torch.int64) % 7
     dataset = torch.utils.data.TensorDataset(x, y)
@@ -61,6 +63,8 @@ def test_records_in_memory_are_joined_on_huge_pages_with_the_items_bytes():
     assert huge_page_advised(array.data_ptr()) == hasattr(mmap, "MADV_HUGEPAGE")
     assert torch.equal(array[:, :250], x)
     assert torch.equal(array[:, 250:].contiguous().view(torch.int64).reshape(-1), y)
+    other = empty_rows(20_000, 258)  # the codec's next output of that size: another buffer
+    assert other.data_ptr() != array.data_ptr() and torch.equal(array[:, :250], x)
     small = RecordLayout.of(dataset).pack(torch.utils.data.TensorDataset(x[:10], y[:10]), 10)
     assert small.array is not None and not huge_page_advised(small.array.data_ptr())
 
