@@ -412,3 +412,46 @@ def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypa
     warm.warm_planner(get_scheme("cycles"), 1.0, 48)
     assert all(loop._compiled is not None for loop in loops)
     assert warm.warm_planner(get_scheme("cycles"), 1.0, 48) == 0.0  # once per process
+
+
+def test_warming_a_large_run_plans_a_tiny_transition_at_a_few_dozen_workers(monkeypatch):
+    """At ``K = 1,024`` the warm-up plans :data:`WARM_WORKERS_MAX` workers (above every
+    threshold a numba path depends on), not 1,024: a second run does not spend seconds
+    planning to warm up; below it, the real ``K``."""
+    from coded_shuffle.math import warm
+    from coded_shuffle.math.bounds import EXACT_MAX_WORKERS
+    from coded_shuffle.math.schemes.cycle_plan import SMALL_MAX_WORKERS
+
+    scheme = get_scheme("cycles")
+    planned = []
+    real = type(scheme).plan
+
+    def plan(self, state, new):
+        planned.append(int(new.max()) + 1)
+        return real(self, state, new)
+
+    monkeypatch.setattr(type(scheme), "plan", plan)
+    monkeypatch.setattr(warm, "_warmed", set())
+    warm.warm_planner(scheme, 1.0, 1024)
+    warm.warm_planner(scheme, 1.0, 20)
+    assert planned == [warm.WARM_WORKERS_MAX, 20]
+    assert max(EXACT_MAX_WORKERS, SMALL_MAX_WORKERS) < warm.WARM_WORKERS_MAX
+    assert warm.warm_workers(100.0, 1024) == 100  # the storage fits the tiny transition
+
+
+def test_a_compile_is_counted_and_a_compiled_call_is_not():
+    """``counting_compiles``: what makes the "compiled ..." line true (numba's compile
+    events; a function already compiled, or loaded from numba's cache, is none)."""
+    import numba
+
+    from coded_shuffle.math.warm import counting_compiles
+
+    @numba.njit  # no disk cache: a compile in every process
+    def twice(x):
+        return 2 * x
+
+    with counting_compiles() as first:
+        assert twice(3) == 6
+    with counting_compiles() as again:
+        assert twice(4) == 8
+    assert len(first) > 0 and len(again) == 0
