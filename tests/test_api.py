@@ -19,8 +19,8 @@ from coded_shuffle.codec.records import ColumnDataset, RecordLayout, item_labels
 from coded_shuffle.costs.wire import REACH_DTYPE
 from coded_shuffle.distributed.transports.framing import HEADER_BYTES
 from coded_shuffle.errors import UsageError
+from tests.helpers import mapped_file
 from tests.ranks import run_ranks
-from tests.test_packed import mapped_file
 
 # every dtype a record can hold: two of the same size (float16, bfloat16) must not be confused
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -387,7 +387,7 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
     assert report["replaced_workers"] == [1]
     # the whole points behind worker 1's store (T * q points' worth), one header and the
     # chain's reach table of one message; never more than the placement of every point
-    # (T = 1: its batch only, tests/test_train.py)
+    # (T = 1: its batch only, tests/test_train_restarts.py)
     stored = int(storage * 48 / 3) * 24
     assert stored < report["replacement_bytes"] <= 48 * 24 + HEADER_BYTES + REACH_DTYPE.itemsize
     for k in range(1, 4):

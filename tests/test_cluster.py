@@ -342,7 +342,7 @@ def test_an_interrupted_cluster_leaves_nothing(tmp_path):
 
 def test_machine_cpu_use_reads_proc_stat_shares(tmp_path):
     """Busy share = everything but idle and iowait; softirq and irq counted as network work."""
-    from coded_shuffle.tools.cluster.run import machine_cpu_ticks, machine_cpu_use
+    from coded_shuffle.tools.cluster.record import machine_cpu_ticks, machine_cpu_use
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 10 5 15 0 0 0\ncpu0 1 2 3 4\n")

@@ -17,8 +17,8 @@ import torch
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.errors import UsageError
+from tests.helpers import compose
 from tests.image_sets import TinyImages
-from tests.test_train import compose
 from train import data, shuffle_sgd
 from train.shuffle_sgd import model_inputs
 

@@ -46,7 +46,7 @@ def test_the_model_groups_backend_is_derived_from_the_device():
     assert dev.ddp_backend(torch.device("cuda", 0)) == "nccl"
     assert dev.ddp_backend(torch.device("cpu")) == "gloo"
     group = object()
-    assert dev.model_group("cpu", group, None) is group  # the CPU: the shuffle's own group
+    assert dev.model_group("cpu", group) is group  # the CPU: the shuffle's own group
 
 
 def test_each_worker_takes_its_local_rank_modulo_the_devices(monkeypatch):

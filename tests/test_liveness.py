@@ -10,7 +10,7 @@ import pytest
 
 from coded_shuffle.distributed.liveness import Heartbeat as Record
 from coded_shuffle.distributed.liveness import Liveness
-from tests.test_train import JOB, _metrics, _run
+from tests.helpers import JOB, read_metrics, run_job
 
 
 def watchdog(world: int = 3, deadline: float = 5.0) -> Liveness:
@@ -150,9 +150,9 @@ def test_an_epoch_longer_than_the_timeout_is_healthy_and_shows_progress(tmp_path
     job completes, and the master's console shows the workers' progress while it waits."""
     args = [*JOB, "scheme=uncoded", "epochs=1", "debug.step_delay=0.13", "dist.timeout_seconds=2"]
     args += ["dist.progress_seconds=1", f"hydra.run.dir={tmp_path}"]
-    out = _run(args, tmp_path, timeout=240)
+    out = run_job(args, tmp_path, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = _metrics(tmp_path)
+    rows = read_metrics(tmp_path)
     assert [r["epoch"] for r in rows] == [1] and all(r["verified"] for r in rows)
     assert min(r["train_seconds"] for r in rows) > 2  # longer than the timeout
     console = out.stdout + out.stderr
@@ -165,7 +165,7 @@ def test_an_epoch_longer_than_the_timeout_is_healthy_and_shows_progress(tmp_path
 def test_a_hung_worker_is_named_within_the_deadline(tmp_path):
     args = ["scheme=uncoded", *JOB, "debug.die_rank=3", "debug.die_mode=hang"]
     t0 = time.perf_counter()
-    out = _run([*args, "dist.timeout_seconds=3", f"hydra.run.dir={tmp_path}"], tmp_path)
+    out = run_job([*args, "dist.timeout_seconds=3", f"hydra.run.dir={tmp_path}"], tmp_path)
     elapsed = time.perf_counter() - t0
     assert out.returncode == 1 and elapsed < 60
     last = out.stderr.strip().splitlines()[-1]

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.codec import buffers, encode, ops
-from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import (
     leftover_matrix,
@@ -31,6 +31,7 @@ from coded_shuffle.math.schemes.cycle_plan import (
     pair_cycles,
 )
 from coded_shuffle.math.schemes.uncoded import Uncoded
+from tests.helpers import deliver
 
 PAPER_S = np.array([[2, 1, 2], [2, 1, 2], [1, 3, 1]])
 NO_EXCESS = ("attia-tandon", "cycles")
@@ -43,26 +44,6 @@ def assignments_for(shuffle: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.
     new = np.repeat(np.tile(np.arange(k), k), shuffle.reshape(-1))
     perm = np.random.default_rng(seed).permutation(old.size)
     return old[perm], new[perm]
-
-
-def deliver(name: str, old: np.ndarray, new: np.ndarray, k: int, point_bytes: int = 24, seed=0):
-    """Plans, proves, encodes real random bytes, decodes at every worker from its own store."""
-    scheme = get_scheme(name)
-    state = scheme.initial_state(old, k, 1)
-    plan = scheme.plan(state, new)
-    delivery = Delivery.prepare(plan, point_bytes)
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, 256, (old.size, point_bytes), dtype=torch.uint8, generator=gen)
-    symbols = delivery.encode(data)
-    nxt = scheme.next_state(state, plan, new)
-    for worker in range(k):
-        store = WorkerStore.from_master(data, delivery, worker)
-        batch, work = delivery.decode(worker, symbols, store)
-        expected = data[torch.from_numpy(plan.new_batches[worker])]
-        assert torch.equal(batch, expected), f"{name}: worker {worker} decoded wrong bytes"
-        kept = store.updated(work, [nxt.caches[worker]])
-        assert torch.equal(kept.caches[0], expected)
-    return plan, delivery
 
 
 def test_paper_example_loads_and_bytes():

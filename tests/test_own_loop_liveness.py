@@ -4,40 +4,18 @@ rank within the timeout and a few seconds, each naming the lost rank and its add
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.ranks import free_port
+from tests.ranks import start_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 LOST = r"rank 2 \(worker 1\) on \S+ at '[^']*' lost: no heartbeat for \d+ s"
-
-
-def start_ranks(script: list[str], world: int) -> list[subprocess.Popen]:
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}  # fmt: skip
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *script],
-                cwd=REPO,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        )
-    return procs
 
 
 def wait_all(procs: list[subprocess.Popen], skip: int, limit: float) -> list[tuple[int, str]]:

@@ -19,35 +19,11 @@ from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import EpochChain
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.schemes import get_scheme
-from tests.test_train import compose
+from tests.helpers import compose, huge_page_advised, in_huge_buffer, mapped_file
 from train import data, pack, shuffle_sgd, standardise
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["data=dataset", "data.dataset._target_=tests.image_sets.TinyImages"]
-
-
-def mapped_file(address: int) -> str | None:
-    """The file whose mapping holds ``address`` in this process (None: anonymous memory)."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        lo, hi = (int(v, 16) for v in fields[0].split("-"))
-        if lo <= address < hi:
-            return fields[5] if len(fields) > 5 and fields[5].startswith("/") else None
-    return None
-
-
-def huge_page_advised(address: int) -> bool:
-    """Whether the mapping that holds ``address`` is advised ``MADV_HUGEPAGE`` (its
-    ``VmFlags`` carry ``hg``)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split(maxsplit=1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(v, 16) for v in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return "hg" in line.split()[1:]
-    return False
 
 
 def test_records_in_memory_are_joined_on_huge_pages_with_the_items_bytes():
@@ -66,7 +42,7 @@ def test_records_in_memory_are_joined_on_huge_pages_with_the_items_bytes():
     other = empty_rows(20_000, 258)  # the codec's next output of that size: another buffer
     assert other.data_ptr() != array.data_ptr() and torch.equal(array[:, :250], x)
     small = RecordLayout.of(dataset).pack(torch.utils.data.TensorDataset(x[:10], y[:10]), 10)
-    assert small.array is not None and not huge_page_advised(small.array.data_ptr())
+    assert small.array is not None and not in_huge_buffer(small.array.data_ptr())
 
 
 def records_of(*overrides: str, workers: int = 4):

@@ -192,3 +192,30 @@ def test_impossible_values_are_one_line_each(args, message, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("topology", model.TOPOLOGIES)
+@pytest.mark.parametrize("transport", model.TRANSPORTS)
+def test_every_transport_on_every_topology_follows_the_cost_model(transport, topology):
+    """The cost model written out here, per transport and topology (docs/transports.md,
+    "Predictions"): ``b`` the workers' bytes/s, ``bm`` the master's, ``K = 4``, ``R`` the
+    stream. A model that priced ``p2p`` on a shared medium as on a switch fails here."""
+    k, stream = 4, 12 * MB
+    master_rate = 100e6 if topology == "uplink" else 400e6
+    net = Network(topology, 400e6, master_rate, mtu=1500, frame=38)
+    b, bm = 400e6 / 8, master_rate / 8
+    first = min(b, bm)
+    tcp, over, peer = net.tcp, net.overhead_seconds, net.peer_seconds
+    rounds = 3  # ceil(log2(K + 1)): gloo's binomial tree over the master and 4 workers
+    shared = topology == "shared"
+    expected = {
+        "multicast": net.datagrams(stream) / (model.PACE_SHARE * first),
+        "unicast": tcp(stream) / first if shared else max(tcp(stream) / bm, tcp(stream / k) / b),
+        "p2p": (tcp(stream) if shared else tcp(stream / k)) / b + (k - 1) * peer,
+        "chain": tcp(k * stream) / b if shared else tcp(stream) / first + (k - 1) * tcp(1500) / b,
+        "tree": rounds * tcp(stream) / first + (k - rounds) * tcp(stream) / b
+        if shared
+        else rounds * tcp(stream) / first,
+    }[transport]
+    traffic = Traffic(k, stream, stream)
+    assert seconds(transport, stream, traffic, net) == pytest.approx(expected + over)

@@ -19,7 +19,7 @@ from coded_shuffle.math.schemes.attia_tandon import ignored_worker, theorem1_loa
 from coded_shuffle.math.schemes.cycle_plan import SMALL_MAX_WORKERS, CycleSet, pair_cycles
 from coded_shuffle.math.schemes.cycle_search import shortest_first, triangle_packing
 from coded_shuffle.tools.evaluate import Evaluation, run
-from tests.test_no_excess import deliver
+from tests.helpers import deliver
 
 
 @st.composite

@@ -41,13 +41,28 @@ def identity(cfg: Config) -> str:
     return json.dumps(plain, sort_keys=True, default=str)
 
 
+def stamp(cfg: Config) -> dict[str, Any]:
+    """What every artefact of the run carries to be matched: the run's :func:`identity` and
+    its number of workers."""
+    return {"identity": identity(cfg), "workers": int(cfg.workers)}
+
+
+def same_run(state: dict[str, Any], cfg: Config, any_workers: bool = False) -> bool:
+    """Whether an artefact's :func:`stamp` is this run's (with ``any_workers``: whatever its
+    number of workers, as the master's checkpoint after which a run is resized)."""
+    mine = stamp(cfg)
+    if any_workers:
+        return state.get("identity") == mine["identity"]
+    return all(state.get(k) == v for k, v in mine.items())
+
+
 def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
     """The checkpoint in ``run_dir``, or None; :class:`UsageError` if it is another run's."""
     path = Path(run_dir) / FILE
     if not path.is_file():
         return None
     saved = torch.load(path, map_location="cpu", weights_only=False)
-    if saved.get("identity") != identity(cfg):
+    if not same_run(saved, cfg, any_workers=True):
         raise UsageError(
             f"{path} is the checkpoint of another run (different scheme, storage, seed, "
             "data, model or optim): use another hydra.run.dir, or delete it"
@@ -66,14 +81,13 @@ def save(
     params: torch.Tensor,
     momentum: torch.Tensor,
     rows: list[dict[str, Any]],
-    first_epoch: int = 1,
+    first_epoch: int,
 ) -> None:
     """Writes the checkpoint after ``epoch`` atomically (``first_epoch``: the epoch of the
     run's last placement, later than 1 once its number of workers changed)."""
     path = Path(run_dir) / FILE
     state = {
-        "identity": identity(cfg),
-        "workers": int(cfg.workers),
+        **stamp(cfg),
         "first_epoch": first_epoch,
         "epoch": epoch,
         "params": params.clone(),
@@ -94,11 +108,6 @@ def _write(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def step_identity(cfg: Config) -> str:
-    """A worker's step checkpoint belongs to the run and to its number of workers."""
-    return f"{identity(cfg)} workers={int(cfg.workers)}"
-
-
 def step_files(run_dir: str | os.PathLike[str], worker: int) -> tuple[Path, Path]:
     """Worker ``worker``'s (0-based) last step checkpoint and the one before it."""
     folder = Path(run_dir) / "steps"
@@ -114,7 +123,7 @@ def save_step(
     last.parent.mkdir(parents=True, exist_ok=True)
     if last.is_file():
         os.replace(last, prev)
-    _write(last, {**state, "identity": step_identity(cfg), "rng": torch.get_rng_state()})
+    _write(last, {**state, **stamp(cfg), "rng": torch.get_rng_state()})
 
 
 def load_steps(
@@ -124,21 +133,27 @@ def load_steps(
     found = {}
     for path in step_files(run_dir, worker):
         state = _read(path)
-        if state is not None and state.get("identity") == step_identity(cfg):
+        if state is not None and same_run(state, cfg):
             found[(int(state["epoch"]), int(state["step"]))] = state
     return found
 
 
-def save_delivery(run_dir: str | os.PathLike[str], epoch: int, report: dict[str, Any]) -> None:
+def save_delivery(
+    run_dir: str | os.PathLike[str], cfg: Config, epoch: int, report: dict[str, Any]
+) -> None:
     """The master's record of the delivery of ``epoch`` (its bytes, seconds, verification),
     for the record of an epoch resumed inside after a restart."""
-    _write(Path(run_dir) / DELIVERY_FILE, {"epoch": epoch, "report": report})
+    _write(Path(run_dir) / DELIVERY_FILE, {**stamp(cfg), "epoch": epoch, "report": report})
 
 
-def load_delivery(run_dir: str | os.PathLike[str], epoch: int) -> dict[str, Any] | None:
-    """The record of the delivery of ``epoch``, if it is the last one saved."""
+def load_delivery(
+    run_dir: str | os.PathLike[str], cfg: Config, epoch: int
+) -> dict[str, Any] | None:
+    """This run's record of the delivery of ``epoch``, if it is the last one saved."""
     saved = _read(Path(run_dir) / DELIVERY_FILE)
-    return saved["report"] if saved is not None and saved.get("epoch") == epoch else None
+    if saved is None or not same_run(saved, cfg) or saved.get("epoch") != epoch:
+        return None
+    return saved["report"]
 
 
 def _read(path: Path) -> dict[str, Any] | None:

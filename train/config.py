@@ -103,9 +103,8 @@ class DatasetConf:
     transform: Any = field(default_factory=lambda: {"_target_": "train.datasets.ToFloat"})
     """Decoded inputs (n, ...) -> the model's floats, on the worker and for the master's test
     split (null: none). The default ToFloat takes +data.transform.scale (null: 1/255 for uint8),
-    .mean, .std; ++data.transform={_target_:pkg.fn,_partial_:true} for an own function."""
-    normalise: bool = False
-    """Unused: inputs move as the items hold them (data.transform scales them)."""
+    .mean, .std; ++data.transform={_target_:pkg.fn,_partial_:true} for an own function. The
+    inputs move as the items hold them (no standardisation)."""
     placement: str = "random"
     """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
     shards)."""
@@ -173,7 +172,7 @@ class ShuffleJobConf:
 
 @dataclass
 class ElasticConf:
-    """The elastic jobs' ``job.elastic`` (docs/elastic.md)."""
+    """What both coded-elastic jobs read of ``job.elastic`` (docs/elastic.md)."""
 
     recovery_threshold: int = 3
     """L: any L of the P coded blocks hold all the data, 1..P-1."""
@@ -181,21 +180,41 @@ class ElasticConf:
     """gaussian | cauchy | vandermonde (systematic)."""
     max_condition: float = 1.0e6
     """Refuse generators whose worst L-subset is worse conditioned."""
-    methods: list[str] = field(
-        default_factory=lambda: ["coded", "nofailure", "ignore", "repartition", "distr_bgd"]
-    )
+    methods: list[str] = field(default_factory=list)
     """Methods run in turn (distinct names of the job's)."""
     events: list[Any] | None = field(default_factory=list)
     """{step: S, leave: [ids]} or {step: S, join: count or [ids]}; ids are ranks 1..workers
     (null or []: none)."""
-    max_restarts: int = 0
-    """elastic_gd: restarts after a worker process dies (checkpointed), >= 0."""
-    fully_distributed: bool = False
-    """elastic_gd: no master in the loop (sec. 3.3; coded, departures only)."""
     step_delay: float = 0.0
     """Seconds of sleep per step (to watch or kill a run), >= 0."""
     store_dir: str | None = None
     """Stores, checkpoint and exit records (null: RUN_DIR/elastic)."""
+
+
+@dataclass
+class ElasticGDElasticConf(ElasticConf):
+    """``job=elastic_gd``'s ``job.elastic``."""
+
+    methods: list[str] = field(
+        default_factory=lambda: ["coded", "nofailure", "ignore", "repartition", "distr_bgd"]
+    )
+    events: list[Any] | None = field(
+        default_factory=lambda: [{"step": 10, "leave": [2, 4]}, {"step": 25, "join": 1}]
+    )
+    max_restarts: int = 1
+    """Restarts after a worker process dies (checkpointed), >= 0."""
+    fully_distributed: bool = False
+    """No master in the loop (sec. 3.3; coded, departures only)."""
+
+
+@dataclass
+class MatmulElasticConf(ElasticConf):
+    """``job=elastic_matmul``'s ``job.elastic``."""
+
+    methods: list[str] = field(default_factory=lambda: ["coded", "uncoded", "nonadaptive"])
+    events: list[Any] | None = field(
+        default_factory=lambda: [{"step": 5, "leave": [2, 4]}, {"step": 12, "join": 1}]
+    )
 
 
 @dataclass
@@ -236,7 +255,7 @@ class ElasticJobConf:
     report_every: int = 10
     """Console line every this many steps per method (0: events and summary only)."""
     problem: ElasticProblemConf = field(default_factory=ElasticProblemConf)
-    elastic: ElasticConf = field(default_factory=ElasticConf)
+    elastic: ElasticGDElasticConf = field(default_factory=ElasticGDElasticConf)
 
 
 @dataclass
@@ -249,9 +268,7 @@ class ElasticMatmulConf:
     report_every: int = 5
     """Console line every this many steps per method (0: events and summary only)."""
     problem: ProductProblemConf = field(default_factory=ProductProblemConf)
-    elastic: ElasticConf = field(
-        default_factory=lambda: ElasticConf(methods=["coded", "uncoded", "nonadaptive"])
-    )
+    elastic: MatmulElasticConf = field(default_factory=MatmulElasticConf)
 
 
 DataConf = DigitsConf | SyntheticConf | FileConf | DatasetConf

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.distributed.liveness import WATCHED_WAIT
 from coded_shuffle.errors import UsageError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -60,14 +61,15 @@ def ddp_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def model_group(kind: str, workers_group: Any, timeout: Any) -> Any:
+def model_group(kind: str, workers_group: Any) -> Any:
     """The group the workers' DDP and model averaging run over: ``workers_group`` (gloo) on
     the CPU; on CUDA a new NCCL group of the same ranks (``new_group`` is collective: every
-    rank calls this, the master too)."""
+    rank calls this, the master too), waiting as long as the job's watchdog allows."""
     if kind != "cuda":
         return workers_group
     ranks = list(range(1, dist.get_world_size()))
-    return dist.new_group(ranks, timeout=timeout, backend=ddp_backend(torch.device("cuda")))
+    backend = ddp_backend(torch.device("cuda"))
+    return dist.new_group(ranks, timeout=WATCHED_WAIT, backend=backend)
 
 
 def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -11,24 +11,20 @@ import contextlib
 import ctypes
 import logging
 import os
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _set_pg_timeout  # no public setter (torch 2.13)
 
 from coded_shuffle.codec.kernel import set_threads as set_codec_threads
-from coded_shuffle.distributed.liveness import Heartbeat, Liveness, rank_label
+from coded_shuffle.distributed.launcher_env import agent_store, attempt
+from coded_shuffle.distributed.liveness import Heartbeat, Liveness, wait_long
 from coded_shuffle.errors import UsageError
 
-from .agent_env import agent_store, attempt
-from .config import Config, DebugConf, DistConf
+from .config import Config, DistConf
 
 log = logging.getLogger("train")
 
@@ -45,8 +41,6 @@ class RankContext:
     world_size: int
     run_dir: Path
     timeout: timedelta  # dist.timeout_seconds: how soon a lost peer must fail the job
-    workers_group: Any  # gloo subgroup of ranks 1..K (None on a one-process job)
-    collective_timeout: timedelta | None = None  # what a collective may wait (default: timeout)
 
     @property
     def is_master(self) -> bool:
@@ -88,25 +82,20 @@ def deterministic(threads: int) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def setup(
-    cfg: Config, run_dir: str | Path | None = None, collective_timeout: timedelta | None = None
-) -> RankContext:
+def setup(cfg: Config, run_dir: str | Path | None = None) -> RankContext:
     """Initialises gloo from the launcher's environment (idempotent); returns the context.
 
-    The rendezvous and the groups' connections are bounded by ``dist.timeout_seconds``
-    (a rank that never arrives fails the job, even before any watchdog runs); collectives,
-    once every rank is connected, by ``collective_timeout`` (default the same). A job with a
-    watchdog (:mod:`~coded_shuffle.distributed.liveness`) passes a long one, so that
-    collectives wait for long work while the watchdog bounds how long a lost peer goes
-    unnoticed.
+    The rendezvous, and every collective until a job starts a watchdog
+    (:func:`start_liveness`), are bounded by ``dist.timeout_seconds``: a rank that never
+    arrives fails the job. The job's groups are the library's (``CodedShuffle`` owns the
+    workers' group).
     """
     global _CONTEXT
     if _CONTEXT is not None:
         return _CONTEXT
     timeout = timedelta(seconds=float(cfg.dist.timeout_seconds))
-    collective = collective_timeout or timeout
     if not dist.is_initialized():
-        init_gloo(timeout)  # connecting is bounded by dist.timeout_seconds, not the long wait
+        init_gloo(timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     expected = int(cfg.workers) + 1
     if world != expected:
@@ -114,12 +103,8 @@ def setup(
             f"the job has {world} processes but workers={cfg.workers} needs {expected} "
             "(workers + 1: rank 0 is the master)"
         )
-    workers_group = dist.new_group(list(range(1, world)), timeout=timeout)
-    if collective != timeout:  # every rank is connected: now collectives may wait for work
-        for group in (None, workers_group) if rank > 0 else (None,):
-            _set_pg_timeout(collective, group)
     path = Path(run_dir) if run_dir is not None else Path(os.getcwd())
-    _CONTEXT = RankContext(rank, world, path, timeout, workers_group, collective)
+    _CONTEXT = RankContext(rank, world, path, timeout)
     return _CONTEXT
 
 
@@ -169,7 +154,9 @@ def start_liveness(
 ) -> Liveness:
     """The library's heartbeats and watchdog (:mod:`coded_shuffle.distributed.liveness`) for
     this rank, watching progress too (after :func:`setup`); the job hands it to
-    ``CodedShuffle(liveness=...)``."""
+    ``CodedShuffle(liveness=...)``. From here on the default group's collectives wait for
+    long work (:func:`~coded_shuffle.distributed.liveness.wait_long`): the watchdog bounds
+    how long a lost peer goes unnoticed."""
     global _LIVENESS
     ctx = context()
     _LIVENESS = Liveness(
@@ -183,6 +170,7 @@ def start_liveness(
         float(dist_conf.progress_seconds),
         watch_progress=True,
     )
+    wait_long()
     return _LIVENESS.start()
 
 
@@ -213,33 +201,3 @@ def tick(detail: str | None = None) -> None:
 def stalled_ranks() -> str:
     """``"stalled: rank 2 (worker 1) at 'epoch 1 trained' (others reached ...)"``."""
     return _LIVENESS.stalled() if _LIVENESS is not None else ""
-
-
-def _await_master_in(epoch: int, seconds: float = 30.0) -> None:
-    """Until the master's published stage is inside ``epoch``, at most ``seconds``; at once
-    without a watchdog."""
-    if _LIVENESS is not None:
-        _LIVENESS.await_stage(0, f"epoch {epoch} ", seconds)
-
-
-def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = None) -> None:
-    """Debug knob: ``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch``
-    (``step`` None), or at its step ``debug.die_step`` where that is set, in the first
-    attempt only (a restart can then succeed). A worker that dies at an epoch's start first
-    waits for the master to begin that epoch, so that the epoch before is recorded however
-    busy the machine (else the launcher could stop the master before it wrote it)."""
-    if debug.die_rank is None or int(debug.die_rank) != rank:
-        return
-    if attempt() > 0:
-        return
-    if int(debug.die_epoch) != epoch or step != debug.die_step:
-        return
-    if rank > 0 and step is None:
-        _await_master_in(epoch)
-    mode = str(debug.die_mode)
-    where = f"epoch {epoch}" + (f" step {step}" if step is not None else "")
-    print(f"debug: {rank_label(rank)} {mode}s at {where}", file=sys.stderr, flush=True)
-    if mode == "hang":
-        while True:
-            time.sleep(3600)
-    os._exit(3)

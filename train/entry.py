@@ -18,10 +18,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from coded_shuffle.distributed.launcher_env import agent_store
 from coded_shuffle.distributed.liveness import first_line, is_peer_loss
 from coded_shuffle.errors import UsageError
 
-from .agent_env import agent_store
 from .compose import check_group_overrides, compose_argv, config_error_line
 from .config import Config
 from .dist import (
@@ -88,7 +88,7 @@ def run_rank(cfg: Config, run_dir: str) -> None:
     _logging(run_dir, rank)
     found = job(str(cfg.job.name))
     try:
-        setup(cfg, run_dir, found.collective_timeout(cfg))
+        setup(cfg, run_dir)
         found.run(cfg)
     except Exception as exc:
         if not is_peer_loss(exc):
@@ -138,8 +138,11 @@ def follow_world(cfg: Config, world: int, rank: int) -> None:
             "at least one worker (2 or more)"
         )
     if world - 1 != cfg.workers and rank == 0:
-        print(f"dist.elastic: {world} processes: workers={world - 1} (the config said "
-              f"{cfg.workers})", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"dist.elastic: {world} processes: workers={world - 1} (the config said {cfg.workers})",
+            file=sys.stderr,
+            flush=True,
+        )
     cfg.workers = world - 1
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from datetime import timedelta
 
 from coded_shuffle.errors import UsageError
 
@@ -37,12 +36,6 @@ class Job:
         """How often the launcher restarts every process after a failure."""
         del cfg
         return 0
-
-    def collective_timeout(self, cfg: Config) -> timedelta | None:
-        """What a collective may wait, for jobs that watch liveness themselves (None: the
-        ``dist.timeout_seconds`` of the rendezvous)."""
-        del cfg
-        return None
 
     def run(self, cfg: Config) -> None:
         """Every rank's body, once the process group is set up (``train.dist.context()``)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from coded_shuffle.errors import UsageError
@@ -33,6 +33,7 @@ from .compose import (
     fail,
     register_configs,
 )
+from .config import DistConf
 
 # torch, the jobs and their configs are imported in the functions that use them, after the
 # fork server started: its own imports of them then run beside the launcher's
@@ -55,19 +56,19 @@ def failure_line(exc: Any) -> str:
             else f"exited with code {failure.exitcode}"
         )
     detail = detail.strip().splitlines()[0] if detail.strip() else detail
-    from .dist import rank_label
+    from coded_shuffle.distributed.liveness import rank_label
 
     return f"{rank_label(rank)} failed: {detail}"
 
 
 def start_method_of(argv: list[str]) -> str:
     """The ``dist.start_method`` the command line asks for (the first value of a sweep), else
-    the default of ``conf/config.yaml``."""
+    the schema's default (:class:`~train.config.DistConf`)."""
     for arg in reversed(argv):
         m = re.fullmatch(r"\+{0,2}dist\.start_method=([^,]*).*", arg)
         if m:
             return m.group(1)
-    return str(OmegaConf.load(CONF_DIR / "config.yaml").dist.start_method)
+    return DistConf().start_method
 
 
 def start_forkserver() -> None:

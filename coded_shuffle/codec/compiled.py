@@ -131,5 +131,17 @@ def gather_xor_parallel(
     """:func:`gather_xor` with the rows cut into ``spans`` runs, one per thread (numba's
     threads). The rows a chunk writes are distinct, so every byte is the serial one."""
     for s in prange(spans):
-        _span(dst, targets, tstart, a, ia, astart, b, ib, bstart, mode, s * n // spans,
-              (s + 1) * n // spans)  # fmt: skip
+        _span(
+            dst,
+            targets,
+            tstart,
+            a,
+            ia,
+            astart,
+            b,
+            ib,
+            bstart,
+            mode,
+            s * n // spans,
+            (s + 1) * n // spans,
+        )

@@ -43,10 +43,12 @@ class StreamDigest:
     def update(self) -> None:
         """Hashes every leading point that is final now."""
         ready = min(
-            (int(np.searchsorted(need, d.ready, side="right")) for need, d in
-             zip(self.needs, self.decoders, strict=True)),
+            (
+                int(np.searchsorted(need, d.ready, side="right"))
+                for need, d in zip(self.needs, self.decoders, strict=True)
+            ),
             default=0,
-        )  # fmt: skip
+        )
         if ready > self.hashed:
             works = [d.workspace() for d in self.decoders]
             self.hasher.update(self.batch(works, slice(self.hashed, ready)).numpy())

@@ -22,6 +22,7 @@ jobs start one before their data set loads and hand it to ``CodedShuffle(livenes
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -29,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -113,6 +115,33 @@ def default_store_address() -> tuple[str, int]:
     )
 
 
+WATCHED_WAIT = timedelta(days=7)
+"""What a collective may wait while a watchdog runs: long work (an epoch's training, a large
+delivery) is no failure, and the watchdog ends the job within its deadline of a lost peer."""
+
+
+def wait_long(group: Any = None) -> None:
+    """Collectives of ``group`` (None: the default group) may wait :data:`WATCHED_WAIT` from
+    now on (a job whose rendezvous was bounded by a short timeout, once every rank is
+    connected and a watchdog runs)."""
+    # torch (2.13) has no public setter of a group's timeout; this is the project's one use
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(WATCHED_WAIT, group)
+
+
+_running: weakref.WeakSet[Liveness] = weakref.WeakSet()  # started and not stopped
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stops every watchdog still running when the interpreter exits (a loop that never
+    closed its ``CodedShuffle``): its threads may sit in a store call, and a daemon thread
+    inside torch's C++ at the interpreter's teardown aborts the process."""
+    for live in list(_running):
+        live.stop()
+
+
 class Liveness:
     """Publishes this rank's heartbeat and watches everyone's (start/stop; tick and mark)."""
 
@@ -192,13 +221,17 @@ class Liveness:
         ]
         for t in self._threads:
             t.start()
+        _running.add(self)
         return self
 
     def stop(self) -> None:
+        """Ends both threads (at most a store call's timeout later); idempotent."""
         self._stop.set()
         self._wake.set()
         for t in self._threads:
-            t.join(timeout=5)
+            if t is not threading.current_thread():
+                t.join(timeout=5)
+        _running.discard(self)
 
     def await_verdict(self, exc: BaseException) -> None:
         """After a collective failed because a peer went away (its sockets closed): waits, up

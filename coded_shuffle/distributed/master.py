@@ -94,9 +94,14 @@ class MasterSide:
         if held is None:
             rows = self.records if self.records.array is None else self.records.array
             ctx.link.deliver(
-                epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=b,
-                routes=Routes(tuple(keeps)), rows=rows,
-            )  # fmt: skip
+                epoch=epoch,
+                part=0,
+                kind=KIND_PLACEMENT,
+                num_rows=n,
+                row_bytes=b,
+                routes=Routes(tuple(keeps)),
+                rows=rows,
+            )
         else:  # what each worker lacks, as a restore re-places a broken store
             needs = still_needed(keeps, held)
             union = np.unique(np.concatenate(needs))
@@ -142,7 +147,7 @@ class MasterSide:
         t1 = time.perf_counter()
         large = delivery.payload_bytes() > ENCODE_AHEAD_MAX_BYTES or self.records.array is None
         symbols: Symbols
-        if (stream or large) and faults.before_send is None:
+        if stream or large:
             symbols = delivery.encoders(self.records)
         else:
             symbols = delivery.encode(self.records)
@@ -153,19 +158,20 @@ class MasterSide:
     def deliver(self, ready: ReadyEpoch) -> dict[str, Any]:
         """A coded epoch: send every part's symbols, compare the workers' batch digests."""
         tr, delivery, symbols, link = ready.tr, ready.delivery, ready.symbols, self.ctx.link
-        if faults.before_send is not None:
-            assert all(isinstance(x, torch.Tensor) for x in symbols)
-            faults.before_send(tr.epoch, symbols)  # type: ignore[arg-type]
         sizes = delivery.symbol_bytes()
         chunk, routing = link.chunk_bytes, link.transport.routing
         t0, cpu = time.perf_counter(), HostCpu.start()
         for part, plan in enumerate(delivery.plans):
             known = {k: delivery.keeps(part, k) for k in range(self.ctx.workers)}
             link.deliver(
-                epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
-                row_bytes=sizes[part], routes=symbol_routes(routing, plan, known),
-                rows=symbols[part],
-            )  # fmt: skip
+                epoch=tr.epoch,
+                part=part,
+                kind=KIND_SYMBOLS,
+                num_rows=plan.num_symbols,
+                row_bytes=sizes[part],
+                routes=symbol_routes(routing, plan, known),
+                rows=faults.outgoing(tr.epoch, symbols[part]),
+            )
         reports, cpu = self.reports(), cpu.stop()
         seconds = time.perf_counter() - t0
         if routing == "peers":  # the bytes move between the workers: timed by their clocks
@@ -278,6 +284,11 @@ class MasterSide:
             )
         )
         self.ctx.link.deliver(
-            epoch=completed, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
-            row_bytes=self.ctx.record_bytes, routes=routes, rows=self.records.pick(union),
-        )  # fmt: skip
+            epoch=completed,
+            part=0,
+            kind=KIND_PLACEMENT,
+            num_rows=union.size,
+            row_bytes=self.ctx.record_bytes,
+            routes=routes,
+            rows=self.records.pick(union),
+        )

@@ -14,13 +14,13 @@ derives the assignments and plans from the seed (:mod:`~coded_shuffle.distribute
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
-import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,8 @@ from coded_shuffle.codec.records import LocalBatch
 from coded_shuffle.distributed.context import DataShape, EpochContext
 from coded_shuffle.distributed.describe import describe, first_assignment
 from coded_shuffle.distributed.epochs import EpochChain, placement_points
-from coded_shuffle.distributed.liveness import Heartbeat, Liveness, is_peer_loss
+from coded_shuffle.distributed.launcher_env import attempt
+from coded_shuffle.distributed.liveness import WATCHED_WAIT, Heartbeat, Liveness, is_peer_loss
 from coded_shuffle.distributed.master import MasterSide
 from coded_shuffle.distributed.persistence import StorePersistence, rank_folder
 from coded_shuffle.distributed.settings import ShuffleSettings
@@ -43,13 +44,21 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes.memory_sharing import storage_used
 from coded_shuffle.math.state import CacheState
-from coded_shuffle.math.warm import COMPILE_NOTE_SECONDS, warm_planner
+from coded_shuffle.math.warm import counting_compiles, warm_planner
 
 log = logging.getLogger("coded_shuffle")
 
-# with a watchdog, collectives may wait for long work: it ends the job when a peer is lost
-WATCHED_WAIT = timedelta(days=7)
 _instances = itertools.count()  # every rank creates its CodedShuffles in the same order
+_open: weakref.WeakSet[CodedShuffle] = weakref.WeakSet()  # made and not closed
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Releases what every ``CodedShuffle`` left open holds when the interpreter exits (its
+    watchdog's threads, its transport's sockets and threads), with no collective: the
+    process group may be gone already. An own loop that never closes it still exits 0."""
+    for cs in list(_open):
+        cs._release()
 
 
 def log_progress(records: dict[int, Heartbeat], seconds: float) -> None:
@@ -118,14 +127,14 @@ class CodedShuffle:
             if self._owns_liveness and self.liveness is not None:
                 self.liveness.stop()  # a failed set-up leaves no watchdog behind
             raise
+        _open.add(self)
 
     def _watchdog(self, given: Liveness | None) -> tuple[Liveness | None, bool]:
         """The given watchdog, or one started here (none with ``heartbeat=0``)."""
         s = self.settings
         if given is not None or s.heartbeat == 0:
             return given, False
-        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        prefix = f"coded-shuffle/live/attempt{restarts}/cs{next(_instances)}"
+        prefix = f"coded-shuffle/live/attempt{attempt()}/cs{next(_instances)}"
         on_line = log_progress if self.rank == 0 else None
         live = Liveness.for_default_group(
             s.timeout, s.heartbeat, prefix, on_progress=on_line, watch_progress=False
@@ -139,26 +148,45 @@ class CodedShuffle:
         wait = WATCHED_WAIT if self.liveness is not None else s.timeout
         self.shape: DataShape = describe(dataset, self.workers, s)
         self.scheme = s.check_job(self.workers, self.shape.num_points, self.record_bytes)
-        took = warm_planner(self.scheme, s.storage, self.workers)  # no plan holds a compile
-        if took > COMPILE_NOTE_SECONDS:
-            log.info(f"compiled the {self.scheme.name} planner in {took:.1f} s (first use after "
-                     "an install; cached for the next)")  # fmt: skip
+        with counting_compiles() as compiles:  # no plan holds a compile
+            took = warm_planner(self.scheme, s.storage, self.workers)
+        if compiles:
+            log.info(
+                f"compiled the {self.scheme.name} planner in {took:.1f} s (first use after "
+                "an install; cached for the next)"
+            )
         self.storage_used = storage_used(self.scheme, self.workers, s.storage)
         self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
         dist.barrier()  # every worker joined its group before any rank can fail and leave
         buffers: Buffers = IN_MEMORY
         if s.store_dir is not None:
             buffers = FileBuffers(rank_folder(s.store_dir, self.rank))
-        transport = build_transport(s.transport, Peer(self.rank, world, wait),
-                                    s.transport_options, buffers)  # fmt: skip
+        peer = Peer(self.rank, world, wait)
+        transport = build_transport(s.transport, peer, s.transport_options, buffers)
         self.link = Link(transport, s.chunk_bytes, self._progress(on_progress))
         by_label = s.placement == "by_label" and s.first_epoch == 1
         first = first_assignment(dataset, self.shape) if by_label else None
-        chain = EpochChain(self.scheme, self.shape.num_points, self.workers, s.storage, s.seed,
-                           s.policy, first, s.first_epoch)  # fmt: skip
+        chain = EpochChain(
+            self.scheme,
+            self.shape.num_points,
+            self.workers,
+            s.storage,
+            s.seed,
+            s.policy,
+            first,
+            s.first_epoch,
+        )
         transitions = chain.transitions(s.epochs if s.epochs is not None else sys.maxsize)
-        self._ctx = EpochContext(self.rank, self.shape, s, self.scheme, self.link, chain,
-                                 transitions, self.storage_used)  # fmt: skip
+        self._ctx = EpochContext(
+            self.rank,
+            self.shape,
+            s,
+            self.scheme,
+            self.link,
+            chain,
+            transitions,
+            self.storage_used,
+        )
         self.report: dict[str, Any] = {}
         self.indices = np.zeros(0, dtype=np.int64)
         self._next = s.first_epoch
@@ -239,20 +267,30 @@ class CodedShuffle:
         destroys the workers' group once every rank is done with it, so that a DDP wrapped
         around it may be freed whenever its owner lets it go (freed after the group's last
         reference, at exit, gloo's threads and the interpreter's lock could deadlock).
-        Idempotent; while an exception unwinds, only this rank's own parts are released."""
+        Idempotent; while an exception unwinds, or once the process group is destroyed,
+        only this rank's own parts are released (a ``CodedShuffle`` never closed is released
+        so when the interpreter exits)."""
         if self._closed:
             return
-        self._closed = True
         try:
-            if sys.exc_info()[0] is None:  # a clean end: every rank closes together
+            clean = sys.exc_info()[0] is None
+            if clean and dist.is_initialized():  # every rank closes together
                 with self.watched():
                     dist.barrier()  # nobody uses the workers' group any more
                 if self.rank > 0:
                     dist.destroy_process_group(self.workers_group)
         finally:
-            if self._owns_liveness and self.liveness is not None:
-                self.liveness.stop()
-            self.link.transport.close()
+            self._release()
+
+    def _release(self) -> None:
+        """This rank's own parts: the watchdog it started, the transport (no collective)."""
+        if self._closed:
+            return
+        self._closed = True
+        _open.discard(self)
+        if self._owns_liveness and self.liveness is not None:
+            self.liveness.stop()
+        self.link.transport.close()
 
     def __enter__(self) -> CodedShuffle:
         return self

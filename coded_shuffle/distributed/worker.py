@@ -150,16 +150,28 @@ class WorkerSide:
         slot = self.points_slot(epoch, points)
         out = self.buffers.empty(points.size, self.ctx.record_bytes, slot)
         return self.ctx.link.deliver(
-            epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=rows,
-            row_bytes=self.ctx.record_bytes, routes=routes, out=out,
-        )  # fmt: skip
+            epoch=epoch,
+            part=0,
+            kind=KIND_PLACEMENT,
+            num_rows=rows,
+            row_bytes=self.ctx.record_bytes,
+            routes=routes,
+            out=out,
+        )
 
     def store_of(self, epoch: int, points: np.ndarray, rows: torch.Tensor) -> WorkerStore:
         """The store after ``epoch`` cut from the whole ``points`` received (``rows``, in the
         slot :meth:`receive_points` gave them)."""
         assert self.delivery is not None
-        return store_from_points(self.delivery, self.worker, points, rows, self.buffers,
-                                 self.slots(epoch), self.points_slot(epoch, points))  # fmt: skip
+        return store_from_points(
+            self.delivery,
+            self.worker,
+            points,
+            rows,
+            self.buffers,
+            self.slots(epoch),
+            self.points_slot(epoch, points),
+        )
 
     def deliver(self, tr: Transition, delivery: Delivery) -> torch.Tensor:
         """Receives the epoch's symbols, decodes with its own store only, reports, updates."""
@@ -194,10 +206,17 @@ class WorkerSide:
 
             on_rows(0)  # what needs no symbol: while the first ones travel
             link.deliver(
-                epoch=tr.epoch, part=part, kind=KIND_SYMBOLS, num_rows=plan.num_symbols,
-                row_bytes=buffers[part].shape[1], routes=routes, rows=rows, row_ids=row_ids,
-                out=buffers[part], on_rows=on_rows,
-            )  # fmt: skip
+                epoch=tr.epoch,
+                part=part,
+                kind=KIND_SYMBOLS,
+                num_rows=plan.num_symbols,
+                row_bytes=buffers[part].shape[1],
+                routes=routes,
+                rows=rows,
+                row_ids=row_ids,
+                out=buffers[part],
+                on_rows=on_rows,
+            )
         workspaces = [d.finish() for d in decoders]
         t0 = time.perf_counter()
         batch = delivery.batch(k, workspaces, buffers=self.buffers)
@@ -233,8 +252,9 @@ class WorkerSide:
         dropped), with its point ids where it is whole points."""
         if self.persistence is not None and self.store is not None:
             self.persistence.save(epoch, self.store)
-            points = None if state is None else whole_store_points(self.ctx.scheme, state,
-                                                                   self.worker)  # fmt: skip
+            points = (
+                None if state is None else whole_store_points(self.ctx.scheme, state, self.worker)
+            )
             if points is not None:
                 self.persistence.save_points(epoch, points)
 
@@ -288,6 +308,11 @@ class WorkerSide:
             return self.receive_points(epoch, points, union.size, routes)
         out = self.buffers.empty(points.size, self.ctx.record_bytes)
         return self.ctx.link.deliver(
-            epoch=epoch, part=0, kind=KIND_PLACEMENT, num_rows=union.size,
-            row_bytes=self.ctx.record_bytes, routes=routes, out=out,
-        )  # fmt: skip
+            epoch=epoch,
+            part=0,
+            kind=KIND_PLACEMENT,
+            num_rows=union.size,
+            row_bytes=self.ctx.record_bytes,
+            routes=routes,
+            out=out,
+        )

@@ -213,8 +213,15 @@ class WorkerDecode:
     def program(self, plan: DeliveryPlan, worker: int, demands: np.ndarray) -> WorkerProgram:
         """The steps the demands need, as a program over rows (:func:`steps_program`)."""
         steps = _prune(self.steps, demands, self.index.num_subpoints)
-        return steps_program(steps, plan, worker, self.cache, self.index.num_symbols,
-                             self.index.num_subpoints, self.eliminated)  # fmt: skip
+        return steps_program(
+            steps,
+            plan,
+            worker,
+            self.cache,
+            self.index.num_symbols,
+            self.index.num_subpoints,
+            self.eliminated,
+        )
 
 
 def steps_program(

@@ -114,8 +114,9 @@ class MasterFrame:
 
     def sink(self, step_line: Callable[[dict[str, Any]], str]) -> ElasticSink:
         every = int(self.cfg.job.report_every)
-        return ElasticSink(self.ctx.run_dir / "metrics.jsonl", self.settings.steps, every,
-                           step_line)  # fmt: skip
+        return ElasticSink(
+            self.ctx.run_dir / "metrics.jsonl", self.settings.steps, every, step_line
+        )
 
     @staticmethod
     def close(channel: DistChannel, head: str, lines: list[str]) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from coded_shuffle.codec.blockstore import BlockStore
+from coded_shuffle.distributed import launcher_env
 from coded_shuffle.elastic.protocol import Message, Op, WorkerNode
 
-from .. import agent_env
 from ..config import ElasticConf
 from .channel import receive_message, send_message
 
@@ -64,7 +64,7 @@ def worker_loop(
     Every exit path except SIGKILL (a pre-empted machine) leaves ``pids/rank_<r>.exit``; after
     a restart the master asks every rank (HELLO) whether its previous incarnation left one.
     """
-    attempt = agent_env.attempt()
+    attempt = launcher_env.attempt()
     pids = root / "pids"
     pids.mkdir(parents=True, exist_ok=True)
     marker = pids / f"rank_{rank}.exit"

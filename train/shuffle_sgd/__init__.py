@@ -16,22 +16,14 @@ every scheme yields bit-identical parameters (``final_params_sha256`` in ``summa
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-import torch.distributed as dist
-
 from ..config import Config
-from ..device import agreed_device_type, model_group
+from ..device import agreed_device_type
 from ..dist import context, start_liveness
 from ..jobs import Job
 from .master import Master, stage_line
 from .settings import validate
 from .steps import average_state, averaging_steps, mean_in_model_order, model_inputs
 from .worker import Worker
-
-# collectives wait for long work (an epoch's training, a large delivery) without a bound: the
-# liveness watchdog fails the job within dist.timeout_seconds of a lost peer
-COLLECTIVE_TIMEOUT = timedelta(days=7)
 
 __all__ = [
     "JOB",
@@ -54,18 +46,15 @@ class ShuffleSGD(Job):
         its checkpoint (``job.checkpoint``)."""
         return int(cfg.dist.max_restarts)
 
-    def collective_timeout(self, cfg: Config) -> timedelta:
-        del cfg
-        return COLLECTIVE_TIMEOUT
-
     def run(self, cfg: Config) -> None:
+        """Every rank: the watchdog (from here on collectives wait for long work: it bounds
+        how long a lost peer goes unnoticed), the agreed device, then the master's or a
+        worker's loop. The job makes no process group of its own: the workers' group is the
+        coded shuffle's (and on CUDA the model's NCCL group beside it)."""
         ctx = context()
         start_liveness(cfg.dist, stage_line if ctx.is_master else None)
-        timeout = ctx.collective_timeout or ctx.timeout
-        pair = dist.new_group([0, 1], timeout=timeout)
         kind = agreed_device_type(cfg.device)
-        models = model_group(kind, ctx.workers_group, timeout)
-        (Master if ctx.is_master else Worker)(cfg, ctx, pair, (kind, models)).run()
+        (Master if ctx.is_master else Worker)(cfg, ctx, kind).run()
 
 
 JOB = ShuffleSGD()

@@ -6,27 +6,55 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from coded_shuffle.distributed import faults
+from coded_shuffle.distributed.launcher_env import attempt
 from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.errors import VerificationError
 
 from .. import checkpoint, data, models
-from ..agent_env import attempt
 from ..device import to_device
 from ..dist import mark
+from ..faults import corrupt_if_asked
 from ..metrics import MetricsWriter, human_bytes
-from .rank import Rank
+from .rank import MODEL_SENDER, Rank, recv
+from .start import (
+    AfterEpoch,
+    Fresh,
+    InsideEpoch,
+    Opening,
+    Resized,
+    RunStart,
+    Saved,
+    broadcast,
+    decide,
+    gather_held,
+)
 from .steps import averaging_steps, model_inputs
 
 log = logging.getLogger("train")
 
 DIGEST_BYTES = 32
+
+
+def restored(start: AfterEpoch | Resized, report: dict[str, Any], workers: int) -> str:
+    """What a restart after an epoch kept and sent again (the console line's tail)."""
+    if isinstance(start, Resized):
+        return (
+            f" with {workers} workers instead of {start.workers_before}: epoch {start.done + 1} "
+            "places the data anew, reusing what the workers that remain hold; the minibatches "
+            "differ from an unbroken run's"
+        )
+    replaced = report["replaced_workers"]
+    kept = f": stores of {workers - len(replaced)} of {workers} workers intact"
+    if not replaced:
+        return kept
+    return f"{kept}, workers {replaced} re-placed ({human_bytes(report['replacement_bytes'])})"
 
 
 def stage_line(records: dict[int, Heartbeat], seconds: float) -> None:
@@ -44,35 +72,44 @@ def stage_line(records: dict[int, Heartbeat], seconds: float) -> None:
         log.info(f"  ... {seconds:.0f} s after {me.stage!r}: the slowest worker at {doing}")
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """The first epoch after a restart: what its record adds, and (resumed inside it) the
+    record of the delivery made before the restart, which is not made again."""
+
+    start: RunStart
+    report: dict[str, Any]  # the coded shuffle's report of the restore
+    delivery: dict[str, Any] | None = None
+
+    def record(self, delivery: dict[str, Any]) -> dict[str, Any]:
+        """The record's keys that say what the restart cost (``delivery``: this epoch's)."""
+        extra = {**self.report, **self.start.record(), "attempt": attempt()}
+        if isinstance(self.start, Resized):  # the placement for the new number of workers
+            extra["resize_bytes"] = delivery["broadcast_bytes"]
+            extra["fresh_placement_bytes"] = delivery["uncoded_bytes"]
+        return extra
+
+
 class Master(Rank):
     """Rank 0: holds the data set, evaluates the workers' parameters, writes the metrics."""
 
     def run(self) -> None:
         t_start = time.perf_counter()
         saved = self.setup()
-        done = int(saved["epoch"]) if saved else 0
-        inside = self.step_every and self.before is None
-        record = checkpoint.load_delivery(self.ctx.run_dir, done + 1) if inside else None
-        at = self.agree_inside(done, set(), ready=record is not None)
-        if at:
-            assert record is not None
-            restart = self.resume_inside(saved, done + 1, at, record)
-        elif saved:
-            restart = self.resize(saved) if self.before is not None else self.resume(saved)
-        else:
-            restart = {}
+        resumed = self.resume(saved)
         clock = (time.perf_counter(), self.elapsed_before(saved))
         try:
-            for epoch in range(done + 1, self.epochs + 1):
-                self.epoch(epoch, clock, restart)
-                restart = {}
+            for epoch in range(self.start.done + 1, self.epochs + 1):
+                self.epoch(epoch, clock, resumed)
+                resumed = None
         finally:
             self.cs.close()
         self.finish(time.perf_counter() - t_start)
 
     def setup(self) -> dict[str, Any] | None:
-        """The data set loaded and handed to the coded shuffle, the model, the metrics; the
-        checkpoint to resume from (None: a fresh run)."""
+        """The data set loaded, the run's start decided and told to every rank, the data set
+        handed to the coded shuffle, the model, the metrics; returns the checkpoint to resume
+        from (None: none)."""
         ds = data.load(self.cfg.data, self.workers, self.seed)
         if ds.dropped:
             log.info(
@@ -81,18 +118,13 @@ class Master(Rank):
             )
         self.dropped = ds.dropped
         saved = checkpoint.load(self.ctx.run_dir, self.cfg) if self.checkpointing else None
-        done = int(saved["epoch"]) if saved else 0
-        before = int(saved.get("workers", self.workers)) if saved else self.workers
-        self.before = before if before != self.workers else None  # a change in their number
-        # the chain of assignments starts at the run's last placement
-        first = done + 1 if self.before else int(saved.get("first_epoch", 1)) if saved else 1
-        self.meta([ds.features, ds.classes, ds.dropped, done, first, self.before or 0])
+        self.start = self.decide_start(saved)
+        broadcast(Opening(self.start, ds.classes))
         # records of the inputs' and labels' own bytes (the array sources: float32 features
         # and an int32 label, 4 d + 4 bytes; data=dataset: the items' dtypes), read where
         # they are (a packed directory: memory-mapped)
-        self.cs = self.coded_shuffle(ds.train, first, self.before)
-        if self.cfg.debug.corrupt_epoch is not None:
-            faults.set_before_send(self.corrupt_if_asked)
+        self.cs = self.coded_shuffle(ds.train, self.start)
+        corrupt_if_asked(self.cfg.debug)
         self.n, self.b = self.cs.shape.num_points, self.cs.record_bytes
         self.model = self.build_model(ds.input_shape, ds.classes)
         self.data = ds  # its test split, evaluated a block at a time
@@ -101,6 +133,20 @@ class Master(Rank):
         self.momentum_flat = torch.zeros(0)
         self.announce()
         return saved
+
+    def decide_start(self, saved: dict[str, Any] | None) -> RunStart:
+        """The run's start (:func:`~train.shuffle_sgd.start.decide`) from the checkpoint, the
+        delivery record of the epoch after it, and every worker's step checkpoints."""
+        view = None
+        if saved is not None:
+            workers, first = int(saved["workers"]), int(saved["first_epoch"])
+            view = Saved(int(saved["epoch"]), workers, first)
+        done = view.done if view is not None else 0
+        self.delivered = None
+        if self.step_every:
+            self.delivered = checkpoint.load_delivery(self.ctx.run_dir, self.cfg, done + 1)
+        held = gather_held(set())
+        return decide(view, self.workers, self.delivered is not None, held)
 
     def announce(self) -> None:
         """The run's one line of settings (and the storage a point size really gives)."""
@@ -129,45 +175,48 @@ class Master(Rank):
         since = time.time() - float(last["time"])
         return float(last["elapsed_seconds"]) + max(0.0, since)
 
-    def epoch(self, epoch: int, clock: tuple[float, float], restart: dict[str, Any]) -> None:
-        """Delivers ``epoch``, waits for the trained model, checkpoints, records."""
+    def epoch(self, epoch: int, clock: tuple[float, float], resumed: Resumed | None) -> None:
+        """Delivers ``epoch`` (resumed inside it: the delivery made before the restart),
+        waits for the trained model, checkpoints, records."""
         began = time.perf_counter()
         self.begin(epoch)
-        if "resumed_at_step" in restart:  # delivered before the restart
-            delivery = restart.pop("delivery")
+        if resumed is not None and resumed.delivery is not None:
+            delivery = resumed.delivery
         else:
             self.cs.epoch(epoch)  # then prepares the next while the workers train
             delivery = self.cs.report
             if self.step_every:  # the delivery's record, for a restart inside the epoch
-                checkpoint.save_delivery(self.ctx.run_dir, epoch, delivery)
-            if "workers_before" in restart:  # the placement after a change in their number
-                restart["resize_bytes"] = delivery["broadcast_bytes"]
-                restart["fresh_placement_bytes"] = delivery["uncoded_bytes"]
+                checkpoint.save_delivery(self.ctx.run_dir, self.cfg, epoch, delivery)
         mark(f"epoch {epoch} delivered")
-        report = {**delivery, "dropped_points": self.dropped, "attempt": attempt()}
-        row = self.finish_epoch({**report, **restart}, (began, *clock))
+        row = {**delivery, "dropped_points": self.dropped, "attempt": attempt()}
+        if resumed is not None:
+            row.update(resumed.record(delivery))
+        row = self.finish_epoch(row, (began, *clock))
         if self.checkpointing:  # before the record: a recorded epoch is a resumable one
             flat = self.host_params()
             rows = [*self.writer.rows, row]
-            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, self.momentum_flat, rows,
-                            first_epoch=self.cs.settings.first_epoch)  # fmt: skip
+            first = self.cs.settings.first_epoch
+            momentum = self.momentum_flat
+            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, momentum, rows, first)
         self.writer.epoch(row)
 
-    def resume(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """After a restart: the stores restored (damaged ones re-placed), the checkpointed
-        model and momentum to every rank, the metrics so far rewritten. The first resumed
-        epoch's record says what the restart cost."""
-        done = int(saved["epoch"])
-        report = self.cs.restore(done)
+    def resume(self, saved: dict[str, Any] | None) -> Resumed | None:
+        """After a restart, as the run's start says: the stores restored (after an epoch),
+        the checkpointed model and momentum to every rank and the metrics so far rewritten
+        (after an epoch, or with another number of workers), or the stores and the workers'
+        batches restored with no new delivery (inside an epoch). What the first epoch's
+        record adds comes back."""
+        start = self.start
+        if isinstance(start, Fresh):
+            return None
+        if isinstance(start, InsideEpoch):
+            return self.resume_inside(saved, start)
+        report = self.cs.restore(start.done) if isinstance(start, AfterEpoch) else {}
+        assert saved is not None
         self.checkpointed_model(saved)
-        replaced = report["replaced_workers"]
-        log.info(
-            f"resumed after epoch {done} (attempt {attempt()}): stores of "
-            f"{self.workers - len(replaced)} of {self.workers} workers intact"
-            + (f", workers {replaced} re-placed ({human_bytes(report['replacement_bytes'])})"
-               if replaced else "")
-        )  # fmt: skip
-        return {**report, "attempt": attempt()}
+        kept = restored(start, report, self.workers)
+        log.info(f"resumed after epoch {start.done} (attempt {attempt()}){kept}")
+        return Resumed(start, report)
 
     def checkpointed_model(self, saved: dict[str, Any]) -> None:
         """The checkpoint's parameters and momentum, here and to every rank; its metrics so
@@ -178,57 +227,24 @@ class Master(Rank):
         self.momentum_flat = momentum
         self.writer.resume(saved["rows"])
 
-    def resize(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """After a restart with another number of workers: the checkpointed model and
-        momentum to every rank, the new workers' among them, and the metrics so far
-        rewritten; the next epoch is a placement for the new number that reuses what the
-        workers that remain hold. Minibatches differ from there on (not bit-identical to
-        any unbroken run)."""
-        done = int(saved["epoch"])
-        self.checkpointed_model(saved)
-        log.info(
-            f"resumed after epoch {done} (attempt {attempt()}) with {self.workers} workers "
-            f"instead of {self.before}: epoch {done + 1} places the data anew, reusing what "
-            "the workers that remain hold; the minibatches differ from an unbroken run's"
-        )
-        return {
-            "resumed_after_epoch": done,
-            "workers_before": self.before,
-            "workers_after": self.workers,
-            "attempt": attempt(),
-        }
-
-    def resume_inside(
-        self, saved: dict[str, Any] | None, epoch: int, step: int, delivery: dict[str, Any]
-    ) -> dict[str, Any]:
-        """After a restart inside ``epoch``, once every worker has trained ``step`` steps of
-        it: the stores and the workers' batches restored (no new delivery; the workers load
-        their own training state), the metrics so far rewritten. The epoch's record is its
-        delivery's (the attempt before) with what the restart cost."""
+    def resume_inside(self, saved: dict[str, Any] | None, start: InsideEpoch) -> Resumed:
+        """After a restart inside epoch ``start.done + 1``, once every worker has trained
+        ``start.step`` steps of it: the stores and the workers' batches restored (no new
+        delivery; the workers load their own training state), the metrics so far rewritten.
+        The epoch's record is its delivery's (the attempt before) with what the restart
+        cost."""
+        epoch = start.done + 1
         self.cs.resume_inside(epoch)
         report = self.cs.report
         if saved:
             self.writer.resume(saved["rows"])
-        again = report["replaced_workers"] + report["rebatched_workers"]
+        again = sorted(set(report["replaced_workers"] + report["rebatched_workers"]))
+        sent = f"; sent again: workers {again}" if again else ""
         log.info(
-            f"resumed inside epoch {epoch} at step {step} of {self.steps} (attempt "
-            f"{attempt()}): no new delivery"
-            + (f"; sent again: workers {sorted(set(again))}" if again else "")
-        )  # fmt: skip
-        return {**report, "resumed_at_step": step, "attempt": attempt(), "delivery": delivery}
-
-    def corrupt_if_asked(self, epoch: int, symbols: list[torch.Tensor]) -> None:
-        """Debug knob ``debug.corrupt_epoch``: flips a byte of the first symbol before sending.
-
-        The message digests still match (they cover what is sent), so only the comparison of
-        the workers' batch digests with the master's can catch it: the test that a wrong
-        decode fails loudly.
-        """
-        target = self.cfg.debug.corrupt_epoch
-        if target is None or int(target) != epoch or not symbols or not symbols[0].numel():
-            return
-        symbols[0][0, 0] ^= 0xFF
-        log.warning(f"debug: epoch {epoch}: flipped byte 0 of symbol 0 (debug.corrupt_epoch)")
+            f"resumed inside epoch {epoch} at step {start.step} of {self.steps} (attempt "
+            f"{attempt()}): no new delivery{sent}"
+        )
+        return Resumed(start, report, self.delivered)
 
     def finish_epoch(
         self, row: dict[str, Any], clock: tuple[float, float, float]
@@ -240,9 +256,9 @@ class Master(Rank):
         """
         t0 = time.perf_counter()
         flat = self.host_params().clone()
-        dist.broadcast(flat, src=1, group=self.pair)
+        recv(flat, MODEL_SENDER)
         loss = torch.zeros(2, dtype=torch.float64)
-        dist.broadcast(loss, src=1, group=self.pair)
+        recv(loss, MODEL_SENDER)
         row["train_seconds"] = time.perf_counter() - t0
         mark(f"epoch {row['epoch']} trained")
         self.load_params(flat)
@@ -250,7 +266,7 @@ class Master(Rank):
         row["test_loss"], row["test_accuracy"] = self.evaluate()
         if self.checkpointing and self.momentum:
             self.momentum_flat = torch.zeros_like(flat)
-            dist.broadcast(self.momentum_flat, src=1, group=self.pair)
+            recv(self.momentum_flat, MODEL_SENDER)
         row["train_loss"] = float(loss[0] / loss[1])
         row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
         row["allreduce_payload_bytes"] = self.allreduce_bytes(flat.numel() * flat.element_size())

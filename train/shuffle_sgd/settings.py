@@ -16,6 +16,7 @@ from coded_shuffle.errors import UsageError
 from .. import data, models
 from ..config import Config, DistConf
 from ..device import check_device
+from .start import FRESH, Resized, RunStart
 
 
 def transport_options(dist: DistConf) -> dict[str, Any]:
@@ -25,14 +26,11 @@ def transport_options(dist: DistConf) -> dict[str, Any]:
 
 
 def shuffle_settings(
-    cfg: Config,
-    store_dir: Path | None = None,
-    first_epoch: int = 1,
-    previous_workers: int | None = None,
+    cfg: Config, store_dir: Path | None = None, start: RunStart = FRESH
 ) -> ShuffleSettings:
-    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key):
-    ``first_epoch``, the epoch of its placement (later than 1 after a change in the number of
-    workers), and ``previous_workers``, the number before the change, when it happens now."""
+    """The coded shuffle of ``cfg`` (checked: one line naming the first bad key) for a run
+    that starts as ``start`` says: its chain of assignments begins at the run's last placement,
+    and a change in the number of workers now offers what the workers before held."""
     return ShuffleSettings(
         scheme=cfg.scheme.name,
         storage=float(cfg.storage),
@@ -47,8 +45,8 @@ def shuffle_settings(
         timeout=timedelta(seconds=float(cfg.dist.timeout_seconds)),
         store_dir=store_dir,
         keep_batch=store_dir is not None and int(cfg.job.checkpoint_steps) > 0,
-        first_epoch=first_epoch,
-        previous_workers=previous_workers,
+        first_epoch=start.first_epoch,
+        previous_workers=start.workers_before if isinstance(start, Resized) else None,
         names=JOB_NAMES,
     )
 

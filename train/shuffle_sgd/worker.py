@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -19,7 +18,9 @@ from coded_shuffle.codec.records import LocalBatch
 from .. import checkpoint, data, models
 from ..device import to_device
 from ..dist import mark, tick
-from .rank import Rank
+from ..faults import step_delay
+from .rank import MODEL_SENDER, Rank, send
+from .start import AfterEpoch, Fresh, InsideEpoch, broadcast, gather_held
 from .steps import (
     average_state,
     averaging_steps,
@@ -30,17 +31,52 @@ from .steps import (
 )
 
 
+@dataclass(frozen=True)
+class StepState:
+    """Where a worker resumes inside an epoch: the steps done, the loss summed over them, and
+    the batch it kept."""
+
+    step: int
+    loss_sum: float
+    count: int
+    batch: LocalBatch
+
+
 class Worker(Rank):
     """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
 
     def run(self) -> None:
-        _, classes, _, done, first, before = self.meta()
-        self.cs = self.coded_shuffle(None, first, before or None)
-        self.k, self.q = self.ctx.worker, self.cs.shape.num_points // self.workers
+        self.setup()
+        inside = self.resume()
+        try:
+            for epoch in range(self.start.done + 1, self.epochs + 1):
+                self.begin(epoch)
+                state = inside if epoch == self.start.done + 1 else None
+                batch = self.cs.epoch(epoch) if state is None else state.batch
+                mark(f"epoch {epoch} delivered")
+                assert batch is not None
+                self.train(epoch, batch, state)
+        finally:
+            self.cs.close()
+        self.gather_digest()
+        release_ddp(self)
+
+    def setup(self) -> None:
+        """The run's start from the master (this worker's step checkpoints told first), the
+        coded shuffle, the model in DDP and its optimiser."""
+        self.k = self.ctx.worker
+        self.held = {}
+        if self.step_every:
+            self.held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k)
+        gather_held(set(self.held))
+        opening = broadcast(None)
+        self.start = opening.start
+        self.cs = self.coded_shuffle(None, self.start)
+        self.q = self.cs.shape.num_points // self.workers
         self.transform = data.transform_of(self.cfg.data)
         item = self.cs.shape.layout.fields[0]
         one = torch.zeros((1, *item.shape), dtype=item.torch_dtype)
-        self.model = self.build_model(tuple(self.transform(one).shape[1:]), classes)
+        self.model = self.build_model(tuple(self.transform(one).shape[1:]), opening.classes)
         self.ddp = self.distributed()
         o = self.cfg.optim
         self.opt = torch.optim.SGD(
@@ -49,24 +85,25 @@ class Worker(Rank):
             momentum=float(o.momentum),
             weight_decay=float(o.weight_decay),
         )
-        inside_ok = self.step_every and not before
-        held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k) if inside_ok else {}
-        at = self.agree_inside(done, set(held))
-        inside = self.resume_inside(done + 1, held[(done + 1, at)]) if at else None
-        if done and not at:
-            self.resume(done, restore=not before)
-        try:
-            for epoch in range(done + 1, self.epochs + 1):
-                self.begin(epoch)
-                state = inside if epoch == done + 1 else None
-                batch = self.cs.epoch(epoch) if state is None else state["batch"]
-                mark(f"epoch {epoch} delivered")
-                assert batch is not None
-                self.train(epoch, batch, state)
-        finally:
-            self.cs.close()
-        self.gather_digest()
-        release_ddp(self)
+
+    def resume(self) -> StepState | None:
+        """After a restart, as the run's start says: the own store restored (after an epoch;
+        after a change in the number of workers the next epoch places anew) and the master's
+        checkpointed parameters and momentum loaded; or, inside an epoch, the own store and
+        batch restored (no new delivery) and the own training state at that step loaded."""
+        start = self.start
+        if isinstance(start, Fresh):
+            return None
+        if isinstance(start, InsideEpoch):
+            return self.resume_inside(start)
+        if isinstance(start, AfterEpoch):
+            self.cs.restore(start.done)
+        params = self.host_params().clone()
+        momentum = torch.zeros_like(params) if self.momentum else torch.zeros(0)
+        self.resumed_state(params, momentum)
+        self.load_params(params)
+        self.set_momentum(momentum)
+        return None
 
     def distributed(self) -> DistributedDataParallel:
         """The model in DDP over the workers' model group (gloo, or NCCL on CUDA): the
@@ -105,26 +142,16 @@ class Worker(Rank):
                 + "): their torch versions or devices differ"
             )
 
-    def resume(self, done: int, restore: bool = True) -> None:
-        """After a restart: the own store restored (or re-placed; not after a change in the
-        number of workers: the next epoch places anew), the master's checkpointed parameters
-        and momentum loaded."""
-        if restore:
-            self.cs.restore(done)
-        params = self.host_params().clone()
-        momentum = torch.zeros_like(params) if self.momentum else torch.zeros(0)
-        self.resumed_state(params, momentum)
-        self.load_params(params)
-        self.set_momentum(momentum)
-
-    def resume_inside(self, epoch: int, state: dict[str, Any]) -> dict[str, Any]:
-        """After a restart inside ``epoch``: the own store and batch restored (no new
-        delivery), the own training state at the checkpointed step loaded."""
-        batch = self.cs.resume_inside(epoch)
-        self.load_params(state["params"])
-        self.set_momentum(state["momentum"])
-        torch.set_rng_state(state["rng"])
-        return {**state, "batch": batch}
+    def resume_inside(self, start: InsideEpoch) -> StepState:
+        """After a restart inside epoch ``start.done + 1``: the own store and batch restored
+        (no new delivery), the own training state at ``start.step`` loaded."""
+        saved = self.held[(start.done + 1, start.step)]
+        batch = self.cs.resume_inside(start.done + 1)
+        assert batch is not None
+        self.load_params(saved["params"])
+        self.set_momentum(saved["momentum"])
+        torch.set_rng_state(saved["rng"])
+        return StepState(start.step, float(saved["loss_sum"]), int(saved["count"]), batch)
 
     def set_momentum(self, momentum: torch.Tensor) -> None:
         """The optimiser's momentum from one flat host vector (parameters' order)."""
@@ -140,10 +167,16 @@ class Worker(Rank):
         """This worker's training state after ``step`` of ``epoch`` (``job.checkpoint_steps``),
         once every worker got there (so the last checkpoint of one is the last or the one
         before of every other)."""
-        dist.barrier(group=self.ctx.workers_group)
+        dist.barrier(group=self.cs.workers_group)
         momentum = self.momentum_buffers() if self.momentum else torch.zeros(0)
-        state = {"epoch": epoch, "step": step, "params": self.host_params().clone(),
-                 "momentum": momentum, "loss_sum": totals[0], "count": totals[1]}  # fmt: skip
+        state = {
+            "epoch": epoch,
+            "step": step,
+            "params": self.host_params().clone(),
+            "momentum": momentum,
+            "loss_sum": totals[0],
+            "count": totals[1],
+        }
         checkpoint.save_step(self.ctx.run_dir, self.cfg, self.k, state)
 
     def momentum_buffers(self) -> torch.Tensor:
@@ -152,27 +185,25 @@ class Worker(Rank):
             [self.opt.state[p]["momentum_buffer"].reshape(-1) for p in self.model.parameters()]
         ).cpu()
 
-    def train(self, epoch: int, batch: LocalBatch, start: dict[str, Any] | None = None) -> None:
+    def train(self, epoch: int, batch: LocalBatch, start: StepState | None = None) -> None:
         """One epoch of synchronous SGD over the own batch (each minibatch read from the
-        batch's records where they are), from step ``start["step"]`` after a restart inside
-        it; worker 0 sends the result."""
+        batch's records where they are), from step ``start.step`` after a restart inside it;
+        worker 0 sends the result."""
         order = torch.from_numpy(minibatch_order(self.seed, epoch, self.k, self.q))
         size = int(self.cfg.optim.batch_size)
         params = list(self.model.parameters())
         self.model.train()
-        loss_sum, count = (start["loss_sum"], start["count"]) if start else (0.0, 0)
-        first = start["step"] if start else 0
+        loss_sum, count = (start.loss_sum, start.count) if start else (0.0, 0)
+        first = start.step if start else 0
         steps = math.ceil(self.q / size)
         every = self.average_every
         average_after = set(averaging_steps(steps, every))
-        delay = float(self.cfg.debug.step_delay)
         for step, a in enumerate(range(0, self.q, size)):
             if step < first:  # done before the restart
                 continue
             self.die_at(epoch, step + 1)
             tick(f"epoch {epoch} step {step + 1}/{steps}")
-            if delay:  # debug: a slow model (long epochs without changing the data)
-                time.sleep(delay)
+            step_delay(self.cfg.debug)
             idx = order[a : a + size]
             inputs, labels = batch.fields(idx)
             x = to_device(model_inputs(self.transform, inputs), self.device)
@@ -194,12 +225,12 @@ class Worker(Rank):
     def report(self, epoch: int, totals: torch.Tensor) -> None:
         """The epoch's summed loss over every worker; worker 0 sends it, the parameters and
         (for the checkpoint) the momentum to the master."""
-        dist.all_reduce(totals, group=self.ctx.workers_group)
-        if self.k == 0:
-            dist.broadcast(self.host_params(), src=1, group=self.pair)
-            dist.broadcast(totals, src=1, group=self.pair)
+        dist.all_reduce(totals, group=self.cs.workers_group)
+        if self.ctx.rank == MODEL_SENDER:
+            send(self.host_params(), 0)
+            send(totals, 0)
             if self.checkpointing and self.momentum:
-                dist.broadcast(self.momentum_buffers(), src=1, group=self.pair)
+                send(self.momentum_buffers(), 0)
         mark(f"epoch {epoch} trained")
 
     def gather_digest(self) -> None:

@@ -159,9 +159,17 @@ class Link:
         assert keep is not None
         out = _buffer(out, keep.size, row_bytes)
         inbox = Inbox(
-            header, num_rows, row_bytes, self.chunk_bytes, keep, out, np.arange(keep.size),
-            on_rows, checksums=not self.transport.zero_copy, skips=self.transport.prunes,
-        )  # fmt: skip
+            header,
+            num_rows,
+            row_bytes,
+            self.chunk_bytes,
+            keep,
+            out,
+            np.arange(keep.size),
+            on_rows,
+            checksums=not self.transport.zero_copy,
+            skips=self.transport.prunes,
+        )
         sizes = stream.sizes
 
         def on_message(_: int, i: int, msg: torch.Tensor) -> None:
@@ -212,9 +220,16 @@ class Link:
                     assert out is not None
                     every = np.arange(pos.size, dtype=np.int64)
                     inboxes[index] = Inbox(
-                        header, pos.size, row_bytes, self.chunk_bytes, every, out, pos, on_rows,
+                        header,
+                        pos.size,
+                        row_bytes,
+                        self.chunk_bytes,
+                        every,
+                        out,
+                        pos,
+                        on_rows,
                         checksums=not self.transport.zero_copy,
-                    )  # fmt: skip
+                    )
         meter = _Meter(sum(s.total for s in streams), self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
 

@@ -178,9 +178,12 @@ def cover_lp_with_prices(
     from scipy.optimize import linprog
 
     res = linprog(
-        -counts.astype(float), A_ub=cover.T.tocsr(), b_ub=costs, bounds=(0, None),
+        -counts.astype(float),
+        A_ub=cover.T.tocsr(),
+        b_ub=costs,
+        bounds=(0, None),
         method="highs-ds",
-    )  # fmt: skip
+    )
     return (-res.ineqlin.marginals, res.x) if res.status == 0 else None
 
 

@@ -57,8 +57,15 @@ def _free_arcs(
     return fptr, fout, fcnt, pos
 
 
-def _give(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
-          pos: np.ndarray, a: int, b: int) -> None:  # fmt: skip
+def _give(
+    w: np.ndarray,
+    fptr: np.ndarray,
+    fout: np.ndarray,
+    fcnt: np.ndarray,
+    pos: np.ndarray,
+    a: int,
+    b: int,
+) -> None:
     """One unit of arc ``a -> b`` back to the free arcs."""
     w[a, b] += 1
     if w[a, b] == 1:
@@ -67,8 +74,15 @@ def _give(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
         fcnt[a] += 1
 
 
-def _take(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
-          pos: np.ndarray, a: int, b: int) -> None:  # fmt: skip
+def _take(
+    w: np.ndarray,
+    fptr: np.ndarray,
+    fout: np.ndarray,
+    fcnt: np.ndarray,
+    pos: np.ndarray,
+    a: int,
+    b: int,
+) -> None:
     """One unit of arc ``a -> b`` out of the free arcs."""
     w[a, b] -= 1
     if w[a, b] == 0:
@@ -79,8 +93,16 @@ def _take(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
         fcnt[a] -= 1
 
 
-def _thirds(w: np.ndarray, fptr: np.ndarray, fout: np.ndarray, fcnt: np.ndarray,
-            x: int, y: int, skip: int, cand: np.ndarray) -> int:  # fmt: skip
+def _thirds(
+    w: np.ndarray,
+    fptr: np.ndarray,
+    fout: np.ndarray,
+    fcnt: np.ndarray,
+    x: int,
+    y: int,
+    skip: int,
+    cand: np.ndarray,
+) -> int:
     """Into ``cand``, every worker ``z`` (but ``skip``) that closes ``x -> y -> z -> x`` with
     free arcs; returns how many."""
     nc = 0

@@ -11,19 +11,21 @@ from pathlib import Path
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.cluster.faults import Fault
 from coded_shuffle.tools.cluster.netns import Cluster, check_privileges, sweep_stale
-from coded_shuffle.tools.cluster.run import (
+from coded_shuffle.tools.cluster.record import (
     Counters,
-    Fault,
+    machine_cpu_ticks,
+    machine_cpu_use,
+    write_record,
+)
+from coded_shuffle.tools.cluster.run import (
     check_training_config,
     host_env,
     last_error,
-    machine_cpu_ticks,
-    machine_cpu_use,
     run_hosts,
     torchrun_argv,
     training_overrides,
-    write_record,
 )
 
 
@@ -69,8 +71,11 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
     cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu, medium=args.medium)
-    faults = [Fault.parse(kind, text, args.hosts) for kind in ("kill", "lose", "cut")
-              for text in getattr(args, kind, None) or []]  # fmt: skip
+    faults = [
+        Fault.parse(kind, text, args.hosts)
+        for kind in ("kill", "lose", "cut")
+        for text in getattr(args, kind, None) or []
+    ]
     min_hosts = check_elastic(args.min_hosts, args.hosts, faults)
     if not args.dry_run:
         check_privileges()
@@ -105,8 +110,9 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         with cluster:
             before, ticks = Counters.read(cluster), machine_cpu_ticks()
             t0 = time.perf_counter()
-            results = run_hosts(cluster, target, logs, grace=args.grace, faults=faults,
-                                min_hosts=min_hosts)  # fmt: skip
+            results = run_hosts(
+                cluster, target, logs, grace=args.grace, faults=faults, min_hosts=min_hosts
+            )
             wall = time.perf_counter() - t0
             cpu = machine_cpu_use(ticks, machine_cpu_ticks())
             record.parent.mkdir(parents=True, exist_ok=True)

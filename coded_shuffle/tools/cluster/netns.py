@@ -241,16 +241,48 @@ class Cluster:
         for i in range(self.hosts):
             port = f"p{i}"
             _tc(br, "qdisc", "add", "dev", port, "handle", "ffff:", "ingress")
-            _tc(br, "filter", "add", "dev", port, "parent", "ffff:", "protocol", "all",
-                "u32", "match", "u32", "0", "0",
-                "action", "mirred", "egress", "redirect", "dev", medium)  # fmt: skip
+            _tc(
+                br,
+                "filter",
+                "add",
+                "dev",
+                port,
+                "parent",
+                "ffff:",
+                "protocol",
+                "all",
+                "u32",
+                "match",
+                "u32",
+                "0",
+                "0",
+                "action",
+                "mirred",
+                "egress",
+                "redirect",
+                "dev",
+                medium,
+            )
 
     def _limit(self, ns: str, dev: str, rate: int) -> None:
         """``tbf`` on ``dev``: ``rate`` bits/s, a 100 ms queue, and a burst of 2 ms at ``rate``
         but at least 4 frames (an idle NIC sends no more than that at once above its rate)."""
         burst = max(4 * (self.mtu + ETHERNET_HEADER_BYTES), rate // 8 // 500)
-        _tc(ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit",
-            "burst", str(burst), "latency", "100ms")  # fmt: skip
+        _tc(
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{rate}bit",
+            "burst",
+            str(burst),
+            "latency",
+            "100ms",
+        )
 
     def destroy(self) -> None:
         """Removes every namespace this cluster created (idempotent)."""
@@ -295,30 +327,43 @@ def _counters(ns: str, dev: str) -> dict[str, int]:
     got = _ip("-n", ns, "-j", "-s", "link", "show", "dev", dev, check=False)
     try:
         stats = json.loads(got.stdout)[0]["stats64"]
-        return {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"],
-                "tx_packets": stats["tx"]["packets"]}  # fmt: skip
+        return {
+            "tx_bytes": stats["tx"]["bytes"],
+            "rx_bytes": stats["rx"]["bytes"],
+            "tx_packets": stats["tx"]["packets"],
+        }
     except (ValueError, LookupError):
         return {"tx_bytes": -1, "rx_bytes": -1, "tx_packets": -1}
 
 
 def _tcp_counters(ns: str) -> dict[str, int]:
     """``RetransSegs`` and ``TCPTimeouts`` of namespace ``ns`` (-1 where unreadable)."""
-    got = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    got = subprocess.run(
+        ["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     table: dict[str, int] = {}
     lines = got.stdout.splitlines()
     for names, values in zip(lines[::2], lines[1::2], strict=False):
         kind, _, keys = names.partition(":")
         for key, value in zip(keys.split(), values.partition(":")[2].split(), strict=False):
             table[f"{kind}.{key}"] = int(value) if value.lstrip("-").isdigit() else -1
-    return {"retransmits": table.get("Tcp.RetransSegs", -1),
-            "timeouts": table.get("TcpExt.TCPTimeouts", -1)}  # fmt: skip
+    return {
+        "retransmits": table.get("Tcp.RetransSegs", -1),
+        "timeouts": table.get("TcpExt.TCPTimeouts", -1),
+    }
 
 
 def _queue_drops(ns: str, dev: str) -> int:
     """Frames the root qdisc of ``dev`` dropped so far (-1 where unreadable)."""
-    got = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    got = subprocess.run(
+        ["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
         return int(next(q["drops"] for q in json.loads(got.stdout) if q.get("root")))
     except (ValueError, LookupError, StopIteration):

@@ -16,7 +16,6 @@ seconds to finish, then everything is killed; the namespaces go on every exit pa
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -30,7 +29,8 @@ from pathlib import Path
 from coded_shuffle.costs.model import PACE_SHARE
 from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.errors import UsageError
-from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
+from coded_shuffle.tools.cluster.faults import Fault, Faults
+from coded_shuffle.tools.cluster.netns import IFACE, Cluster
 
 MASTER_PORT = 29500
 # elastic rendezvous: a lost node is dropped after two missed 1 s keep-alives, and a round
@@ -47,68 +47,6 @@ class HostResult:
     code: int | None
     log: Path
     lost: bool = False  # gone for good (``--lose``): its exit is not the job's failure
-
-
-@dataclass
-class Fault:
-    """``--kill``, ``--lose`` or ``--cut HOST@WHEN``: what happens to a host (killed and, with
-    restarts, started again; killed for good; its link taken down), and when. ``WHEN``
-    is seconds after the start (``2@30``) or ``eN``: once the job has recorded epoch ``N``
-    in its ``metrics.jsonl``, or a ``--script`` has printed its ``N``-th line starting with
-    ``epoch`` on host 0 (``2@e2``: mid-run whatever the machine's speed)."""
-
-    kind: str  # "kill" | "lose" | "cut"
-    host: int
-    at: float | None  # seconds after the start, or
-    after_epoch: int | None = None  # ... once this many epochs are recorded
-    metrics: Path | None = None  # the job's metrics.jsonl (for after_epoch), or
-    console: Path | None = None  # ... host 0's log, for a script
-    done_at: float | None = None
-    restarted: bool = False
-
-    @classmethod
-    def parse(cls, kind: str, text: str, hosts: int) -> Fault:
-        m = re.fullmatch(r"(\d+)@(?:(\d+(?:\.\d*)?)|e(\d+))", text.strip())
-        if not m:
-            raise UsageError(
-                f"--{kind} {text!r}: expected HOST@SECONDS or HOST@eEPOCH, e.g. 2@20 or 2@e2"
-            )
-        host = int(m.group(1))
-        if not 0 <= host < hosts:
-            raise UsageError(f"--{kind} {text}: host {host} out of range 0..{hosts - 1}")
-        if m.group(3) is not None:
-            if int(m.group(3)) < 1:
-                raise UsageError(f"--{kind} {text}: epoch {m.group(3)} out of range: >= 1")
-            return cls(kind, host, None, int(m.group(3)))
-        return cls(kind, host, float(m.group(2)))
-
-    def due(self, now: float) -> bool:
-        if self.at is not None:
-            return self.at <= now
-        if self.console is not None:
-            return printed_epochs(self.console) >= self.after_epoch
-        return recorded_epochs(self.metrics) >= self.after_epoch
-
-    def record(self) -> dict:
-        return {"kind": self.kind, "host": self.host, "at": self.at,
-                "after_epoch": self.after_epoch, "done_at": self.done_at,
-                "restarted": self.restarted}  # fmt: skip
-
-
-def recorded_epochs(metrics: Path | None) -> int:
-    """Epochs the job has written to ``metrics.jsonl`` so far (0 before the file exists)."""
-    try:
-        return metrics.read_bytes().count(b"\n") if metrics is not None else 0
-    except FileNotFoundError:
-        return 0
-
-
-def printed_epochs(log: Path) -> int:
-    """Lines starting with ``epoch`` that a script has printed on host 0 so far."""
-    try:
-        return len(re.findall(rb"^epoch\b", log.read_bytes(), re.M))
-    except FileNotFoundError:
-        return 0
 
 
 def _override(overrides: Sequence[str], key: str) -> str | None:
@@ -187,18 +125,42 @@ def torchrun_argv(
     """Host ``host``'s torchrun: a fixed node rank, or (``min_hosts``) an elastic node
     named by its address at the c10d rendezvous on host 0 (module docstring)."""
     if min_hosts is None:
-        nodes = ["--nnodes", str(cluster.hosts), "--node-rank", str(host),
-                 "--master-addr", cluster.address(0), "--master-port", str(port)]  # fmt: skip
+        nodes = [
+            "--nnodes",
+            str(cluster.hosts),
+            "--node-rank",
+            str(host),
+            "--master-addr",
+            cluster.address(0),
+            "--master-port",
+            str(port),
+        ]
     else:
-        nodes = ["--nnodes", f"{min_hosts}:{cluster.hosts}", "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", f"{cluster.address(0)}:{port}",
-                 "--rdzv-id", f"cs-{cluster.run_id}",
-                 "--rdzv-conf", f"{RDZV_CONF},is_host={str(host == 0).lower()}",
-                 "--local-addr", cluster.address(host)]  # fmt: skip
+        nodes = [
+            "--nnodes",
+            f"{min_hosts}:{cluster.hosts}",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{cluster.address(0)}:{port}",
+            "--rdzv-id",
+            f"cs-{cluster.run_id}",
+            "--rdzv-conf",
+            f"{RDZV_CONF},is_host={str(host == 0).lower()}",
+            "--local-addr",
+            cluster.address(host),
+        ]
     return [
-        sys.executable, "-m", "torch.distributed.run", *nodes, "--nproc-per-node", "1",
-        "--max-restarts", str(max_restarts(target)), *target,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *nodes,
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        str(max_restarts(target)),
+        *target,
+    ]
 
 
 def run_hosts(
@@ -259,49 +221,6 @@ def _tee(stream, log) -> None:
         log.flush()
 
 
-class Faults:
-    """Fires ``--kill`` and ``--cut`` at their time; a killed host is started again when the
-    job restarts after failures (``restart``), as a replaced machine would be."""
-
-    def __init__(self, cluster: Cluster, faults: Sequence[Fault], restart) -> None:
-        self.cluster, self.pending, self.restart = (
-            cluster,
-            list(faults),
-            restart,
-        )
-        self.t0 = time.monotonic()
-        self.lost: set[int] = set()  # hosts gone for good
-
-    def fire(self, procs: list[subprocess.Popen]) -> None:
-        now = time.monotonic() - self.t0
-        for fault in [f for f in self.pending if f.due(now)]:
-            self.pending.remove(fault)
-            ns = self.cluster.host_ns(fault.host)
-            if fault.kind == "cut":
-                _ip_quiet("-n", ns, "link", "set", IFACE, "down")
-            else:
-                while kill_namespace_processes(ns):
-                    time.sleep(0.05)
-                procs[fault.host].wait()
-                if fault.kind == "lose":
-                    self.lost.add(fault.host)
-                elif self.restart is not None:
-                    procs[fault.host] = self.restart(fault.host)
-                    fault.restarted = True
-            fault.done_at = round(now, 3)
-            print(
-                f"coded-shuffle cluster: {fault.kind} host {fault.host} at {now:.1f} s"
-                f"{'' if fault.at is not None else f' (after epoch {fault.after_epoch})'}"
-                f"{' (started again)' if fault.restarted else ''}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-
-def _ip_quiet(*args: str) -> None:
-    subprocess.run(["ip", *args], capture_output=True, check=False)
-
-
 def _wait(
     procs: list[subprocess.Popen], results: list[HostResult], grace: float, faults: Faults
 ) -> None:
@@ -336,115 +255,3 @@ def last_error(log: Path) -> str:
             if re.search(pattern, line):
                 return line
     return lines[-1] if lines else ""
-
-
-# the columns of /proc/stat's "cpu" line (proc(5)), in USER_HZ ticks
-PROC_STAT_FIELDS = (
-    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"
-)  # fmt: skip
-
-
-def machine_cpu_ticks(stat: Path = Path("/proc/stat")) -> dict[str, int]:
-    """The machine's CPU time so far by kind (every core summed; empty where unreadable)."""
-    try:
-        line = stat.read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return {}
-    return dict(zip(PROC_STAT_FIELDS, (int(v) for v in line[1:]), strict=False))
-
-
-def machine_cpu_use(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
-    """Shares of the machine's CPU time between two samples: ``busy`` (all but idle and
-    iowait; softirq, where the kernel's network stack runs, included), and its parts."""
-    if not before or not after:
-        return {}
-    delta = {k: after[k] - before[k] for k in before if k in after}
-    # guest time is already inside user and nice
-    total = sum(v for k, v in delta.items() if not k.startswith("guest"))
-    if total <= 0:
-        return {}
-    idle = delta.get("idle", 0) + delta.get("iowait", 0)
-    return {
-        "cores": os.cpu_count() or 1,
-        "busy_share": (total - idle) / total,
-        "user_share": (delta.get("user", 0) + delta.get("nice", 0)) / total,
-        "system_share": delta.get("system", 0) / total,
-        "softirq_share": (delta.get("softirq", 0) + delta.get("irq", 0)) / total,
-    }
-
-
-TRANSPORT_RECORD = {  # Cluster.transport_counters' keys -> cluster.json's per host
-    "retransmits": "tcp_retransmitted_segments",
-    "timeouts": "tcp_timeouts",
-    "tx_drops": "queue_drops_sending",
-    "rx_drops": "queue_drops_receiving",
-}
-
-
-@dataclass
-class Counters:
-    """The cluster's NIC and medium counters at one moment."""
-
-    nics: list[dict[str, int]]
-    medium: dict[str, int]
-    transport: list[dict[str, int]]  # per host: TCP retransmits and timeouts, queue drops
-
-    @classmethod
-    def read(cls, cluster: Cluster) -> Counters:
-        return cls(cluster.nic_counters(), cluster.medium_counters(),
-                   cluster.transport_counters())  # fmt: skip
-
-
-def medium_record(cluster: Cluster, before: Counters, after: Counters) -> dict:
-    """What ``cluster.json`` says of the medium: a switch, or the shared medium's rate and
-    what crossed it (Ethernet frames: headers included)."""
-    if cluster.medium != "shared":
-        return {"kind": cluster.medium}
-    return {
-        "kind": "shared",
-        "rate_bits": cluster.rate,
-        "bytes": after.medium["tx_bytes"] - before.medium["tx_bytes"],
-        "frames": after.medium["tx_packets"] - before.medium["tx_packets"],
-        "queue_drops": after.medium["drops"] - before.medium["drops"],
-    }
-
-
-def write_record(
-    path: Path,
-    cluster: Cluster,
-    before: Counters,
-    after: Counters,
-    results,
-    wall: float,
-    faults: Sequence[Fault] = (),
-    cpu: dict[str, float] | None = None,
-    min_hosts: int | None = None,
-) -> None:
-    hosts = []
-    for i in range(cluster.hosts):
-        hosts.append(
-            {
-                "host": i,
-                "address": cluster.address(i),
-                "rate_bits": cluster.host_rate(i),
-                "exit_code": results[i].code,
-                "lost": results[i].lost,
-                "nic_tx_bytes": after.nics[i]["tx_bytes"] - before.nics[i]["tx_bytes"],
-                "nic_rx_bytes": after.nics[i]["rx_bytes"] - before.nics[i]["rx_bytes"],
-                **{
-                    name: after.transport[i][key] - before.transport[i][key]
-                    for key, name in TRANSPORT_RECORD.items()
-                },
-            }
-        )
-    record = {
-        "run_id": cluster.run_id,
-        "mtu": cluster.mtu,
-        "min_hosts": min_hosts,  # elastic nodes from this many up (None: fixed)
-        "wall_seconds": wall,
-        "medium": medium_record(cluster, before, after),
-        "hosts": hosts,
-        "faults": [f.record() for f in faults],
-        "machine_cpu": cpu or {},
-    }
-    path.write_text(json.dumps(record, indent=2) + "\n")

@@ -105,10 +105,12 @@ def integer_uses(problem: CoverProblem, codes: PermutationCodes, used: np.ndarra
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     res = milp(
-        costs, integrality=integer, bounds=Bounds(0, np.inf),
+        costs,
+        integrality=integer,
+        bounds=Bounds(0, np.inf),
         constraints=LinearConstraint(cover, lb=types.counts.astype(float)),
         options={"node_limit": PERMUTATION_MILP_NODES, "disp": False},
-    )  # fmt: skip
+    )
     if res.x is None:
         return np.zeros(used.size, dtype=np.int64)
     return np.round(res.x[c + n :]).astype(np.int64)

@@ -1,5 +1,5 @@
-"""What torch's elastic agent tells a rank through its environment, read in one place (no
-torch import: the coded-elastic job's workers read it too)."""
+"""What torch's elastic launcher tells a rank through its environment, read in one place for
+the library and the jobs (no torch import: the coded-elastic job's workers read it too)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""One owner for each piece of the job's plumbing: the workers' group and its timeouts are the
+coded shuffle's, the watchdog is the job's (handed to the coded shuffle), and the restart
+count is read in one place."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, compose
+from tests.ranks import run_ranks
+
+
+def _groups_the_job_makes(rank: int, world: int, run_dir: Path) -> list:
+    """Runs the ``shuffle_sgd`` job's body on this rank (the process group already set up, as
+    the launcher's entry does) and returns the ranks of every group created meanwhile."""
+    import torch.distributed as dist
+
+    import train.dist as job_dist
+    from coded_shuffle.distributed.liveness import default_store_address
+    from train.shuffle_sgd import JOB
+
+    host, port = default_store_address()  # the watchdog reaches the job's store there
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
+    made, real = [], dist.new_group
+
+    def counting(ranks=None, *args, **kwargs):
+        made.append(list(ranks) if ranks is not None else None)
+        return real(ranks, *args, **kwargs)
+
+    dist.new_group = counting
+    try:
+        overrides = [f"workers={world - 1}", "epochs=2", "model.hidden=8"]
+        cfg = compose(*overrides, "job.checkpoint=false", "dist.timeout_seconds=30")
+        job_dist.setup(cfg, run_dir)
+        JOB.run(cfg)
+    finally:
+        dist.new_group = real
+        job_dist.stop_liveness()
+    return made
+
+
+@pytest.mark.distributed
+def test_the_job_makes_no_group_beside_the_coded_shuffles_workers_group(tmp_path):
+    """On the CPU every rank creates exactly one group while the job runs: the coded
+    shuffle's workers' group (ranks 1..K), which the job's DDP and all-reduces use too (on
+    CUDA the model's NCCL group of the same ranks joins it: train.device.model_group)."""
+    made = run_ranks(3, _groups_the_job_makes, tmp_path)
+    assert made == [[[1, 2]]] * 3
+
+
+def test_one_home_for_the_watched_wait_the_restart_count_and_torchs_private_setter():
+    """The 7-day wait of a watched collective, the launcher's restart count and torch's private
+    timeout setter each appear in one place of the library and the jobs."""
+    sources = {
+        path: path.read_text()
+        for folder in ("coded_shuffle", "train")
+        for path in sorted((REPO / folder).rglob("*.py"))
+    }
+
+    def homes(pattern: str) -> list[str]:
+        return [str(p.relative_to(REPO)) for p, text in sources.items() if re.search(pattern, text)]
+
+    assert homes(r"timedelta\(days=") == ["coded_shuffle/distributed/liveness.py"]
+    assert homes(r"TORCHELASTIC_RESTART_COUNT") == ["coded_shuffle/distributed/launcher_env.py"]
+    assert homes(r"_set_pg_timeout") == ["coded_shuffle/distributed/liveness.py"]

@@ -1,0 +1,212 @@
+"""Multicast over real process groups in a private namespace: repairs, parity, slowed receivers,
+and the job's own group, port and master."""
+
+from __future__ import annotations
+
+import math
+import socket
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES as DGRAM_HEAD
+from coded_shuffle.distributed.transports import (
+    Link,
+    Peer,
+    Routes,
+    build_transport,
+)
+from coded_shuffle.distributed.transports.framing import (
+    KIND_SYMBOLS,
+)
+from coded_shuffle.distributed.transports.multicast import DGRAM
+from tests.links import (
+    STRANGER,
+    WORLD,
+    L,
+    check_rows,
+    deliver_rows,
+    framed,
+)
+from tests.ranks import is_root, private_netns, run_ranks
+
+MC_ROWS, MC_WIDTH = 2000, 64  # about 260 datagrams of 512 bytes
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+@pytest.mark.parametrize("drop", [0.0, 0.3])
+def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
+    options = {"rate": "200mbit", "datagram_bytes": 512, "drop": drop}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, deliver_rows, "multicast", options, netns=ns)
+    check_rows(results, WORLD, "multicast")
+    egress, ingress, repairs, control, parity, *_ = zip(*(r[1] for r in results), strict=True)
+    datagrams = math.ceil(L / 512)
+    # the first stream carries parity: one 512-byte datagram per block of 32 (20-byte header)
+    assert parity[0] == math.ceil(datagrams / 32) * (DGRAM_HEAD + 512) and parity[1:] == (
+        0,
+        0,
+        0,
+    )
+    if drop == 0:
+        assert repairs[0] == 0
+    else:
+        assert repairs[0] > 0  # 30% of the datagrams lost at every receiver: repairs ran
+    # model: every datagram once (20-byte header each), the repairs, parity, the feedback
+    assert egress[0] == L + DGRAM_HEAD * datagrams + repairs[0] + parity[0] + control[0]
+    assert all(e == c for e, c in zip(egress[1:], control[1:], strict=True))  # workers: feedback
+    # what each worker missed, one bit per datagram, and its count of lost or late (4 bytes)
+    bitmap = math.ceil(datagrams / 8) + 4
+    if drop == 0:  # one round: every datagram and parity, "round sent" (4 bytes), the union
+        # (a receiver stops reading once it has every datagram: the last block's parity, sent
+        # after it, is not read in this stream)
+        heard = parity[0] - (DGRAM_HEAD + 512)
+        assert list(ingress[1:]) == [L + DGRAM_HEAD * datagrams + heard + 4 + bitmap] * (WORLD - 1)
+        # each worker sends its bitmap (the master sends the union to each one itself)
+        assert control[1:] == (bitmap, bitmap, bitmap)
+        assert control[0] == 4 * (WORLD - 1) + bitmap * (WORLD - 1)  # "round sent", the union
+    else:  # datagrams dropped at the receivers were not counted as received
+        assert all(i < egress[0] for i in ingress[1:])
+
+
+def _multicast_stream(rank: int, world: int, options: dict, streams: int) -> tuple:
+    """``streams`` broadcast streams of random rows over multicast; per rank: whether every
+    stream arrived exactly, its counts, repair rounds, rebuilt datagrams, the pace of each."""
+    transport = build_transport("multicast", Peer(rank, world, timedelta(seconds=30)), options)
+    try:
+        link = Link(transport, 4096)
+        exact, rounds, paces = True, [], []
+        for epoch in range(streams):
+            gen = torch.Generator().manual_seed(epoch)
+            rows = torch.randint(0, 256, (MC_ROWS, MC_WIDTH), generator=gen).to(torch.uint8)
+            everything = np.arange(MC_ROWS)
+            out = link.deliver(epoch=epoch, part=0, kind=KIND_SYMBOLS, num_rows=MC_ROWS,
+                               row_bytes=MC_WIDTH, routes=Routes((everything,) * (world - 1)),
+                               rows=rows if rank == 0 else None)  # fmt: skip
+            exact &= out is None or torch.equal(out, rows)
+            rounds.append(transport.rounds)
+            paces.append(transport.settings()["pace_bits"])
+        counts, _ = link.take_counts()
+        return exact, counts.as_list(), rounds, transport.rebuilt, paces
+    finally:
+        transport.close()
+
+
+MC_BASE = {"rate": "200mbit", "datagram_bytes": 512, "seed": 3}
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_parity_rebuilds_single_losses_where_they_happen():
+    """3% of the datagrams lost at every receiver, parity every 8 datagrams: losses are
+    rebuilt as the parity arrives. Every stream exact, the parity counted in the master's
+    egress (the model: every datagram once, 20-byte headers, repairs, parity, feedback)."""
+    options = {**MC_BASE, "drop": 0.03, "parity_block": 8}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
+    assert all(r[0] for r in results)
+    rebuilt = [r[3] for r in results[1:]]
+    assert sum(rebuilt) > 0, rebuilt  # losses rebuilt from parity, not by a repair round
+    egress, _, repairs, control, parity, *_ = results[0][1]
+    assert (
+        parity > 0
+        and egress
+        == sum(
+            DGRAM_HEAD * math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
+            + framed(MC_ROWS, MC_WIDTH, 4096)
+            for _ in range(2)
+        )
+        + repairs
+        + parity
+        + control
+    )
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_repair_rounds_resend_every_missed_datagram_and_slow_down():
+    """30% lost at every receiver, no parity: a round re-sends every datagram some receiver
+    missed, so about log(260 * 3) / log(1 / 0.3) rounds suffice (a repair of only the first
+    missing datagram per round would need hundreds); the pace falls below the rate."""
+    options = {**MC_BASE, "drop": 0.3, "parity_block": 0}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 1, netns=ns)
+    assert all(r[0] for r in results)
+    rounds, paces = results[0][2], results[0][4]
+    assert 1 <= rounds[0] <= 12, rounds
+    assert paces[0] < 200e6  # lossy rounds slowed the master down
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_with_a_slowed_receiver_delivers_exactly_and_slows_down():
+    """Rank 1 sleeps after every datagram, with a small socket buffer: it loses datagrams
+    the others get; the repairs bring it every byte and the master's pace falls."""
+    options = {**MC_BASE, "slow_seconds": 0.0005, "rcvbuf_bytes": 8192, "parity_block": 0}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
+    assert all(r[0] for r in results)
+    assert results[0][1][2] > 0  # repairs ran
+    assert min(results[0][4]) < 200e6, results[0][4]
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
+    """A clean network: the first stream carries parity (nothing known yet), the second none,
+    and the pace stays at the rate. (A receiver that a busy machine descheduled may still miss
+    a datagram: a run where any was missed, rebuilt or repaired, is not a clean one and is run
+    again, up to three times.)"""
+    for _ in range(3):
+        with private_netns() as ns:
+            results = run_ranks(WORLD, _multicast_stream, MC_BASE, 2, netns=ns)
+        assert all(r[0] for r in results)
+        if results[0][1][2] == 0 and not any(r[3] for r in results[1:]):
+            break
+    else:
+        pytest.fail("no run of three without a lost datagram on an unlimited network")
+    datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
+    parity = math.ceil(datagrams / 32) * (DGRAM_HEAD + 512)  # one stream's
+    assert results[0][1][4] == parity
+    assert results[0][4] == [200_000_000] * 2
+
+
+def _strangers_at_the_group(transport) -> None:
+    """Datagrams to the job's group and port that look like its first stream's first one:
+    the job's identifier from another address, another job's from the master's address."""
+    group, job, payload = (transport.group, transport.port), transport.peer.job, b"\xff" * 512
+    for source, who in ((STRANGER, job), (transport.master[0], job ^ 1)):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((source, 0))
+            s.sendto(DGRAM.pack(who, 1, 0, 0, 0) + payload, group)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+def test_multicast_drops_datagrams_not_from_the_jobs_master_and_counts_them():
+    """Every worker hears both strangers' datagrams and drops them (two each, counted), the
+    delivery is exact; the group and port came from the job's identifier."""
+    options = {"rate": "200mbit", "datagram_bytes": 512, "parity_block": 0}
+    with private_netns() as ns:
+        results = run_ranks(WORLD, deliver_rows, "multicast", options, _strangers_at_the_group,
+                            netns=ns)  # fmt: skip
+    check_rows(results, WORLD, "multicast")
+    foreign = [r[1][-2] for r in results]
+    assert foreign == [0, 2, 2, 2]
+    assert all(r[1][2] == 0 for r in results)  # nothing lost, nothing repaired
+
+
+def test_a_jobs_multicast_group_and_port_come_from_its_identifier():
+    from coded_shuffle.distributed.transports.multicast.options import job_group
+
+    rng = np.random.default_rng(5)
+    jobs = [int(j) for j in rng.integers(1, 2**63, 200, dtype=np.int64)]
+    places = {job_group(j) for j in jobs}
+    assert len(places) == len(jobs)  # two jobs: another group and port
+    for group, port in places:
+        octets = [int(x) for x in group.split(".")]
+        assert octets[:2] == [239, 255] and all(1 <= x <= 254 for x in octets[2:])
+        assert 10000 <= port < 20000

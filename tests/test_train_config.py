@@ -1,0 +1,178 @@
+"""The job's config: validation before any process starts, one-line errors, and what the
+config hands the coded shuffle and the launcher."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from coded_shuffle.errors import UsageError
+from tests.helpers import (
+    compose,
+    run_job,
+)
+from train import shuffle_sgd
+from train.compose import CONF_DIR
+
+# --- validation: before any process starts -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=synthetic", "data.points=3"], "workers=4 exceeds the 3 training points"),
+        (["storage=9"], "out of range 1..4"),
+        (["storage=0.5"], "out of range 1..4"),
+        (["workers=0"], "workers=0 out of range"),
+        (["optim.batch_size=0"], "optim.batch_size=0"),
+        (["model=cnn", "data=synthetic", "data.features=10"], "square"),
+        (
+            ["data=file", "data.path=/no/such.npz"],
+            "is neither a directory of .npy files nor a file",
+        ),
+        (["debug.die_rank=7"], "debug.die_rank=7 out of range 0..4"),
+        (["device=tpu"], "device=tpu is not one of auto | cpu | cuda"),
+        (["job.checkpoint_steps=-1"], "job.checkpoint_steps=-1 out of range (must be >= 0"),
+        (["job.checkpoint_steps=4", "job.checkpoint=false"], "needs job.checkpoint=true"),
+        (["debug.die_rank=0", "debug.die_step=3"], "debug.die_step=3: a step >= 1 of a worker"),
+        (["debug.die_rank=1", "debug.die_step=0"], "debug.die_step=0: a step >= 1 of a worker"),
+        (["dist.transport=smoke"], "dist.transport='smoke' unknown; valid: chain, multicast"),
+        (["dist.transport=p2p"], "dist.transport=p2p carries uncoded deliveries only"),
+        (["dist.transport=unicast", "scheme=best"], "scheme=best is coded"),
+        (["dist.transport=multicast"], "dist.multicast.rate is required"),
+        (["dist.transport=multicast", "dist.multicast.rate=9x"], "rate '9x' cannot be parsed"),
+        (["dist.chain.order=[1,2,2,3]"], "must list every worker rank 1..4 once"),
+        (["shuffle=partial", "shuffle.fraction=0"], "shuffle.fraction=0.0 out of range (0, 1]"),
+        (["shuffle=partial", "shuffle.fraction=1.5"], "shuffle.fraction=1.5 out of range"),
+        (["shuffle.name=sometimes"], "shuffle='sometimes' unknown; valid: full, partial, none"),
+        (["data.placement=sorted"], "data.placement='sorted' unknown; valid: random, by_label"),
+    ],
+)
+def test_invalid_configs_raise_one_usage_error(overrides, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        shuffle_sgd.validate(compose(*overrides))
+
+
+@pytest.mark.parametrize(
+    ("argv", "method"),
+    [
+        ([], "forkserver"),  # the default: ranks never forked from the threaded launcher
+        (["scheme=cycles", "dist.start_method=spawn"], "spawn"),
+        (["-m", "dist.start_method=spawn,forkserver"], "spawn"),
+    ],
+)
+def test_the_launcher_reads_the_start_method_before_composing(argv, method):
+    from train.launch import start_method_of
+
+    assert start_method_of(argv) == method
+    assert compose().dist.start_method == "forkserver"
+
+
+def test_unknown_scheme_is_a_usage_error():
+    cfg = compose()
+    cfg.scheme.name = "no-such-scheme"
+    with pytest.raises(UsageError, match="unknown scheme 'no-such-scheme'; valid: "):
+        shuffle_sgd.validate(cfg)
+
+
+@pytest.mark.parametrize(  # one per stage; every message itself: the in-process tests above
+    ("args", "message"),
+    [
+        (["scheme=no-such-scheme"], "unknown scheme 'no-such-scheme'; valid:"),  # composing
+        (["workers=5000"], "workers=5000 exceeds the 1438 training points"),  # the data
+        pytest.param(  # the device, in the launcher
+            ["device=cuda"],
+            "device=cuda but CUDA is not available on this host",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA"),
+        ),
+    ],
+)
+def test_command_line_errors_are_one_line_and_start_nothing(tmp_path, args, message):
+    out = run_job([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not (tmp_path / "run" / "config.yaml").exists()  # stopped before any process
+
+
+def test_the_job_hands_its_placement_and_policy_to_the_coded_shuffle():
+    """``data.placement=by_label`` (and the shuffle policy) reach the library's settings."""
+    from train.shuffle_sgd.settings import shuffle_settings
+
+    settings = shuffle_settings(
+        compose("data.placement=by_label", "shuffle=partial", "shuffle.fraction=0.5")
+    )
+    assert (settings.placement, settings.shuffle, settings.fraction) == ("by_label", "partial", 0.5)
+    assert shuffle_settings(compose()).placement == "random"
+
+
+def test_an_elastic_job_takes_its_workers_from_the_world(monkeypatch, capsys):
+    """``dist.elastic``: ``workers`` becomes WORLD_SIZE - 1 (rank 0 says so); a world without
+    a worker, or torch's store shared across attempts, stops with one line."""
+    from train.compose import compose_argv
+    from train.entry import follow_world, typed
+
+    cfg = typed(compose_argv(["dist.elastic=true"])[0])
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    follow_world(cfg, 3, 0)
+    assert cfg.workers == 2
+    assert "dist.elastic: 3 processes: workers=2 (the config said 4)" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="started 1 process; the job needs a master"):
+        follow_world(cfg, 1, 0)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UsageError, match="needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        follow_world(cfg, 3, 0)
+
+
+def test_the_composed_default_config_is_the_dataclasses_defaults():
+    """One home for every default: the typed schema. The YAMLs only select (the default
+    groups, the scheme's name); what they compose is the dataclasses' own defaults."""
+    from train.config import (
+        Config,
+        DigitsConf,
+        MLPConf,
+        SchemeConf,
+        SGDConf,
+        ShuffleJobConf,
+        ShufflePolicyConf,
+    )
+
+    expected = Config(
+        job=ShuffleJobConf(),
+        scheme=SchemeConf(name="cycles"),
+        shuffle=ShufflePolicyConf(),
+        data=DigitsConf(),
+        model=MLPConf(),
+        optim=SGDConf(),
+    )
+    assert compose() == expected
+
+
+def _overrides(node, schema, path=""):
+    """``(key, value, schema default)`` of every leaf a group file sets."""
+    for key, value in node.items():
+        where = f"{path}{key}"
+        if OmegaConf.is_dict(value) and key in schema and OmegaConf.is_dict(schema[key]):
+            yield from _overrides(value, schema[key], where + ".")
+        else:
+            missing = key not in schema or OmegaConf.is_missing(schema, key)
+            yield where, value, None if missing else OmegaConf.to_container(schema)[key]
+
+
+def test_every_group_file_sets_only_what_its_option_changes():
+    """A group option's file names its schema and sets only keys whose value differs from
+    the schema's default (no default written twice: ``max_restarts`` has one home)."""
+    from train.config import SCHEMAS
+
+    schema_of = {f"schema_{o}": c for options in SCHEMAS.values() for o, c in options.items()}
+    files = sorted(CONF_DIR.glob("*/*.yaml"))
+    assert len(files) >= 15
+    for path in files:
+        node = OmegaConf.load(path)
+        (schema_name,) = [d for d in node.pop("defaults") if d != "_self_"]
+        schema = OmegaConf.structured(schema_of[schema_name])
+        for key, value, default in _overrides(node, schema):
+            assert value != default, f"{path.name}: {key}={value} repeats the schema's default"

@@ -1,0 +1,133 @@
+"""Every transport's cost model and options: rates, datagram sizes, the registry's errors and
+the job's keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from coded_shuffle.costs.rates import format_rate, parse_rate
+from coded_shuffle.costs.wire import (
+    default_datagram_bytes,
+    wire_bytes,
+)
+from coded_shuffle.distributed.transports import (
+    JOB_NAMES,
+    REGISTRY,
+    ChainOptions,
+    MulticastOptions,
+    build_transport,
+    transport_class,
+)
+from coded_shuffle.distributed.transports.chain import chain_order
+from coded_shuffle.distributed.transports.multicast.pacing import CATCH_UP_BYTES, Pacer
+from coded_shuffle.distributed.transports.tree import children
+from coded_shuffle.errors import UsageError
+from tests.links import (
+    PEER,
+)
+
+# --- models and options -----------------------------------------------------------------------
+
+
+def test_gloo_binomial_tree_children():
+    """gloo/broadcast.cc: in round i every rank r < 2^i sends to r + 2^i (root 0)."""
+    assert children(0, 5) == [1, 2, 4]
+    assert children(1, 5) == [3]
+    assert children(2, 5) == []
+    assert children(3, 8) == [7]
+    assert children(0, 9) == [1, 2, 4, 8]
+    assert [len(children(0, p)) for p in range(2, 18)] == [
+        math.ceil(math.log2(p)) for p in range(2, 18)
+    ]
+
+
+def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
+    pacer = Pacer(8e6, 1000)  # 1 ms per 1000-byte datagram; slack: 2 MiB = 2.1 s
+    assert pacer.interval == pytest.approx(1e-3)
+    assert pacer.slack == pytest.approx(CATCH_UP_BYTES * 8 / 8e6)
+    held = pacer.due = time.perf_counter() - pacer.slack / 2  # held up, within the slack
+    pacer.wait()
+    assert pacer.due == held  # what fell due meanwhile goes out at once (no sleep)
+    before = time.perf_counter()
+    pacer.due = before - 10 * pacer.slack  # held up far longer
+    pacer.wait()
+    assert before - pacer.slack <= pacer.due <= time.perf_counter() - pacer.slack
+
+
+def test_default_datagrams_are_about_four_fragments():
+    assert default_datagram_bytes(1500) == 8192  # 6 fragments: the floor
+    assert default_datagram_bytes(9000) == 32768  # 4 fragments: the ceiling
+    assert default_datagram_bytes(4000) == 4 * (4000 - 48)  # IPv4, UDP, our header
+
+
+def test_wire_bytes_of_a_fragmented_datagram():
+    # 8208 bytes + 8 UDP = 8216 IP payload; 1480 per fragment -> 6 fragments of 34 header bytes
+    assert wire_bytes(8208, 1500) == 8216 + 6 * 34
+    assert wire_bytes(1000, 1500) == 1008 + 34
+    assert wire_bytes(8208, 9000) == 8216 + 34
+
+
+@pytest.mark.parametrize(
+    ("text", "bits"),
+    [("400mbit", 400_000_000), ("1gbit", 10**9), ("50mbps", 400_000_000), ("2.5Mbit", 2_500_000)],
+)
+def test_rates_in_tc_units(text, bits):
+    assert parse_rate(text) == bits
+    assert parse_rate(format_rate(bits)) == bits
+
+
+@pytest.mark.parametrize("text", ["400mb", "fast", "", "-3mbit", "1kbit"])
+def test_bad_rates_are_one_usage_error(text):
+    with pytest.raises(UsageError, match="rate"):
+        parse_rate(text)
+
+
+def test_registry_and_option_errors():
+    assert set(REGISTRY) == {"tree", "chain", "multicast", "unicast", "p2p"}
+    with pytest.raises(UsageError, match=r"^transport='smoke' unknown; valid: chain, "):
+        build_transport("smoke", PEER)
+    with pytest.raises(UsageError, match=r"must list every worker rank 1\.\.3 once"):
+        chain_order([1, 1, 2], 4)
+    assert chain_order([3, 1, 2], 4) == (3, 1, 2)
+    with pytest.raises(UsageError, match=r"^transport_options\['window'\]=0 out of range"):
+        REGISTRY["chain"].validate(4, window=0)
+    with pytest.raises(UsageError, match=r"^transport_options\['rate'\] is required"):
+        REGISTRY["multicast"].validate(4)
+    with pytest.raises(UsageError, match="not an IPv4 multicast address"):
+        REGISTRY["multicast"].validate(4, rate="1gbit", group="10.0.0.1")
+    with pytest.raises(UsageError, match=r"^transport=tree takes no options, got \['window'\]"):
+        REGISTRY["tree"].validate(4, window=3)
+    with pytest.raises(UsageError, match=r"^transport_options\['windows'\] is not an option"):
+        REGISTRY["chain"].validate(4, windows=3)
+    with pytest.raises(UsageError, match=r"segment_bytes'\]=10 out of range \(must be >= 1024\)"):
+        REGISTRY["chain"].validate(4, segment_bytes=10)
+
+
+def test_the_job_names_its_hydra_keys():
+    """The same checks, named the way the training job's config names them."""
+    with pytest.raises(UsageError, match=r"^dist\.chain\.window=0 out of range"):
+        REGISTRY["chain"].validate(4, JOB_NAMES, window=0)
+    with pytest.raises(UsageError, match=r"^dist\.chain\.order=\[1, 1, 2\] must list"):
+        REGISTRY["chain"].validate(4, JOB_NAMES, order=[1, 1, 2])
+    with pytest.raises(UsageError, match=r"^dist\.multicast\.rate is required"):
+        REGISTRY["multicast"].validate(4, JOB_NAMES)
+    with pytest.raises(UsageError, match=r"^dist\.multicast\.rate 'x' cannot be parsed"):
+        REGISTRY["multicast"].validate(4, JOB_NAMES, rate="x")
+    with pytest.raises(UsageError, match=r"^dist\.transport='smoke' unknown"):
+        transport_class("smoke", JOB_NAMES)
+
+
+def test_each_option_has_one_default_the_job_schema_reuses():
+    """The Hydra schema's ``dist.chain``/``dist.multicast`` are the transports' dataclasses."""
+    from train.config import DistConf
+
+    fields = {f.name: f.default_factory for f in dataclasses.fields(DistConf) if f.default_factory}
+    assert fields["chain"] is ChainOptions and fields["multicast"] is MulticastOptions
+    assert REGISTRY["chain"].Options is ChainOptions
+    conf = (Path(__file__).resolve().parent.parent / "conf" / "config.yaml").read_text()
+    assert "window:" not in conf and "grace_seconds:" not in conf  # no second default
