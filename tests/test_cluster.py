@@ -71,6 +71,8 @@ def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.
             "host 0 holds the rendezvous and the master",
         ),
         (["--hosts", "3", "--rate", "1gbit", "--min-hosts", "1"], "--min-hosts 1 out of range"),
+        (["--hosts", "3", "--rate", "1gbit", "--corrupt", "0@e2"], "host 0 is the master"),
+        (["--hosts", "3", "--rate", "1gbit", "--stop", "2@e2+x"], "expected HOST@SECONDS or"),
         (
             ["--hosts", "3", "--rate", "1gbit", "--script", "/no/such.py"],
             "--script '/no/such.py' is not a file",
@@ -112,6 +114,31 @@ def test_an_epoch_fault_fires_once_the_job_recorded_or_the_script_printed_that_e
     assert not script.due(1e9)
     script.console.write_text("epoch 1: 100 bytes\nepoch   2/10 cycles over chain\n")
     assert script.due(0.0)
+
+
+def test_a_fault_a_delay_after_an_epoch_fires_inside_the_next(tmp_path):
+    """``2@e2+0.5``: half a second after the job recorded epoch 2 (seen at 10.0 here)."""
+    from coded_shuffle.tools.cluster.faults import Fault
+
+    fault = Fault.parse("kill", "2@e2+0.5", 3)
+    assert (fault.at, fault.after_epoch, fault.delay) == (None, 2, 0.5)
+    fault.metrics = tmp_path / "metrics.jsonl"
+    fault.metrics.write_text('{"epoch": 1}\n{"epoch": 2}\n')
+    assert not fault.due(10.0) and not fault.due(10.4) and fault.due(10.5)
+
+
+def test_a_corrupted_store_has_one_byte_of_its_newest_file_flipped(tmp_path):
+    from coded_shuffle.tools.cluster.faults import corrupt_store
+
+    folder = tmp_path / "stores" / "worker-1"
+    folder.mkdir(parents=True)
+    files = [folder / f"e{e}-part0.npy" for e in (2, 10, 9)]
+    for f in files:
+        f.write_bytes(bytes(range(10)))
+    assert corrupt_store(tmp_path / "stores", 1) == files[1]  # epoch 10, not "e9" > "e10"
+    assert files[1].read_bytes() == bytes([*range(9), 9 ^ 0xFF])
+    assert all(f.read_bytes() == bytes(range(10)) for f in (files[0], files[2]))
+    assert corrupt_store(tmp_path / "stores", 0) is None  # no store yet
 
 
 @ROOT_ONLY
@@ -335,7 +362,8 @@ def test_an_interrupted_cluster_leaves_nothing(tmp_path):
     time.sleep(1.0)  # the hosts' processes are starting inside them
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    state = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    assert proc.returncode == 130, (err, state)
     assert err.strip().splitlines()[-1] == "coded-shuffle: interrupted"
     assert our_namespaces() == before
 

@@ -176,6 +176,11 @@ def test_a_run_goes_on_with_another_number_of_workers(tmp_path, before, after, e
     summary = read_summary(run)
     assert summary["all_verified"] and summary["workers"] == after
     assert summary["resizes"] == [{k: resized[k] for k in RESIZE_KEYS}]
+    if before > after:  # the same command once the run ended: nothing to do, nothing resized
+        done = run_job([f"workers={before}", *args], tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"the run is complete: its checkpoint holds epoch {epochs}" in done.stderr
+        assert read_metrics(run) == rows
     if not again:  # the accuracy against an unbroken run's: once (4 -> 3), for time
         return
     unbroken = tmp_path / "unbroken"

@@ -36,6 +36,9 @@ def test_every_epoch_is_verified_and_recorded(runs, scheme):
         assert row["lower_bound_bytes"] <= row["payload_bytes"]
         check_host_bytes(row)
         assert np.isfinite(row["train_loss"]) and 0 <= row["test_accuracy"] <= 1
+    coverage = [r["coverage_min"] for r in rows]  # full reshuffles: about 1 - (3/4)^e
+    assert coverage[0] == 0.25 and coverage == sorted(coverage) and coverage[-1] > 0.5
+    assert all(0 <= r["label_tv_max"] < 0.2 for r in rows)  # random batches of 359 points
     elapsed = [r["elapsed_seconds"] for r in rows]
     assert all(r["epoch_seconds"] > 0 for r in rows) and elapsed == sorted(elapsed)
     assert elapsed[-1] >= sum(r["epoch_seconds"] for r in rows) - 1e-6  # epochs in sequence

@@ -43,6 +43,12 @@ def test_local_sgd_trains_the_same_model_whatever_the_scheme(tmp_path):
         rows, summary = read_metrics(run_dir), read_summary(run_dir)
         assert summary["average_every"] == 5 and summary["shuffle"] == "partial"
         assert summary["placement"] == "by_label"
+        # skewed shards: a worker starts with 2 or 3 of the 10 classes; a partial reshuffle of
+        # half of every batch mixes them (the distance falls), and covers more every epoch
+        tv = [r["label_tv_max"] for r in rows]
+        assert tv[0] > 0.6 and tv[-1] < tv[0] / 2, tv
+        coverage = [r["coverage_min"] for r in rows]
+        assert coverage[0] == 0.25 and coverage == sorted(coverage) and coverage[-1] > 0.25
         steps = -(-(rows[0]["points"] // 4) // 16)  # batch_size 16 per worker
         model = rows[0]["param_bytes"] - 16  # the flat parameters (the loss pair is 16 bytes)
         averagings = len(shuffle_sgd.averaging_steps(steps, 5))

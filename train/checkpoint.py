@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from coded_shuffle.errors import UsageError
@@ -82,9 +83,11 @@ def save(
     momentum: torch.Tensor,
     rows: list[dict[str, Any]],
     first_epoch: int,
+    mixing_seen: np.ndarray | None = None,
 ) -> None:
     """Writes the checkpoint after ``epoch`` atomically (``first_epoch``: the epoch of the
-    run's last placement, later than 1 once its number of workers changed)."""
+    run's last placement, later than 1 once its number of workers changed; ``mixing_seen``:
+    what every worker has trained on so far, :class:`~coded_shuffle.math.mixing.Mixing`)."""
     path = Path(run_dir) / FILE
     state = {
         **stamp(cfg),
@@ -94,6 +97,7 @@ def save(
         "momentum": momentum.clone(),
         "rows": rows,
         "rng": torch.get_rng_state(),
+        "mixing_seen": mixing_seen,
     }
     _write(path, state)
 

@@ -52,6 +52,8 @@ EPOCH_KEYS = (
     "verified",
     "stored_points_max",
     "worker_stored_bytes_max",
+    "coverage_min",
+    "label_tv_max",
 )
 
 # an epoch's record after a restart: after the epoch before it, or inside it at a step

@@ -61,6 +61,7 @@ class MasterSide:
     def __init__(self, ctx: EpochContext, records: Records, stream: bool) -> None:
         self.ctx, self.records, self.stream = ctx, records, stream
         self.ready: ReadyEpoch | None = None
+        self.assignment = ctx.chain.first  # the last delivered epoch's
 
     @property
     def scheme(self) -> Scheme:
@@ -70,10 +71,12 @@ class MasterSide:
         """Delivers ``epoch`` and returns its metrics; then prepares the next one (if known)."""
         if epoch == self.ctx.chain.first_epoch:
             row = self.placement(epoch)
+            self.assignment = self.ctx.chain.first
         else:
             ready = self.ready or self.prepare(next(self.ctx.transitions), stream=self.stream)
             self.ready = None
             row = self.deliver(ready)
+            self.assignment = ready.tr.new_assignment
             del ready  # its plan and programs go before the next epoch's are made
         if self.ctx.epochs is not None and epoch < self.ctx.epochs:
             self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train

@@ -90,6 +90,7 @@ class CodedShuffle:
     report : this epoch's delivery metrics (the ``metrics.jsonl`` keys of a delivery; on a
         worker: its own digest, decode time, stored bytes and host bytes).
     indices : (worker) the data set indices of the last batch, in order.
+    assignment : every point's worker (0-based) in the last delivered or resumed epoch.
     workers_group : the workers' process group (gradient all-reduce, DDP).
     liveness : the watchdog (``None`` with ``heartbeat=0``); ``liveness.tick()`` in a long
         loop shows progress.
@@ -189,6 +190,7 @@ class CodedShuffle:
         )
         self.report: dict[str, Any] = {}
         self.indices = np.zeros(0, dtype=np.int64)
+        self.assignment = chain.first  # the last delivered (or resumed) epoch's
         self._next = s.first_epoch
         self._master: MasterSide | None = None
         self._worker: WorkerSide | None = None
@@ -239,11 +241,12 @@ class CodedShuffle:
             self.liveness.mark(f"epoch {epoch} delivery")
         if self._master is not None:
             self.report = self._watched(self._master.epoch, epoch)
+            self.assignment = self._master.assignment
             return None
         assert self._worker is not None
-        rows, assignment = self._watched(self._worker.epoch, epoch)
+        rows, self.assignment = self._watched(self._worker.epoch, epoch)
         self.report = self._worker.report
-        self.indices = batches(assignment, self.workers)[self.rank - 1]
+        self.indices = batches(self.assignment, self.workers)[self.rank - 1]
         return LocalBatch(rows, self.shape.layout, self.indices)
 
     @contextlib.contextmanager
@@ -323,6 +326,7 @@ class CodedShuffle:
         side = self._master or self._worker
         assert side is not None
         state = side.advance(completed)
+        self.assignment = state.assignment
         loaded = self._worker.load(completed) if self._worker is not None else True
         intact = torch.tensor([int(loaded)])
         every = [torch.zeros_like(intact) for _ in range(self.workers + 1)]

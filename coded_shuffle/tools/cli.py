@@ -145,13 +145,28 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
         "--grace", type=float, default=30.0, help="seconds the others get after a host fails"
     )
     cl.add_argument("--logs", type=Path, help="where every host's log goes")
+    _add_cluster_faults(cl)
+    cl.add_argument("--script", type=Path, help="run this torchrun script instead of the job")
+    cl.add_argument(
+        "--cleanup", action="store_true", help="remove clusters left by killed runs, then exit"
+    )
+    cl.add_argument(
+        "--dry-run", action="store_true", help="check everything, print what would run, exit"
+    )
+    cl.add_argument("args", nargs=argparse.REMAINDER, help="-- then overrides or script args")
+
+
+def _add_cluster_faults(cl: argparse.ArgumentParser) -> None:
+    """``coded-shuffle cluster``'s faults (coded_shuffle/tools/cluster/faults.py) and
+    ``--min-hosts`` (an elastic cluster, which ``--lose`` needs)."""
     cl.add_argument(
         "--kill",
         action="append",
         default=[],
         metavar="HOST@WHEN",
-        help="SIGKILL every process of HOST WHEN: seconds after the start (2@30) or once the job "
-        "recorded epoch N (2@e2); with dist.max_restarts > 0 the host is started again",
+        help="SIGKILL every process of HOST WHEN: seconds after the start (2@30), once the job "
+        "recorded epoch N (2@e2), or D seconds after that (2@e2+0.5: inside epoch N + 1); with "
+        "dist.max_restarts > 0 the host is started again",
     )
     cl.add_argument(
         "--lose",
@@ -175,14 +190,27 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
         help="take HOST's link down WHEN (seconds after the start, or eN: once epoch N is "
         "recorded); its processes stay alive",
     )
-    cl.add_argument("--script", type=Path, help="run this torchrun script instead of the job")
     cl.add_argument(
-        "--cleanup", action="store_true", help="remove clusters left by killed runs, then exit"
+        "--stop",
+        action="append",
+        default=[],
+        metavar="HOST@WHEN",
+        help="SIGSTOP every process of HOST WHEN (a hung machine); see --heal",
     )
     cl.add_argument(
-        "--dry-run", action="store_true", help="check everything, print what would run, exit"
+        "--corrupt",
+        action="append",
+        default=[],
+        metavar="HOST@WHEN",
+        help="flip a byte of worker HOST-1's newest store file WHEN (the training job)",
     )
-    cl.add_argument("args", nargs=argparse.REMAINDER, help="-- then overrides or script args")
+    cl.add_argument(
+        "--heal",
+        type=float,
+        metavar="SECONDS",
+        help="a cut or stopped host comes back SECONDS after its fault: link up, processes "
+        "killed and (with dist.max_restarts > 0) started again",
+    )
 
 
 def _load_assignment(path: Path, name: str) -> np.ndarray:

@@ -13,9 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from coded_shuffle.codec.records import item_labels
 from coded_shuffle.distributed.launcher_env import attempt
 from coded_shuffle.distributed.liveness import Heartbeat
 from coded_shuffle.errors import VerificationError
+from coded_shuffle.math.mixing import Mixing
 
 from .. import checkpoint, data, models
 from ..device import to_device
@@ -25,6 +27,7 @@ from ..metrics import MetricsWriter, human_bytes
 from .rank import MODEL_SENDER, Rank, recv
 from .start import (
     AfterEpoch,
+    Complete,
     Fresh,
     InsideEpoch,
     Opening,
@@ -96,6 +99,12 @@ class Master(Rank):
     def run(self) -> None:
         t_start = time.perf_counter()
         saved = self.setup()
+        if isinstance(self.start, Complete):
+            log.info(
+                f"the run is complete: its checkpoint holds epoch {self.start.done} of "
+                f"{self.epochs}; nothing to do (another hydra.run.dir starts a new run)"
+            )
+            return
         resumed = self.resume(saved)
         clock = (time.perf_counter(), self.elapsed_before(saved))
         try:
@@ -120,12 +129,15 @@ class Master(Rank):
         saved = checkpoint.load(self.ctx.run_dir, self.cfg) if self.checkpointing else None
         self.start = self.decide_start(saved)
         broadcast(Opening(self.start, ds.classes))
+        if isinstance(self.start, Complete):
+            return saved
         # records of the inputs' and labels' own bytes (the array sources: float32 features
         # and an int32 label, 4 d + 4 bytes; data=dataset: the items' dtypes), read where
         # they are (a packed directory: memory-mapped)
         self.cs = self.coded_shuffle(ds.train, self.start)
         corrupt_if_asked(self.cfg.debug)
         self.n, self.b = self.cs.shape.num_points, self.cs.record_bytes
+        self.mixing = self.mixing_from(ds, saved)
         self.model = self.build_model(ds.input_shape, ds.classes)
         self.data = ds  # its test split, evaluated a block at a time
         self.writer = MetricsWriter(self.ctx.run_dir, self.epochs, bool(self.cfg.tensorboard))
@@ -133,6 +145,16 @@ class Master(Rank):
         self.momentum_flat = torch.zeros(0)
         self.announce()
         return saved
+
+    def mixing_from(self, ds: data.DataSet, saved: dict[str, Any] | None) -> Mixing:
+        """What the shuffles have mixed so far (:mod:`coded_shuffle.math.mixing`): the
+        checkpoint's, where its workers are these; else from nothing (a fresh run, or the
+        first placement for another number of workers)."""
+        labels = item_labels(ds.train, self.n)
+        seen = saved.get("mixing_seen") if saved is not None else None
+        if seen is not None and seen.shape[0] != self.workers:
+            seen = None
+        return Mixing(labels, self.workers, seen)
 
     def decide_start(self, saved: dict[str, Any] | None) -> RunStart:
         """The run's start (:func:`~train.shuffle_sgd.start.decide`) from the checkpoint, the
@@ -146,7 +168,7 @@ class Master(Rank):
         if self.step_every:
             self.delivered = checkpoint.load_delivery(self.ctx.run_dir, self.cfg, done + 1)
         held = gather_held(set())
-        return decide(view, self.workers, self.delivered is not None, held)
+        return decide(view, self.workers, self.delivered is not None, held, self.epochs)
 
     def announce(self) -> None:
         """The run's one line of settings (and the storage a point size really gives)."""
@@ -189,6 +211,7 @@ class Master(Rank):
                 checkpoint.save_delivery(self.ctx.run_dir, self.cfg, epoch, delivery)
         mark(f"epoch {epoch} delivered")
         row = {**delivery, "dropped_points": self.dropped, "attempt": attempt()}
+        row.update(self.mixing.add(self.cs.assignment))
         if resumed is not None:
             row.update(resumed.record(delivery))
         row = self.finish_epoch(row, (began, *clock))
@@ -197,7 +220,8 @@ class Master(Rank):
             rows = [*self.writer.rows, row]
             first = self.cs.settings.first_epoch
             momentum = self.momentum_flat
-            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, momentum, rows, first)
+            seen = self.mixing.seen
+            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, momentum, rows, first, seen)
         self.writer.epoch(row)
 
     def resume(self, saved: dict[str, Any] | None) -> Resumed | None:

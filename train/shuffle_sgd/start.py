@@ -11,6 +11,8 @@ receives the same value (:func:`share`), and everything after reads it.
 * :class:`Resized`: the checkpoint after epoch ``done`` of a run with another number of
   workers: epoch ``done + 1`` places the data anew for the new number, reusing what the
   workers that remain hold.
+* :class:`Complete`: the checkpoint holds the last epoch: nothing is left to do (the same
+  command run again after the run ended, whatever the number of workers now).
 """
 
 from __future__ import annotations
@@ -81,7 +83,21 @@ class Resized:
         }
 
 
-RunStart = Fresh | AfterEpoch | InsideEpoch | Resized
+@dataclass(frozen=True)
+class Complete:
+    """The checkpoint holds the run's last epoch, ``done``."""
+
+    done: int
+
+    @property
+    def first_epoch(self) -> int:
+        return self.done
+
+    def record(self) -> dict[str, Any]:
+        return {}
+
+
+RunStart = Fresh | AfterEpoch | InsideEpoch | Resized | Complete
 FRESH = Fresh()
 
 
@@ -99,16 +115,20 @@ def decide(
     workers: int,
     delivered: bool,
     held: list[set[tuple[int, int]]],
+    epochs: int,
 ) -> RunStart:
     """The run's start from what the run directory holds.
 
-    ``saved``: the master's checkpoint (None: none); ``workers``: the number now;
+    ``saved``: the master's checkpoint (None: none); ``workers``: the number now; ``epochs``:
+    the run's last epoch;
     ``delivered``: the master holds the delivery record of epoch ``done + 1``; ``held``: every
     worker's step checkpoints, as ``(epoch, step)`` pairs (empty sets without step
     checkpoints). A run resumes inside epoch ``done + 1`` at the last step every worker holds,
     if the master holds that epoch's delivery and the number of workers did not change.
     """
     done = saved.done if saved is not None else 0
+    if saved is not None and done >= epochs:
+        return Complete(done)
     if saved is not None and saved.workers != workers:
         return Resized(done, saved.workers, workers)
     first = saved.first_epoch if saved is not None else 1

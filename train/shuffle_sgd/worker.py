@@ -20,7 +20,7 @@ from ..device import to_device
 from ..dist import mark, tick
 from ..faults import step_delay
 from .rank import MODEL_SENDER, Rank, send
-from .start import AfterEpoch, Fresh, InsideEpoch, broadcast, gather_held
+from .start import AfterEpoch, Complete, Fresh, InsideEpoch, broadcast, gather_held
 from .steps import (
     average_state,
     averaging_steps,
@@ -46,7 +46,8 @@ class Worker(Rank):
     """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
 
     def run(self) -> None:
-        self.setup()
+        if not self.setup():
+            return  # the run is complete
         inside = self.resume()
         try:
             for epoch in range(self.start.done + 1, self.epochs + 1):
@@ -61,9 +62,9 @@ class Worker(Rank):
         self.gather_digest()
         release_ddp(self)
 
-    def setup(self) -> None:
+    def setup(self) -> bool:
         """The run's start from the master (this worker's step checkpoints told first), the
-        coded shuffle, the model in DDP and its optimiser."""
+        coded shuffle, the model in DDP and its optimiser; False when the run is complete."""
         self.k = self.ctx.worker
         self.held = {}
         if self.step_every:
@@ -71,6 +72,8 @@ class Worker(Rank):
         gather_held(set(self.held))
         opening = broadcast(None)
         self.start = opening.start
+        if isinstance(self.start, Complete):
+            return False
         self.cs = self.coded_shuffle(None, self.start)
         self.q = self.cs.shape.num_points // self.workers
         self.transform = data.transform_of(self.cfg.data)
@@ -85,6 +88,7 @@ class Worker(Rank):
             momentum=float(o.momentum),
             weight_decay=float(o.weight_decay),
         )
+        return True
 
     def resume(self) -> StepState | None:
         """After a restart, as the run's start says: the own store restored (after an epoch;

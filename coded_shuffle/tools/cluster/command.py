@@ -11,7 +11,7 @@ from pathlib import Path
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.errors import UsageError
-from coded_shuffle.tools.cluster.faults import Fault
+from coded_shuffle.tools.cluster.faults import KINDS, Fault
 from coded_shuffle.tools.cluster.netns import Cluster, check_privileges, sweep_stale
 from coded_shuffle.tools.cluster.record import (
     Counters,
@@ -65,62 +65,22 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         return 0
     if args.hosts is None or args.rate is None:
         raise UsageError("cluster needs --hosts P and --rate RATE (e.g. --hosts 5 --rate 400mbit)")
-    rest = list(args.args)
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
     cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu, medium=args.medium)
     faults = [
         Fault.parse(kind, text, args.hosts)
-        for kind in ("kill", "lose", "cut")
+        for kind in KINDS
         for text in getattr(args, kind, None) or []
     ]
     min_hosts = check_elastic(args.min_hosts, args.hosts, faults)
     if not args.dry_run:
         check_privileges()
-    if args.script is not None:
-        if not args.script.is_file():
-            raise UsageError(f"--script {str(args.script)!r} is not a file")
-        target = [str(args.script), *rest]
-        logs = args.logs or Path(time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S"))
-        record = logs / "cluster.json"
-        for fault in faults:
-            fault.console = logs / "h0.log"  # eN: the script's N-th "epoch" line
-    else:
-        overrides, run_dir = training_overrides(rest, cluster, elastic=min_hosts is not None)
-        check_training_config(overrides)
-        target = ["-m", "train", *overrides]
-        logs = args.logs or run_dir / "hosts"
-        record = run_dir / "cluster.json"
-        for fault in faults:
-            fault.metrics = run_dir / "metrics.jsonl"
+    target, logs, record = what_runs(args, cluster, faults, min_hosts)
     if args.dry_run:
-        for i in range(cluster.hosts):
-            argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, min_hosts=min_hosts))
-            rate = format_rate(cluster.host_rate(i))
-            print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
-        print("environment: " + " ".join(f"{k}={v}" for k, v in host_env(min_hosts).items()))
-        if cluster.medium == "shared":
-            print(f"medium: shared, {format_rate(cluster.rate)} for every frame of every host")
-        print(f"logs: {logs}; record: {record}")
+        print_dry_run(cluster, target, logs, record, min_hosts)
         return 0
-    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with cluster:
-            before, ticks = Counters.read(cluster), machine_cpu_ticks()
-            t0 = time.perf_counter()
-            results = run_hosts(
-                cluster, target, logs, grace=args.grace, faults=faults, min_hosts=min_hosts
-            )
-            wall = time.perf_counter() - t0
-            cpu = machine_cpu_use(ticks, machine_cpu_ticks())
-            record.parent.mkdir(parents=True, exist_ok=True)
-            after = Counters.read(cluster)
-            write_record(record, cluster, before, after, results, wall, faults, cpu, min_hosts)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    results = run_and_record(args, cluster, target, (logs, record), faults, min_hosts)
     failed = [r for r in results if r.code != 0 and not r.lost]
     if failed:
         first = failed[0]
@@ -132,3 +92,78 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def what_runs(
+    args: argparse.Namespace, cluster: Cluster, faults: list[Fault], min_hosts: int | None
+) -> tuple[list[str], Path, Path]:
+    """The torchrun target (the training job with its overrides, or a script), where the
+    hosts' logs and ``cluster.json`` go; each epoch fault told where the epochs show."""
+    rest = list(args.args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if args.script is not None:
+        if not args.script.is_file():
+            raise UsageError(f"--script {str(args.script)!r} is not a file")
+        logs = args.logs or Path(time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S"))
+        for fault in faults:
+            fault.console = logs / "h0.log"  # eN: the script's N-th "epoch" line
+        return [str(args.script), *rest], logs, logs / "cluster.json"
+    overrides, run_dir = training_overrides(rest, cluster, elastic=min_hosts is not None)
+    check_training_config(overrides)
+    for fault in faults:
+        fault.metrics = run_dir / "metrics.jsonl"
+    return ["-m", "train", *overrides], args.logs or run_dir / "hosts", run_dir / "cluster.json"
+
+
+def print_dry_run(
+    cluster: Cluster, target: list[str], logs: Path, record: Path, min_hosts: int | None
+) -> None:
+    """What ``--dry-run`` prints: every host's command, the environment, the medium."""
+    for i in range(cluster.hosts):
+        argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, min_hosts=min_hosts))
+        rate = format_rate(cluster.host_rate(i))
+        print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
+    print("environment: " + " ".join(f"{k}={v}" for k, v in host_env(min_hosts).items()))
+    if cluster.medium == "shared":
+        print(f"medium: shared, {format_rate(cluster.rate)} for every frame of every host")
+    print(f"logs: {logs}; record: {record}")
+
+
+def run_and_record(
+    args: argparse.Namespace,
+    cluster: Cluster,
+    target: list[str],
+    where: tuple[Path, Path],
+    faults: list[Fault],
+    min_hosts: int | None,
+) -> list:
+    """Builds the cluster, runs every host on it, writes ``cluster.json`` (``where``: the
+    logs' folder and the record's path), removes the cluster on every exit path."""
+    logs, record = where
+    # Ctrl-C, SIGTERM and SIGHUP end the run and remove the cluster, whatever the process
+    # inherited (a parent that ignores SIGINT passes that on to its children)
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, _interrupt) for s in stops}
+    try:
+        with cluster:
+            before, ticks = Counters.read(cluster), machine_cpu_ticks()
+            t0 = time.perf_counter()
+            results = run_hosts(
+                cluster,
+                target,
+                logs,
+                grace=args.grace,
+                faults=faults,
+                min_hosts=min_hosts,
+                heal=args.heal,
+            )
+            wall = time.perf_counter() - t0
+            cpu = machine_cpu_use(ticks, machine_cpu_ticks())
+            record.parent.mkdir(parents=True, exist_ok=True)
+            after = Counters.read(cluster)
+            write_record(record, cluster, before, after, results, wall, faults, cpu, min_hosts)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return results

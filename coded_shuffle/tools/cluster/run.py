@@ -171,14 +171,16 @@ def run_hosts(
     faults: Sequence[Fault] = (),
     port: int = MASTER_PORT,
     min_hosts: int | None = None,
+    heal: float | None = None,
 ) -> list[HostResult]:
     """Starts ``torchrun ... target`` on every host and waits for all of them (the job's
     master at ``port`` of host 0: two jobs on one cluster take two ports).
 
     Host 0's output is echoed to the console. ``faults`` fire at their time: a killed host
     loses every process (and is started again when the job restarts after failures); a cut
-    host's link goes down. After the first failure the others get ``grace`` seconds, then
-    every process in the cluster is killed.
+    host's link goes down; with ``heal``, a cut or stopped host comes back that long after
+    (:class:`~coded_shuffle.tools.cluster.faults.Faults`). After the first failure the others
+    get ``grace`` seconds, then every process in the cluster is killed.
     """
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **host_env(min_hosts)}
@@ -198,7 +200,7 @@ def run_hosts(
         echo = threading.Thread(target=_tee, args=(procs[0].stdout, files[0]), daemon=True)
         echo.start()
         restart = start if max_restarts(target) > 0 else None
-        _wait(procs, results, grace, Faults(cluster, faults, restart))
+        _wait(procs, results, grace, Faults(cluster, faults, restart, heal))
     finally:
         for p in procs:
             if p.poll() is None:
