@@ -188,6 +188,24 @@ def unbroken_sha(args: argparse.Namespace, workers: int) -> str | None:
     return json.loads((run_dir / "summary.json").read_text())["final_params_sha256"]
 
 
+def table(report: dict) -> str:
+    """The soak's faults by kind, as docs/testing.md shows them (markdown)."""
+    lines = [
+        "| fault | times | recovered | seconds lost (median) | seconds lost (max) |",
+        "|---|---|---|---|---|",
+    ]
+    for kind in KINDS:
+        mine = [f for f in report["faults"] if f["kind"] == kind]
+        if not mine:
+            continue
+        lost = [f["seconds_lost"] for f in mine if f["seconds_lost"] is not None]
+        median = f"{statistics.median(lost):.1f}" if lost else "-"
+        most = f"{max(lost):.1f}" if lost else "-"
+        recovered = sum(bool(f["recovered"]) for f in mine)
+        lines.append(f"| `{kind}` | {len(mine)} | {recovered} | {median} | {most} |")
+    return "\n".join(lines)
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hosts", type=int, default=5)
@@ -197,8 +215,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-hosts", type=int, default=3, help="the elastic cluster's minimum")
     p.add_argument("--kinds", default=",".join(KINDS), help="the faults to draw from")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, help="the soak's folder (soak.json, the run, the logs)")
+    p.add_argument("--table", type=Path, metavar="SOAK_JSON", help="print a soak's table, exit")
     args = p.parse_args()
+    if args.table is None and args.out is None:
+        p.error("--out DIR is required (or --table SOAK_JSON)")
     kinds = args.kinds.split(",")
     if bad := [k for k in kinds if k not in KINDS]:
         p.error(f"--kinds {','.join(bad)}: valid are {', '.join(KINDS)}")
@@ -213,6 +234,9 @@ def parse() -> argparse.Namespace:
 
 def main() -> int:
     args = parse()
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return 0
     out = Path(args.out)
     if (out / "run").exists():
         print(f"soak: {out / 'run'} exists: use another --out", file=sys.stderr)
@@ -257,6 +281,7 @@ def main() -> int:
         "wall_seconds": round(time.monotonic() - t0, 1),
     }
     (out / "soak.json").write_text(json.dumps(report, indent=1))
+    print(table(report))
     shas_ok = bool(lost) or report["final_params_sha256"] == unbroken
     ok = (
         all(f.recovered for f in faults)

@@ -10,7 +10,7 @@ import pytest
 from tests.ranks import start_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-RUNS = 3  # scripts/unclosed_loops.py runs it 20 times (docs/testing.md)
+RUNS = 2  # scripts/unclosed_loops.py runs it 20 times (docs/testing.md)
 
 
 @pytest.mark.parametrize("close", [[], ["--close-after-destroy"]], ids=["never", "after"])
