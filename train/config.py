@@ -19,6 +19,8 @@ from coded_shuffle.distributed.transports.chain import ChainOptions
 from coded_shuffle.distributed.transports.multicast import MulticastOptions
 from coded_shuffle.distributed.transports.unicast import UnicastOptions
 
+from .start_methods import DEFAULT_START_METHOD
+
 # --- groups ----------------------------------------------------------------------------------
 
 
@@ -289,7 +291,7 @@ class DistConf:
     """The master's console line during a long stage, > 0."""
     chunk_bytes: int = 262144
     """Payload bytes per message (one 24-byte header each), >= 1."""
-    start_method: str = "forkserver"
+    start_method: str = DEFAULT_START_METHOD
     """forkserver | spawn (local launcher only)."""
     monitor_interval: float = 0.1
     """Seconds between the launcher's liveness checks."""

@@ -33,13 +33,11 @@ from .compose import (
     fail,
     register_configs,
 )
-from .config import DistConf
+from .start_methods import DEFAULT_START_METHOD, START_METHODS
 
 # torch, the jobs and their configs are imported in the functions that use them, after the
 # fork server started: its own imports of them then run beside the launcher's
 
-# never "fork": the launcher runs threads, and a child forked from it can inherit a held lock
-START_METHODS = ("forkserver", "spawn")
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
 
 
@@ -68,7 +66,7 @@ def start_method_of(argv: list[str]) -> str:
         m = re.fullmatch(r"\+{0,2}dist\.start_method=([^,]*).*", arg)
         if m:
             return m.group(1)
-    return DistConf().start_method
+    return DEFAULT_START_METHOD
 
 
 def start_forkserver() -> None:
