@@ -66,12 +66,16 @@ class Worker(Rank):
         """The run's start from the master (this worker's step checkpoints told first), the
         coded shuffle, the model in DDP and its optimiser; False when the run is complete."""
         self.k = self.ctx.worker
-        self.held = {}
+        held = {}
         if self.step_every:
-            self.held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k)
-        gather_held(set(self.held))
+            held = checkpoint.load_steps(self.ctx.run_dir, self.cfg, self.k)
+        gather_held(set(held))
         opening = broadcast(None)
         self.start = opening.start
+        # the one step checkpoint a restart inside an epoch goes on from (the others go now)
+        start = self.start
+        inside = isinstance(start, InsideEpoch)
+        self.step_saved = held[(start.done + 1, start.step)] if inside else None
         if isinstance(self.start, Complete):
             return False
         self.cs = self.coded_shuffle(None, self.start)
@@ -149,7 +153,9 @@ class Worker(Rank):
     def resume_inside(self, start: InsideEpoch) -> StepState:
         """After a restart inside epoch ``start.done + 1``: the own store and batch restored
         (no new delivery), the own training state at ``start.step`` loaded."""
-        saved = self.held[(start.done + 1, start.step)]
+        saved = self.step_saved
+        assert saved is not None
+        self.step_saved = None
         batch = self.cs.resume_inside(start.done + 1)
         assert batch is not None
         self.load_params(saved["params"])
