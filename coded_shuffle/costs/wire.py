@@ -113,6 +113,6 @@ def wire_bytes(datagram: int, mtu: int, frame: int = ETHERNET_HEADER_BYTES) -> i
 
 
 def default_datagram_bytes(mtu: int) -> int:
-    """About four IPv4 fragments per datagram, between 8 KiB and 32 KiB: larger datagrams
-    cost the receivers less CPU, more fragments make a lost one costlier."""
-    return max(8192, min(32768, 4 * (mtu - IPV4_BYTES - UDP_BYTES - DGRAM_HEADER_BYTES) // 8 * 8))
+    """One Ethernet frame's worth: no IP fragments (a lost frame loses one datagram, and the
+    kernel neither cuts nor reassembles); ``multicast`` sends and reads them in batches."""
+    return mtu - IPV4_BYTES - UDP_BYTES - DGRAM_HEADER_BYTES

@@ -133,6 +133,7 @@ class MasterSide:
         )
         if held is not None:
             row["reused_points"] = reused
+        row["placement_transport"] = ctx.link.carrier(KIND_PLACEMENT).name
         return row
 
     def prepare(self, tr: Transition, stream: bool = False) -> ReadyEpoch:

@@ -162,9 +162,6 @@ class CodedShuffle:
         buffers: Buffers = IN_MEMORY
         if s.store_dir is not None:
             buffers = FileBuffers(rank_folder(s.store_dir, self.rank))
-        peer = Peer(self.rank, world, wait)
-        transport = build_transport(s.transport, peer, s.transport_options, buffers)
-        self.link = Link(transport, s.chunk_bytes, self._progress(on_progress))
         by_label = s.placement == "by_label" and s.first_epoch == 1
         first = first_assignment(dataset, self.shape) if by_label else None
         chain = EpochChain(
@@ -178,6 +175,12 @@ class CodedShuffle:
             s.first_epoch,
         )
         transitions = chain.transitions(s.epochs if s.epochs is not None else sys.maxsize)
+        peer = Peer(self.rank, world, wait)
+        transport = build_transport(s.transport, peer, s.transport_options, buffers)
+        placement = None
+        if transport.routing == "broadcast" and self._placed_once(chain):
+            placement = build_transport("unicast", peer, None, buffers)
+        self.link = Link(transport, s.chunk_bytes, self._progress(on_progress), placement)
         self._ctx = EpochContext(
             self.rank,
             self.shape,
@@ -202,6 +205,12 @@ class CodedShuffle:
             if isinstance(buffers, FileBuffers):
                 persistence = StorePersistence(buffers, self._ctx, self.scheme.name)
             self._worker = WorkerSide(self._ctx, persistence)
+
+    def _placed_once(self, chain: EpochChain) -> bool:
+        """Whether the placement puts every point at one worker only: then ``unicast`` sends
+        it in the same bytes as a broadcast, and no worker hears the others' points."""
+        kept = (placement_points(self.scheme, chain.initial, k).size for k in range(self.workers))
+        return sum(kept) == self.shape.num_points
 
     @property
     def record_bytes(self) -> int:
@@ -293,7 +302,7 @@ class CodedShuffle:
         _open.discard(self)
         if self._owns_liveness and self.liveness is not None:
             self.liveness.stop()
-        self.link.transport.close()
+        self.link.close()
 
     def __enter__(self) -> CodedShuffle:
         return self

@@ -7,6 +7,10 @@ Under ``broadcast`` routing every worker hears every message and keeps the rows 
 ``master`` and ``peers`` routing each worker gets one stream per sender with only its own rows.
 Every header field and every payload digest is checked on receipt
 (:func:`~coded_shuffle.distributed.transports.framing.check`).
+
+A link may hold a second transport for the uncoded placement (``placement``): where the coded
+epochs broadcast, the placement still puts each point only where it goes (``unicast``), so no
+worker takes in, and drops, the other workers' points.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from coded_shuffle.costs.wire import message_keepers, message_sizes
 from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
 from coded_shuffle.distributed.transports.framing import (
+    KIND_PLACEMENT,
     Inbox,
     RowSource,
     frame,
@@ -65,9 +70,11 @@ class Link:
         transport: Transport,
         chunk_bytes: int,
         on_progress: Callable[[int, int], None] | None = None,
+        placement: Transport | None = None,
     ) -> None:
         message_ranges(1, 1, chunk_bytes)  # validates chunk_bytes
         self.transport = transport
+        self.placement = placement  # what carries the placement's rows (None: ``transport``)
         self.chunk_bytes = chunk_bytes
         self.on_progress = on_progress  # (bytes this rank moved, its total) after each message
         self.seconds = 0.0
@@ -80,7 +87,21 @@ class Link:
     def take_counts(self) -> tuple[HostBytes, float]:
         """This host's bytes and the seconds spent moving them, since the last call."""
         seconds, self.seconds = self.seconds, 0.0
-        return self.transport.take_counts(), seconds
+        counts = self.transport.take_counts()
+        if self.placement is not None:
+            counts.add(self.placement.take_counts())
+        return counts, seconds
+
+    def carrier(self, kind: int) -> Transport:
+        """The transport that carries a stream of ``kind`` (the placement's, or the link's)."""
+        if kind == KIND_PLACEMENT and self.placement is not None:
+            return self.placement
+        return self.transport
+
+    def close(self) -> None:
+        self.transport.close()
+        if self.placement is not None:
+            self.placement.close()
 
     def take_modelled(self) -> int | None:
         """The network bytes the transport's byte model gives the master's deliveries since
@@ -112,27 +133,32 @@ class Link:
         """
         t0 = time.perf_counter()
         header = (epoch, part, kind)
-        if self.transport.routing == "broadcast":
-            out = self._broadcast(header, num_rows, row_bytes, routes, rows, out, on_rows)
+        t = self.carrier(kind)
+        if t.routing == "broadcast":
+            out = self._broadcast(t, header, num_rows, row_bytes, routes, rows, out, on_rows)
         else:
-            out = self._routed(header, row_bytes, routes, rows, row_ids, out, on_rows)
+            out = self._routed(t, header, row_bytes, routes, rows, row_ids, out, on_rows)
         self.seconds += time.perf_counter() - t0
         return out
 
-    def _frame(self, rows: torch.Tensor | RowSource, header: tuple[int, int, int]) -> Iterator:
+    def _frame(
+        self, t: Transport, rows: torch.Tensor | RowSource, header: tuple[int, int, int]
+    ) -> Iterator:
         """The messages of ``rows``: joined and digested, or as :class:`Parts` for a
         transport that sends them without a copy (``zero_copy``)."""
-        if self.transport.zero_copy:
+        if t.zero_copy:
             return frame_parts(rows, *header, self.chunk_bytes)
         return frame(rows, *header, self.chunk_bytes)
 
-    def _targets(self, target: Callable[[int, int], torch.Tensor | None] | None) -> dict:
+    @staticmethod
+    def _targets(t: Transport, target: Callable[[int, int], torch.Tensor | None] | None) -> dict:
         """``exchange``'s ``targets`` keyword for a ``zero_copy`` transport (none otherwise):
         where each message's payload may be received in place."""
-        return {"targets": target} if self.transport.zero_copy else {}
+        return {"targets": target} if t.zero_copy else {}
 
     def _broadcast(
         self,
+        t: Transport,
         header: tuple[int, int, int],
         num_rows: int,
         row_bytes: int,
@@ -141,19 +167,19 @@ class Link:
         out: torch.Tensor | None,
         on_rows: Callable[[int], None] | None,
     ) -> torch.Tensor | None:
-        workers = self.transport.peer.workers
+        workers = t.peer.workers
         stream = Stream(0, workers, tuple(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
         meter = _Meter(stream.total, self.on_progress)
         if self.rank == 0:
             assert rows is not None and tuple(rows.shape) == (num_rows, row_bytes)
-            outgoing = {0: meter.count(self._frame(rows, header))}
-            extra = self._targets(None)
+            outgoing = {0: meter.count(self._frame(t, rows, header))}
+            extra = self._targets(t, None)
             needs = [n for n in routes.needs if n is not None]
-            if self.transport.prunes and len(needs) == len(routes.needs):
+            if t.prunes and len(needs) == len(routes.needs):
                 keepers = message_keepers(needs, num_rows, row_bytes, self.chunk_bytes)
                 extra["keepers"] = [keepers]
-                self.modelled = (self.modelled or 0) + self.transport.network_bytes(stream, keepers)
-            self.transport.exchange([stream], outgoing, _refuse, **extra)
+                self.modelled = (self.modelled or 0) + t.network_bytes(stream, keepers)
+            t.exchange([stream], outgoing, _refuse, **extra)
             return None
         keep = routes.needs[self.rank - 1]
         assert keep is not None
@@ -167,8 +193,8 @@ class Link:
             out,
             np.arange(keep.size),
             on_rows,
-            checksums=not self.transport.zero_copy,
-            skips=self.transport.prunes,
+            checksums=not t.zero_copy,
+            skips=t.prunes,
         )
         sizes = stream.sizes
 
@@ -176,13 +202,14 @@ class Link:
             inbox.receive(i, msg)
             meter.add(sizes[i])
 
-        targets = self._targets(lambda _, i: inbox.target(i))
-        self.transport.exchange([stream], {}, on_message, **targets)
+        targets = self._targets(t, lambda _, i: inbox.target(i))
+        t.exchange([stream], {}, on_message, **targets)
         inbox.complete()
         return out
 
     def _routed(
         self,
+        t: Transport,
         header: tuple[int, int, int],
         row_bytes: int,
         routes: Routes,
@@ -215,7 +242,7 @@ class Link:
                     assert rows is not None
                     ids = need[pos]
                     local = ids if row_ids is None else np.searchsorted(row_ids, ids)
-                    outgoing[index] = self._frame(pick_rows(rows, local), header)
+                    outgoing[index] = self._frame(t, pick_rows(rows, local), header)
                 else:
                     assert out is not None
                     every = np.arange(pos.size, dtype=np.int64)
@@ -228,7 +255,7 @@ class Link:
                         out,
                         pos,
                         on_rows,
-                        checksums=not self.transport.zero_copy,
+                        checksums=not t.zero_copy,
                     )
         meter = _Meter(sum(s.total for s in streams), self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
@@ -237,8 +264,8 @@ class Link:
             inboxes[s].receive(i, msg)
             meter.add(streams[s].sizes[i])
 
-        targets = self._targets(lambda s, i: inboxes[s].target(i))
-        self.transport.exchange(streams, outgoing, on_message, **targets)
+        targets = self._targets(t, lambda s, i: inboxes[s].target(i))
+        t.exchange(streams, outgoing, on_message, **targets)
         for inbox in inboxes.values():
             inbox.complete()
         return out

@@ -47,7 +47,6 @@ import logging
 import os
 import socket
 import struct
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -63,6 +62,14 @@ from coded_shuffle.costs.wire import (
     wire_bytes,
 )
 from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
+from coded_shuffle.distributed.transports.multicast.batches import (
+    GRO_CMSG_BYTES,
+    RECEIVE_BYTES,
+    SendBatch,
+    batch_datagrams,
+    enable_gro,
+    segment_size,
+)
 from coded_shuffle.distributed.transports.multicast.feedback import (
     CONTROL_TAG,
     UNION_TAG,
@@ -78,6 +85,7 @@ from coded_shuffle.distributed.transports.multicast.options import (
 )
 from coded_shuffle.distributed.transports.multicast.pacing import Pacer, adapt
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
 DGRAM = struct.Struct(DGRAM_FORMAT)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -105,10 +113,22 @@ class Multicast(Transport):
         self.drop, self.grace = float(o.drop), float(o.grace_seconds)
         self.ifindex, self.mtu = interface_of(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
         self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
+        self.frame_bytes = wire_bytes(DGRAM_HEADER_BYTES + self.datagram_bytes, self.mtu)
         self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
         self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
         self.slow = float(o.slow_seconds) if peer.rank == 1 else 0.0
         self.sock = self._open()
+        self.batch = (
+            SendBatch(
+                self.sock,
+                batch_datagrams(self.rate, self.frame_bytes, self.datagram_bytes),
+                self.datagram_bytes,
+            )
+            if peer.rank == 0
+            else None
+        )
+        self.gro = peer.rank > 0 and enable_gro(self.sock)
+        self.reads = np.empty(RECEIVE_BYTES + self.datagram_bytes, dtype=np.uint8)
         self.master = self._agree_master()
         self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
         self.stream_id = 0
@@ -165,6 +185,8 @@ class Multicast(Transport):
             "pace_bits": round(self.pace),
             "parity_block": self.parity_block if self.parity else 0,
             "datagram_bytes": self.datagram_bytes,
+            "batch_datagrams": self.batch.capacity if self.batch else 0,
+            "gso": bool(self.batch and self.batch.gso),
             "mtu": self.mtu,
             "group": self.group,
             "port": self.port,
@@ -202,7 +224,7 @@ class Multicast(Transport):
         n, d = self._count(total), self.datagram_bytes
         data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
-        full = wire_bytes(DGRAM_HEADER_BYTES + d, self.mtu)
+        full = self.frame_bytes
         pacer = Pacer(self.pace, full)
         block = self.parity_block if self.parity else 0
         filled = ready = 0
@@ -255,18 +277,18 @@ class Multicast(Transport):
     def _send(
         self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: Pacer, size: int
     ) -> int:
-        """Paced datagrams ``seqs`` of the first ``size`` bytes of ``data``; returns the bytes
-        handed to the socket."""
-        d = self.datagram_bytes
-        view = memoryview(data)
-        pack, sendmsg = DGRAM.pack, self.sock.sendmsg
-        job, stream = self.job, self.stream_id
+        """Paced datagrams ``seqs`` of the first ``size`` bytes of ``data``, a batch per pause
+        (:class:`~.batches.SendBatch`); returns the bytes handed to the socket."""
+        assert self.batch is not None
+        todo = np.fromiter(seqs, dtype=np.int64) if not isinstance(seqs, np.ndarray) else seqs
+        d, step, head = self.datagram_bytes, self.batch.capacity, (self.job, self.stream_id, rnd)
         sent = 0
-        for seq in seqs:
+        for lo in range(0, todo.size, step):
+            batch = todo[lo : lo + step]
             pacer.wait()
-            end = min(seq * d + d, size)
-            sent += sendmsg([pack(job, stream, seq, rnd, 0), view[seq * d : end]])
-            pacer.sent((end - seq * d) / d)
+            sent += self.batch.send(data, batch, head, size)
+            last = min(d, size - int(batch[-1]) * d)  # the stream's last datagram may be short
+            pacer.sent(batch.size - 1 + last / d)
         return sent
 
     def _control_round_done(self) -> None:
@@ -370,30 +392,27 @@ class Multicast(Transport):
         datagrams it lost or got late (those of an earlier round), and the master's "round
         sent" (awaited by the caller: a receiver that has everything reports without it).
 
-        A datagram is read straight into its slot when it is the one expected next (the common
-        case); otherwise it lands in the first missing slot and is copied to its own. A parity
-        datagram rebuilds the one datagram its block lacks, if it lacks exactly one.
+        A read holds one datagram or a run the kernel coalesced; :class:`~.receive.Round`
+        copies each into its slot. A parity datagram rebuilds the one datagram its block
+        lacks, if it lacks exactly one.
         """
-        d, n = self.datagram_bytes, have.size
-        lacked, late, received = n - int(have.sum()), 0, 0
+        n = have.size
+        lacked = n - int(have.sum())
         done = Arrival(self.peer)
-        header = bytearray(DGRAM_HEADER_BYTES)
-        view = memoryview(out)
-        scratch = memoryview(bytearray(d))
-        sock, unpack = self.sock, DGRAM.unpack
-        job, master, stream_id = self.job, self.master, self.stream_id
-        count = int(have.sum())
+        debug = Debug(self.drop, self.slow, self.rng)
+        now = Round(self.job, self.stream_id, rnd, out, have, parity, self.counts, debug)
+        reads, sock, master = self.reads, self.sock, self.master
+        into = [memoryview(reads)[:RECEIVE_BYTES]]
         expect = 0
         draining = False
         sock.settimeout(POLL_SECONDS)
-        while count < n:
+        while now.count < n:
             if expect < n and have[expect]:
                 while expect < n and have[expect]:
                     expect += 1
                 complete(expect)
-            slot = view[expect * d : expect * d + d] if expect < n else scratch
             try:
-                nbytes, _, _, source = sock.recvmsg_into([header, slot])
+                nbytes, ancdata, _, source = sock.recvmsg_into(into, GRO_CMSG_BYTES)
             except TimeoutError:
                 if draining:
                     break
@@ -401,35 +420,13 @@ class Multicast(Transport):
                     draining = True
                     sock.settimeout(self.grace)
                 continue
-            got_job, stream, seq, got_round, flags = unpack(header)
-            if got_job != job or source != master:
-                self.counts.foreign += 1  # another job's, or a stranger's
+            segment = segment_size(ancdata, nbytes)
+            if source != master:
+                self.counts.foreign += -(-nbytes // segment)  # a stranger's
                 self.stranger = source
                 continue
-            if stream > stream_id:
-                continue
-            if self.slow:
-                time.sleep(self.slow)  # debug: a receiver that cannot keep up
-            if stream != stream_id:  # parity read after the end of its stream is not late
-                late += not flags & FLAG_PARITY  # a repair of an earlier stream: queues too long
-                continue
-            late += got_round < rnd  # an earlier round's, late (its bytes are still good)
-            if self.drop and self.rng.random() < self.drop:
-                continue  # debug: this datagram is lost on the way
-            self.counts.ingress += nbytes
-            length = nbytes - DGRAM_HEADER_BYTES
-            if flags & FLAG_PARITY:
-                rebuilt = parity.receive(seq, slot[:length], out, have)
-                self.rebuilt += len(rebuilt)
-                count += len(rebuilt)
-                continue
-            if seq >= n or have[seq]:
-                continue
-            if seq != expect:
-                view[seq * d : seq * d + length] = slot[:length]
-            have[seq] = True
-            count += 1
-            received += 1
+            now.take(reads, nbytes, segment)
+        self.rebuilt += now.rebuilt
         rebuilt = parity.rebuild_all(out, have)  # parity that arrived before a late datagram
         self.rebuilt += rebuilt
-        return lacked - received + late, done  # lost on the way (parity or not), and late
+        return lacked - now.received + now.late, done  # lost on the way (parity or not), late

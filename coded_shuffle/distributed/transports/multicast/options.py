@@ -61,7 +61,7 @@ class MulticastOptions:
     port: int | None = None
     """UDP port of the job, 1..65535; null: 10000..19999 derived from the job's identifier."""
     datagram_bytes: int | None = None
-    """Stream bytes per datagram, 512..65000; null: about 4 IP fragments (8-32 KiB)."""
+    """Stream bytes per datagram, 512..65000; null: one frame (the MTU less 48 bytes)."""
     interface: str | None = None
     """Default: GLOO_SOCKET_IFNAME, else the kernel's route."""
     drop: float = 0.0

@@ -1,0 +1,101 @@
+"""``multicast``'s datagrams in batches: one system call moves many of them.
+
+A datagram fits one Ethernet frame (no IP fragments). The master hands the kernel a batch of
+datagrams laid end to end in one buffer with ``UDP_SEGMENT`` (generic segmentation offload,
+Linux 4.18): the kernel, or the NIC, cuts it into datagrams of one size (the last may be
+shorter), each a frame with its own UDP/IP headers and the job's 20-byte header. A receiver
+sets ``UDP_GRO`` (Linux 5.0): the kernel hands it a run of datagrams of one flow as one read,
+with their size in a control message; without either (an older kernel, a NIC without the
+offload) the same code sends and reads one datagram per call. What crosses a link is the same
+frames either way: the byte counts and the cost model count datagrams, not calls.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import numpy as np
+
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
+
+UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
+GSO_MAX_BYTES = 65507  # one UDP send: what an IPv4 length field allows
+GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS (linux/udp.h): the kernel's cap on one send
+BURST_SECONDS = 0.001  # a batch is at most a millisecond on the wire at the rate
+RECEIVE_BYTES = 1 << 17  # a read: a coalesced run (at most 64 KiB) or one datagram
+GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
+
+HEADER = np.dtype(
+    [("job", "<u8"), ("stream", "<u4"), ("seq", "<u4"), ("round", "<u2"), ("flags", "<u2")]
+)
+assert HEADER.itemsize == DGRAM_HEADER_BYTES
+
+
+def batch_datagrams(rate: float, frame_bytes: int, datagram_bytes: int) -> int:
+    """Datagrams per send: a millisecond of frames at ``rate`` bits/s (the emulated cluster's
+    shapers pass a burst of 2 ms whole), within the kernel's limits; 1 means no batching."""
+    by_time = int(rate * BURST_SECONDS / 8 // frame_bytes)
+    by_size = GSO_MAX_BYTES // (DGRAM_HEADER_BYTES + datagram_bytes)
+    return max(1, min(by_time, by_size, GSO_MAX_SEGMENTS))
+
+
+def enable_gro(sock: socket.socket) -> bool:
+    """Asks the kernel to coalesce this socket's datagrams; False where it cannot."""
+    try:
+        sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
+    except OSError:
+        return False
+    return True
+
+
+def segment_size(ancdata: list, nbytes: int) -> int:
+    """The size of the datagrams a read coalesced (``UDP_GRO``'s control message), or the
+    whole read where it holds one datagram."""
+    for level, kind, value in ancdata:
+        if level == socket.SOL_UDP and kind == UDP_GRO and len(value) >= 2:
+            (size,) = struct.unpack("=i", value[:4].ljust(4, b"\0"))
+            return size or nbytes
+    return nbytes
+
+
+class SendBatch:
+    """The master's buffer of up to ``capacity`` datagrams of ``d`` stream bytes each,
+    headers in place, sent with one call (``UDP_SEGMENT``) or one call per datagram where
+    the kernel refuses segmentation."""
+
+    def __init__(self, sock: socket.socket, capacity: int, d: int) -> None:
+        self.sock, self.d, self.capacity = sock, d, capacity
+        self.rows = np.zeros(capacity, dtype=[("head", HEADER), ("payload", np.uint8, (d,))])
+        self.raw = self.rows.view(np.uint8).reshape(-1)
+        self.segment = DGRAM_HEADER_BYTES + d
+        self.gso = capacity > 1
+        self.cmsg = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", self.segment))]
+
+    def send(
+        self, data: np.ndarray, seqs: np.ndarray, stream: tuple[int, int, int], size: int
+    ) -> int:
+        """Datagrams ``seqs`` (ascending) of the first ``size`` bytes of ``data`` (zero padded
+        to whole datagrams) with header ``stream`` = (job, stream, round); returns the bytes
+        handed to the socket."""
+        k, d = seqs.size, self.d
+        head = self.rows["head"][:k]
+        head["job"], head["stream"], head["round"] = stream
+        head["seq"], head["flags"] = seqs, 0
+        self.rows["payload"][:k] = data.reshape(-1, d)[seqs]
+        last = min(d, size - int(seqs[-1]) * d)  # the stream's last datagram may be shorter
+        length = (k - 1) * self.segment + DGRAM_HEADER_BYTES + last
+        view = memoryview(self.raw)[:length]
+        if k > 1 and self.gso:
+            try:
+                return self.sock.sendmsg([view], self.cmsg)
+            except OSError:  # no segmentation offload on this path: one call per datagram
+                self.gso = False
+        step = self.segment
+        return sum(self.sock.send(view[i : i + step]) for i in range(0, length, step))
+
+
+def headers(buffer: np.ndarray, nbytes: int, segment: int) -> np.ndarray:
+    """The headers of the datagrams a read of ``nbytes`` holds, every ``segment`` bytes."""
+    k = -(-nbytes // segment)
+    return np.ndarray((k,), dtype=HEADER, buffer=buffer, strides=(segment,))

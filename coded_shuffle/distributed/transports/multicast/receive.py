@@ -1,0 +1,152 @@
+"""A ``multicast`` receiver's round: what each read brings, sorted into the stream's slots.
+
+A read holds one datagram or a run of them that the kernel coalesced (``UDP_GRO``,
+:mod:`.batches`); a run is taken apart with array operations over its headers, a single
+datagram by a plain header unpack (the path of a receiver without the offload, where the
+cost per datagram matters most).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coded_shuffle.costs.wire import DGRAM_FORMAT, DGRAM_HEADER_BYTES
+from coded_shuffle.distributed.transports.base import HostBytes
+from coded_shuffle.distributed.transports.multicast.batches import headers
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
+
+UNPACK = struct.Struct(DGRAM_FORMAT).unpack_from
+
+
+@dataclass
+class Debug:
+    """The debug knobs a receiver applies: ``drop`` (a share of datagrams discarded, drawn
+    from ``rng``) and ``slow`` (seconds slept per datagram read)."""
+
+    drop: float
+    slow: float
+    rng: np.random.Generator
+
+
+@dataclass
+class Round:
+    """One receiver's round of one stream: the datagrams it holds (``have``), rebuilt by
+    parity or received, and how many came late (an earlier round's or stream's)."""
+
+    job: int
+    stream: int
+    rnd: int
+    out: np.ndarray  # the stream's bytes, datagram ``i`` at ``i * d``
+    have: np.ndarray
+    parity: Parity
+    counts: HostBytes
+    debug: Debug
+    count: int = 0
+    received: int = 0
+    late: int = 0
+    rebuilt: int = 0
+    d: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.d = self.parity.d
+        self.count = int(self.have.sum())
+
+    def take(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
+        """Every datagram of one read of ``nbytes`` (``segment`` bytes apart)."""
+        if nbytes <= segment:
+            self._one(buffer, nbytes)
+        else:
+            self._run(buffer, nbytes, segment)
+
+    def _one(self, buffer: np.ndarray, nbytes: int) -> None:
+        job, stream, seq, rnd, flags = UNPACK(buffer)
+        if job != self.job:
+            self.counts.foreign += 1
+            return
+        if not self._current(stream, flags, rnd, 1):
+            return
+        if self.debug.drop and self.debug.rng.random() < self.debug.drop:
+            return  # debug: this datagram is lost on the way
+        self.counts.ingress += nbytes
+        payload = buffer[DGRAM_HEADER_BYTES:nbytes]
+        if flags & FLAG_PARITY:
+            self._parity(seq, payload)
+        elif seq < self.have.size and not self.have[seq]:
+            self.out[seq * self.d : seq * self.d + payload.size] = payload
+            self.have[seq] = True
+            self.count += 1
+            self.received += 1
+
+    def _current(self, stream: int, flags: int, rnd: int, k: int) -> bool:
+        """False for a later stream's datagram (dropped) and an earlier one's (late, unless
+        parity read after the end of its stream); counts one of an earlier round as late."""
+        if self.debug.slow:
+            time.sleep(self.debug.slow * k)  # debug: a receiver that cannot keep up
+        if stream > self.stream:
+            return False
+        if stream != self.stream:
+            self.late += not flags & FLAG_PARITY
+            return False
+        self.late += rnd < self.rnd  # an earlier round's, late (its bytes are still good)
+        return True
+
+    def _run(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
+        head = headers(buffer, nbytes, segment)
+        k = head.size
+        mine = head["job"] == self.job
+        self.counts.foreign += int(k - mine.sum())
+        if self.debug.slow:
+            time.sleep(self.debug.slow * k)
+        stream, flags = head["stream"], head["flags"]
+        parity = (flags & FLAG_PARITY) != 0
+        self.late += int((mine & (stream < self.stream) & ~parity).sum())
+        now = mine & (stream == self.stream)
+        self.late += int((now & (head["round"] < self.rnd)).sum())
+        if self.debug.drop:
+            now &= self.debug.rng.random(k) >= self.debug.drop
+        sizes = np.full(k, segment)
+        sizes[-1] = nbytes - (k - 1) * segment
+        self.counts.ingress += int(sizes[now].sum())
+        for i in np.flatnonzero(now & parity):
+            start = i * segment + DGRAM_HEADER_BYTES
+            self._parity(int(head["seq"][i]), buffer[start : i * segment + sizes[i]])
+        self._data(buffer, head["seq"], now & ~parity, sizes, segment)
+
+    def _data(
+        self,
+        buffer: np.ndarray,
+        seqs: np.ndarray,
+        take: np.ndarray,
+        sizes: np.ndarray,
+        segment: int,
+    ) -> None:
+        """Copies the new datagrams among ``take`` into their slots."""
+        n, d = self.have.size, self.d
+        take = take & (seqs < n)
+        take[take] = ~self.have[seqs[take]]
+        rows = np.flatnonzero(take)
+        if rows.size == 0:
+            return
+        seq = seqs[rows].astype(np.int64)
+        seq, first = np.unique(seq, return_index=True)  # a repeated datagram counts once
+        rows = rows[first]
+        whole = sizes[rows] == segment
+        body = np.lib.stride_tricks.as_strided(
+            buffer[DGRAM_HEADER_BYTES:], shape=(int(rows.max()) + 1, d), strides=(segment, 1)
+        )
+        self.out.reshape(-1, d)[seq[whole]] = body[rows[whole]]
+        for i, s in zip(rows[~whole], seq[~whole], strict=True):  # the stream's short last one
+            length = int(sizes[i]) - DGRAM_HEADER_BYTES
+            self.out[s * d : s * d + length] = body[i, :length]
+        self.have[seq] = True
+        self.count += seq.size
+        self.received += seq.size
+
+    def _parity(self, block: int, payload: np.ndarray) -> None:
+        rebuilt = self.parity.receive(block, memoryview(payload), self.out, self.have)
+        self.rebuilt += len(rebuilt)
+        self.count += len(rebuilt)
