@@ -16,12 +16,16 @@ the shuffle policies a user chooses between, each delivered the ways that can ca
   ``unicast`` and ``p2p``;
 * ``none`` (no global reshuffle: no byte after the placement).
 
-``--big-gb G`` adds a data set larger than memory: a synthetic set of ``G`` GB packed by
+``--big-gb G`` adds the reshuffle-bound runs: a synthetic set of ``G`` GB packed by
 ``coded-shuffle pack`` into a temporary directory (removed after), logistic regression on it
-(``data=file``, memory-mapped) at ``--big-rate`` (multicast paced at ``--big-multicast-rate``),
-full reshuffles coded over ``multicast`` and uncoded over ``unicast`` and ``p2p``. Every
-delivery trains the same parameters (same seed), so every run reaches the same accuracy at
-the same epoch: its table gives the seconds to every epoch, the time to any accuracy.
+(``data=file``, memory-mapped) at ``--big-rate`` (multicast paced at ``--big-multicast-rate``):
+full reshuffles coded over ``multicast`` and uncoded over ``unicast``, ``p2p`` and
+``multicast``; ``partial`` coded (multicast) and uncoded (unicast); ``none``. Every full
+delivery trains the same parameters (same seed), so those runs reach the same accuracy at the
+same epoch. Its table gives per run every epoch's seconds, the seconds to the end against the
+best uncoded full run, the placement and the slowest reshuffle against ``unicast``'s, the
+costliest host's CPU seconds per GB, the largest anonymous memory of a host, and what the
+cheaper shuffles give up (``coverage_min``, ``label_tv_max`` after the last epoch).
 
 It prints per run the final test accuracy, the epochs, seconds (``elapsed_seconds``: since the
 first epoch began) and shuffle bytes (network, master) to ``--target``, the seconds ratio
@@ -55,7 +59,15 @@ RUNS = (  # policy, scheme, transport
     ("none", "uncoded", "unicast"),
 )
 BASELINE = ("full", "uncoded", "unicast")
-BIG_RUNS = (("cycles", "multicast"), ("uncoded", "unicast"), ("uncoded", "p2p"))
+BIG_RUNS = (  # policy, scheme, transport: the reshuffle-bound runs
+    ("full", "cycles", "multicast"),
+    ("full", "uncoded", "unicast"),
+    ("full", "uncoded", "p2p"),
+    ("full", "uncoded", "multicast"),
+    ("partial", "cycles", "multicast"),
+    ("partial", "uncoded", "unicast"),
+    ("none", "uncoded", "unicast"),
+)
 
 
 @dataclass
@@ -133,20 +145,21 @@ def run_one(args: argparse.Namespace, every: int, policy: str, scheme: str, tran
     return Result(every, policy, scheme, transport, cluster(args, args.rate, run_dir, overrides))
 
 
-def run_big(args: argparse.Namespace, packed: Path, scheme: str, transport: str) -> Result:
-    """Logistic regression on the packed set larger than memory (full reshuffles)."""
+def run_big(
+    args: argparse.Namespace, packed: Path, policy: str, scheme: str, transport: str
+) -> Result:
+    """Logistic regression on the packed set larger than memory."""
     overrides = [
-        *delivery(scheme, transport, "full", args), "data=file", f"data.path={packed}",
+        *delivery(scheme, transport, policy, args), "data=file", f"data.path={packed}",
         "model=logreg", f"epochs={args.big_epochs}", "optim.batch_size=512",
         "optim.lr=0.01", f"dist.store_dir={Path(args.out) / 'big-stores'}",
     ]  # fmt: skip
     if transport == "multicast":
         overrides.append(f"dist.multicast.rate={args.big_multicast_rate}")
-    run_dir = Path(args.out) / "big" / f"full-{scheme}-{transport}"
+    run_dir = Path(args.out) / "big" / f"{policy}-{scheme}-{transport}"
     try:
-        return Result(
-            0, "full", scheme, transport, cluster(args, args.big_rate, run_dir, overrides)
-        )
+        rows = cluster(args, args.big_rate, run_dir, overrides)
+        return Result(0, policy, scheme, transport, rows)
     finally:
         shutil.rmtree(Path(args.out) / "big-stores", ignore_errors=True)
 
@@ -172,9 +185,9 @@ def big(args: argparse.Namespace) -> list[Result]:
             flush=True,
         )
         results = []
-        for scheme, transport in BIG_RUNS:
-            results.append(run_big(args, packed, scheme, transport))
-            print(f"  big full/{scheme}/{transport}: done", file=sys.stderr, flush=True)
+        for policy, scheme, transport in BIG_RUNS:
+            results.append(run_big(args, packed, policy, scheme, transport))
+            print(f"  big {policy}/{scheme}/{transport}: done", file=sys.stderr, flush=True)
         return results
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -217,28 +230,45 @@ def table(results: list[Result], target: float, fraction: float) -> list[str]:
     return lines
 
 
-def epoch_table(results: list[Result]) -> list[str]:
-    """Seconds since the first epoch began, at the end of every epoch, per run; the test
-    accuracy of every epoch (the same for every run: the same parameters); the last epoch's
-    seconds over ``unicast``'s."""
+def epoch_table(results: list[Result], fraction: float) -> list[str]:
+    """Per run: every epoch's seconds (``epoch_seconds``), the seconds to the end
+    (``elapsed_seconds``) over the best uncoded full run's, its placement and its slowest
+    reshuffle against uncoded ``unicast``'s, the costliest host's CPU seconds per GB (median
+    over the reshuffles), the largest anonymous memory of any host, and the mixing after the
+    last epoch; then the test accuracy of every epoch (the full runs: the same parameters)."""
+    full = [r for r in results if r.policy == "full"]
+    best = min(r.series("elapsed_seconds")[-1] for r in full if r.scheme == "uncoded")
+    unicast = next(r for r in full if r.transport == "unicast").series("delivery_seconds")
     epochs = len(results[0].rows)
-    base = next(r for r in results if r.transport == "unicast").series("elapsed_seconds")[-1]
-    head = f"{'run':24s} " + " ".join(f"{f'epoch {e}':>8s}" for e in range(1, epochs + 1))
-    head += f" {'vs unicast':>10s} {'deliv/epoch':>11s} {'load/unc':>8s}"
+    head = f"{'run':30s} " + " ".join(f"{f'e{e}':>6s}" for e in range(1, epochs + 1))
+    head += (
+        f" {'to end':>7s} {'vs best':>7s} {'place/u':>7s} {'reshuf/u':>8s} {'cpu s/GB':>8s}"
+        f" {'anon MB':>7s} {'coverage':>8s} {'label tv':>8s}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
-        seconds = r.series("elapsed_seconds")
-        share = r.later("delivery_seconds") / r.later("epoch_seconds")
-        load = r.later("load_points") / r.later("uncoded_points")
-        lines.append(
-            f"{label(r, 1.0):24s} " + " ".join(f"{s:8.1f}" for s in seconds)
-            + f" {seconds[-1] / base:10.2f} {share:11.2f} {load:8.3f}"
-        )  # fmt: skip
-    accuracy = results[0].series("test_accuracy")
-    same = all(np.array_equal(r.series("test_accuracy"), accuracy) for r in results)
+        seconds, deliver = r.series("epoch_seconds"), r.series("delivery_seconds")
+        reshuffle = np.max(deliver[1:] / unicast[1:]) if r.policy == "full" else np.nan
+        anon = max(max(row.get("host_anon_bytes", [0])) for row in r.rows)
+        end, last = r.series("elapsed_seconds")[-1], r.rows[-1]
+        cells = [
+            f"{label(r, fraction):30s}",
+            *(f"{s:6.1f}" for s in seconds),
+            f"{end:7.1f}",
+            f"{end / best:7.2f}",
+            f"{deliver[0] / unicast[0]:7.2f}",
+            f"{reshuffle:8.2f}",
+            f"{r.later('cpu_seconds_per_gb_max'):8.2f}",
+            f"{anon / 1e6:7.0f}",
+            f"{last['coverage_min']:8.3f}",
+            f"{last['label_tv_max']:8.3f}",
+        ]
+        lines.append(" ".join(cells))
+    accuracy = full[0].series("test_accuracy")
+    same = all(np.array_equal(r.series("test_accuracy"), accuracy) for r in full)
     lines.append(
-        "test accuracy at every epoch: " + ", ".join(f"{a:.4f}" for a in accuracy)
-        + (" (every run the same)" if same else " (the runs differ)")
+        "test accuracy at every epoch (full): " + ", ".join(f"{a:.4f}" for a in accuracy)
+        + (" (every full run the same)" if same else " (the full runs differ)")
     )  # fmt: skip
     return lines
 
@@ -344,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--big-gb", type=float, default=0.0, help="a set larger than memory")
     parser.add_argument("--big-rate", default="400mbit", help="NICs and medium of the big runs")
-    parser.add_argument("--big-epochs", type=int, default=4)
+    parser.add_argument("--big-epochs", type=int, default=6)
     parser.add_argument(
         "--big-multicast-rate", default="380mbit", help="multicast's pacing in the big runs"
     )
@@ -377,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(verdicts(results, args.target)))
     if args.big_gb > 0:
         large = big(args)
-        print("\n".join(epoch_table(large)))
+        print("\n".join(epoch_table(large, args.fraction)))
     if args.plot and results:
         plot(results, args.plot, args)
         print(f"wrote {args.plot}")

@@ -332,7 +332,7 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
     sys.modules["bench_tta"] = mod
     spec.loader.exec_module(mod)
 
-    def rows(acc, seconds, load):
+    def rows(acc, seconds, load, deliver=0.5):
         return [
             {
                 "test_accuracy": a,
@@ -340,24 +340,31 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
                 "network_bytes": 1e6,
                 "epoch_seconds": 1.0,
                 "master_egress_bytes": 5e5,
-                "delivery_seconds": 0.5,
+                "delivery_seconds": deliver if e else 0.5,  # the placement: 0.5 s
                 "uncoded_points": 100.0,
                 "load_points": load,
+                "cpu_seconds_per_gb_max": 2.0,
+                "host_anon_bytes": [3e6, 2e6],
+                "coverage_min": 1.0,
+                "label_tv_max": 0.125,
             }
-            for a, t in zip(acc, seconds, strict=True)
+            for e, (a, t) in enumerate(zip(acc, seconds, strict=True))
         ]
 
     base = mod.Result(1000, "full", "uncoded", "unicast", rows([0.5, 0.97], [1, 4], 100.0))
-    coded = mod.Result(1000, "full", "cycles", "chain", rows([0.5, 0.97], [1, 3], 50.0))
+    coded = mod.Result(1000, "full", "cycles", "chain", rows([0.5, 0.97], [1, 3], 50.0, 0.25))
     never = mod.Result(1000, "none", "uncoded", "unicast", rows([0.5, 0.9], [1, 2], 0.0))
     lines = mod.table([base, coded, never], 0.96, 0.25)
     chain = next(ln for ln in lines if "full/cycles/chain" in ln).split()
     assert chain[2:8] == ["0.970", "2", "3.00", "0.75", "2.00", "1.00"]  # 3 s / 4 s
     assert chain[-1] == "0.500"
     assert "not reached" in next(ln for ln in lines if "none/uncoded" in ln)
-    big = mod.epoch_table([coded, base])  # the big runs: seconds to every epoch
-    assert big[2].split()[1:] == ["1.0", "3.0", "0.75", "0.50", "0.500"]
-    assert big[-1].endswith("0.5000, 0.9700 (every run the same)")
+    big = mod.epoch_table([coded, base], 0.25)  # the big runs: every epoch's seconds
+    # e1 e2, to the end, vs the best uncoded, placement and reshuffle / unicast's, cpu s/GB,
+    # anonymous MB, coverage, label distance
+    cells = ["1.0", "1.0", "3.0", "0.75", "1.00", "0.50", "2.00", "3", "1.000", "0.125"]
+    assert big[2].split()[1:] == cells
+    assert big[-1].endswith("0.5000, 0.9700 (every full run the same)")
 
 
 def test_the_cifar10_line_composes():

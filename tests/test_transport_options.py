@@ -59,10 +59,12 @@ def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
     assert before - pacer.slack <= pacer.due <= time.perf_counter() - pacer.slack
 
 
-def test_default_datagrams_are_about_four_fragments():
-    assert default_datagram_bytes(1500) == 8192  # 6 fragments: the floor
-    assert default_datagram_bytes(9000) == 32768  # 4 fragments: the ceiling
-    assert default_datagram_bytes(4000) == 4 * (4000 - 48)  # IPv4, UDP, our header
+def test_default_datagrams_fill_one_frame():
+    for mtu in (576, 1500, 4000, 9000):
+        d = default_datagram_bytes(mtu)
+        assert d == mtu - 48  # IPv4, UDP, our header
+        assert wire_bytes(d + 20, mtu) == mtu + 14  # one frame, no fragment
+    assert wire_bytes(default_datagram_bytes(1500) + 21, 1500) == 1501 + 14 + 34  # one more
 
 
 def test_wire_bytes_of_a_fragmented_datagram():

@@ -34,6 +34,7 @@ REPORT = np.dtype(
         ("cpu_system_seconds", "<f8"),
         ("started", "<f8"),  # wall clock (time.time) when this worker's delivery began
         ("finished", "<f8"),  # ... and when it had its batch, decoded and hashed
+        ("anon_bytes", "<i8"),  # this process's anonymous resident memory then (anon_bytes)
     ]
 )
 COUNTS = ("egress", "ingress", "repairs", "control", "parity", "foreign", "refused")
@@ -69,6 +70,20 @@ class HostCpu:
         return self.user + self.system
 
 
+def anon_bytes(status: str = "/proc/self/status") -> int:
+    """This process's anonymous resident memory (``RssAnon``, proc(5)): what it allocated
+    itself, not the pages of files it maps (a memory-mapped data set, the stores); 0 where
+    the kernel does not say."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def verify_digests(epoch: int, reported: Sequence[bytes], expected: Sequence[bytes]) -> bool:
     """True when every worker's batch digest equals the master's; else VerificationError.
 
@@ -95,6 +110,7 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu
     user = [cpu.user, *(float(v) for v in reports["cpu_user_seconds"])]
     system = [cpu.system, *(float(v) for v in reports["cpu_system_seconds"])]
     busy = [u + s for u, s in zip(user, system, strict=True)]
+    anon = [anon_bytes(), *(int(v) for v in reports["anon_bytes"])]
     return {
         "transport": name,
         "master_egress_bytes": egress[0],
@@ -111,6 +127,7 @@ def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu
         "host_cpu_seconds": busy,
         "host_cpu_system_seconds": system,
         "cpu_seconds_per_gb_max": cpu_per_gb(busy, egress, ingress),
+        "host_anon_bytes": anon,
     }
 
 
@@ -135,6 +152,7 @@ def worker_report(
     used = cpu.stop()
     mine["cpu_user_seconds"], mine["cpu_system_seconds"] = used.user, used.system
     mine["started"], mine["finished"] = used.started, time.time()
+    mine["anon_bytes"] = anon_bytes()
     mine["decode_seconds"] = decode_seconds
     mine["stored_bytes"] = stored_bytes
     for key, value in zip(COUNTS, counts.as_list(), strict=True):

@@ -1,0 +1,168 @@
+"""Multicast's datagrams in batches: the master's send buffer, the kernel's segmentation and
+coalescing on a loopback socket, and a receiver's round taking any run of datagrams apart."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES, default_datagram_bytes, wire_bytes
+from coded_shuffle.distributed.transports.base import HostBytes
+from coded_shuffle.distributed.transports.multicast.batches import (
+    GRO_CMSG_BYTES,
+    HEADER,
+    RECEIVE_BYTES,
+    UDP_GRO,
+    SendBatch,
+    batch_datagrams,
+    enable_gro,
+    segment_size,
+)
+from coded_shuffle.distributed.transports.multicast.parity import Parity
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
+
+JOB, STREAM = 0x1234_5678_9ABC_DEF0, 7
+D = 100  # stream bytes per datagram in the synthetic runs
+
+
+def stream_bytes(total: int, d: int = D, seed: int = 0) -> np.ndarray:
+    """A stream of ``total`` bytes, zero padded to whole datagrams (as the master keeps it)."""
+    data = np.zeros(-(-total // d) * d, dtype=np.uint8)
+    data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
+    return data
+
+
+def run_of(
+    data: np.ndarray,
+    seqs: list[int],
+    total: int,
+    job: int = JOB,
+    rnd: int = 0,
+    stream: int = STREAM,
+    d: int = D,
+) -> tuple[np.ndarray, int]:
+    """Datagrams ``seqs`` laid end to end as one coalesced read: (buffer, bytes read)."""
+    segment = DGRAM_HEADER_BYTES + d
+    buf = np.zeros(RECEIVE_BYTES + d, dtype=np.uint8)
+    end = 0
+    for i, seq in enumerate(seqs):
+        length = min(d, total - seq * d)
+        at = i * segment
+        head = np.array([(job, stream, seq, rnd, 0)], dtype=HEADER)
+        buf[at : at + DGRAM_HEADER_BYTES] = head.view(np.uint8)
+        buf[at + DGRAM_HEADER_BYTES : at + DGRAM_HEADER_BYTES + length] = data[seq * d :][:length]
+        end = at + DGRAM_HEADER_BYTES + length
+    return buf, end
+
+
+def new_round(total: int, rnd: int = 0, d: int = D) -> Round:
+    n = -(-total // d)
+    out, have = np.zeros(n * d, dtype=np.uint8), np.zeros(n, dtype=bool)
+    debug = Debug(0.0, 0.0, np.random.default_rng(0))
+    return Round(JOB, STREAM, rnd, out, have, Parity(total, d, 0), HostBytes(), debug)
+
+
+def test_a_batch_is_a_millisecond_at_the_rate_within_the_kernels_limits():
+    d = default_datagram_bytes(1500)
+    frame = wire_bytes(DGRAM_HEADER_BYTES + d, 1500)
+    assert d == 1452 and frame == 1514  # one Ethernet frame, no IP fragment
+    assert batch_datagrams(400e6, frame, d) == 400e6 * 1e-3 / 8 // frame == 33
+    assert batch_datagrams(1e6, frame, d) == 1  # slower than a frame per millisecond
+    assert batch_datagrams(100e9, frame, d) == 65507 // (DGRAM_HEADER_BYTES + d)  # 64 KiB
+    assert batch_datagrams(100e9, 546, 512) == 64  # the kernel's cap on segments
+
+
+def test_segment_size_reads_the_coalescing_control_message_or_the_whole_read():
+    assert segment_size([], 900) == 900
+    size = struct.pack("=i", 1472)
+    assert segment_size([(socket.SOL_UDP, UDP_GRO, size)], 40000) == 1472
+    assert segment_size([(socket.SOL_IP, 8, size)], 40000) == 40000  # another level's
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    total=st.integers(1, 40 * D),
+    order=st.randoms(use_true_random=False),
+    runs=st.lists(st.integers(1, 9), min_size=1, max_size=50),
+)
+def test_a_round_takes_any_runs_of_datagrams_apart_into_their_slots(total, order, runs):
+    """Every datagram, in any order, in runs of any length (a repeated one among them):
+    the stream byte for byte, each counted once, nothing late or foreign."""
+    data = stream_bytes(total)
+    n = data.size // D
+    seqs = list(range(n))
+    order.shuffle(seqs)
+    seqs.insert(order.randrange(n + 1), order.randrange(n))  # one datagram twice
+    r = new_round(total)
+    at = 0
+    for length in [*runs, len(seqs)]:  # a last run takes what is left
+        part = seqs[at : at + length]
+        at += length
+        if part:
+            short = [s for s in part if s == n - 1]  # the stream's short last datagram
+            for chunk in ([s for s in part if s != n - 1], short):  # it ends its own run
+                if chunk:
+                    buf, nbytes = run_of(data, chunk, total)
+                    r.take(buf, nbytes, DGRAM_HEADER_BYTES + D)
+    assert r.have.all() and r.count == r.received == n
+    assert np.array_equal(r.out[:total], data[:total])
+    assert r.late == 0 and r.counts.foreign == 0
+
+
+def test_a_round_drops_strangers_and_later_streams_and_counts_late_ones():
+    total = 10 * D
+    data = stream_bytes(total)
+    r = new_round(total, rnd=1)
+    segment = DGRAM_HEADER_BYTES + D
+    r.take(*run_of(data, [0, 1, 2], total, job=JOB + 1), segment)  # another job's
+    r.take(*run_of(data, [3, 4], total, stream=STREAM + 1), segment)  # a later stream's
+    r.take(*run_of(data, [5, 6], total, stream=STREAM - 1), segment)  # an earlier one's
+    r.take(*run_of(data, [7, 8], total, rnd=0), segment)  # this stream's, an earlier round
+    assert r.counts.foreign == 3 and r.late == 4
+    assert r.have.tolist() == [False] * 7 + [True, True, False]
+    assert r.counts.ingress == 2 * segment  # only what the round took
+    r.take(*run_of(data, [9], total), segment)  # alone: the one-datagram path
+    assert r.have[9] and r.received == 3
+
+
+@pytest.mark.parametrize("gro", [True, False])
+def test_datagrams_sent_in_a_batch_arrive_whole_over_loopback(gro):
+    """A batch through the kernel (segmented where it can, coalesced where the receiver asks)
+    arrives as the same datagrams: every read taken apart gives the stream byte for byte."""
+    d, total = 1000, 50 * 1000 - 123
+    data = stream_bytes(total, d, seed=1)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2.0)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        if gro:
+            enable_gro(rx)
+        tx.connect(rx.getsockname())
+        batch = SendBatch(tx, 16, d)
+        seqs = np.arange(data.size // d)
+        sent = sum(
+            batch.send(data, seqs[i : i + 16], (JOB, STREAM, 0), total)
+            for i in range(0, seqs.size, 16)
+        )
+        assert sent == total + DGRAM_HEADER_BYTES * seqs.size
+        r = new_round(total, d=d)
+        reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
+        into = [memoryview(reads)[:RECEIVE_BYTES]]
+        calls = 0
+        while not r.have.all():
+            nbytes, ancdata, _, _ = rx.recvmsg_into(into, GRO_CMSG_BYTES)
+            r.take(reads, nbytes, segment_size(ancdata, nbytes))
+            calls += 1
+    finally:
+        rx.close()
+        tx.close()
+    assert np.array_equal(r.out[:total], data[:total]) and r.received == seqs.size
+    assert batch.gso  # the kernel segmented every batch (Linux >= 4.18)
+    assert (calls < seqs.size) == gro  # coalesced only where the receiver asked
