@@ -89,14 +89,17 @@ def test_segment_size_reads_the_coalescing_control_message_or_the_whole_read():
     total=st.integers(1, 40 * D),
     order=st.randoms(use_true_random=False),
     runs=st.lists(st.integers(1, 9), min_size=1, max_size=50),
+    shuffled=st.booleans(),
 )
-def test_a_round_takes_any_runs_of_datagrams_apart_into_their_slots(total, order, runs):
-    """Every datagram, in any order, in runs of any length (a repeated one among them):
-    the stream byte for byte, each counted once, nothing late or foreign."""
+def test_a_round_takes_any_runs_of_datagrams_apart_into_their_slots(total, order, runs, shuffled):
+    """Every datagram, in order (the runs taken whole) or in any order, in runs of any
+    length (a repeated one among them): the stream byte for byte, each counted once,
+    nothing late or foreign."""
     data = stream_bytes(total)
     n = data.size // D
     seqs = list(range(n))
-    order.shuffle(seqs)
+    if shuffled:
+        order.shuffle(seqs)
     seqs.insert(order.randrange(n + 1), order.randrange(n))  # one datagram twice
     r = new_round(total)
     at = 0

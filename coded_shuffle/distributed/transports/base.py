@@ -192,6 +192,14 @@ class Transport(ABC):
         in place), and carries its own integrity (no payload digest): the ``socket`` plane."""
         return getattr(self.options, "plane", "gloo") == "socket"
 
+    @property
+    def digests(self) -> bool:
+        """Whether the link digests every message's payload (CRC-32, framed by the sender and
+        checked where rows are kept): not where every byte on the way carries the network's
+        own checksum (TCP's on the socket plane, UDP's on every datagram) and every delivered
+        batch is checked against the master's SHA-256 anyway."""
+        return not self.zero_copy
+
     def take_counts(self) -> HostBytes:
         """This host's bytes since the last call; counting starts again from zero."""
         done, self.counts = self.counts, HostBytes()

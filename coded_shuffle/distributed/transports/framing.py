@@ -112,9 +112,15 @@ def pick_rows(rows: torch.Tensor | RowSource, ids: np.ndarray) -> RowSource:
 
 
 def frame(
-    rows: torch.Tensor | RowSource, epoch: int, part: int, kind: int, chunk_bytes: int
+    rows: torch.Tensor | RowSource,
+    epoch: int,
+    part: int,
+    kind: int,
+    chunk_bytes: int,
+    digest: bool = True,
 ) -> Iterator[torch.Tensor]:
-    """``(n, w)`` uint8 rows as messages (header + payload), one uint8 tensor each.
+    """``(n, w)`` uint8 rows as messages (header + payload), one uint8 tensor each; the
+    header carries the payload's CRC-32 where ``digest`` (else 0: nothing checks it).
 
     Lazy: a transport can send the first message while the next ones are framed. From a
     :class:`RowSource`, every message's rows are produced straight into its payload when it
@@ -128,7 +134,8 @@ def frame(
             payload.copy_(rows[first : first + count].reshape(-1))
         else:
             rows.rows(first, count, out=payload.view(count, w))
-        header = Header(epoch, part, kind, first, count, w, payload_checksum(payload))
+        checksum = payload_checksum(payload) if digest else 0
+        header = Header(epoch, part, kind, first, count, w, checksum)
         buf[:HEADER_BYTES] = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
         yield buf
 

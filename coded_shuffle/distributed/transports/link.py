@@ -148,7 +148,7 @@ class Link:
         transport that sends them without a copy (``zero_copy``)."""
         if t.zero_copy:
             return frame_parts(rows, *header, self.chunk_bytes)
-        return frame(rows, *header, self.chunk_bytes)
+        return frame(rows, *header, self.chunk_bytes, digest=t.digests)
 
     @staticmethod
     def _targets(t: Transport, target: Callable[[int, int], torch.Tensor | None] | None) -> dict:
@@ -193,7 +193,7 @@ class Link:
             out,
             np.arange(keep.size),
             on_rows,
-            checksums=not t.zero_copy,
+            checksums=t.digests,
             skips=t.prunes,
         )
         sizes = stream.sizes
@@ -255,7 +255,7 @@ class Link:
                         out,
                         pos,
                         on_rows,
-                        checksums=not t.zero_copy,
+                        checksums=t.digests,
                     )
         meter = _Meter(sum(s.total for s in streams), self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}

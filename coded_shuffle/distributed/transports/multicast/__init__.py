@@ -37,7 +37,9 @@ built). Unless ``group`` and ``port`` are set, they are derived from the identif
 Datagram: ``job u64, stream u32, seq u32, round u16, flags u16`` (20 bytes) + up to
 ``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes`` (a parity
 datagram, flag 1: the XOR of block ``seq``'s datagrams, zero-padded, ``datagram_bytes`` long).
-The messages inside keep their own headers and CRC-32 checksums, checked as for every transport.
+The messages inside keep their own headers, checked as for every transport; their payloads
+carry no CRC-32 (``digests``): UDP's checksum covers every datagram on the way, the master's
+SHA-256 every worker's batch.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Multicast(Transport):
     summary = "UDP IP multicast paced to a rate, lost datagrams repaired: the shared link"
     routing = "broadcast"
     Options = MulticastOptions
+    digests = False  # every datagram carries UDP's checksum, every batch the master's SHA-256
 
     def __init__(self, peer: Peer, options: MulticastOptions | None = None) -> None:
         super().__init__(peer, options)
