@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rate", default="400mbit", help="every NIC's rate (tc units)")
-    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--mtu", type=int, default=1500, help="the cluster's default")
     parser.add_argument(
         "--medium", default="switch", choices=("switch", "shared"),
         help="the cluster's medium: every NIC on a switch, or one shared medium of --rate",

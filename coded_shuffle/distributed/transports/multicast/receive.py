@@ -55,7 +55,7 @@ class Round:
         self.d = self.parity.d
         self.count = int(self.have.sum())
         mine = np.array([(self.job, self.stream, 0, self.rnd, 0)], dtype=HEADER).view(np.uint8)
-        self.prefix, self.suffix = mine[:12], mine[16:]  # every header field but ``seq``
+        self.prefix = mine[:12]  # the job and the stream
 
     def take(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
         """Every datagram of one read of ``nbytes`` (``segment`` bytes apart)."""
@@ -102,31 +102,38 @@ class Round:
 
     def _in_order(self, buffer: np.ndarray, nbytes: int, segment: int) -> bool:
         """The common run, taken whole: this round's datagrams, full, one after the other,
-        none held yet (False, having taken nothing, for any other run)."""
+        none held yet, and the parity datagrams among them (False, having taken nothing, for
+        any other run)."""
         k, d = nbytes // segment, self.d
         if k * segment != nbytes or self.debug.drop or self.debug.slow:
             return False
-        raw = np.ndarray(
-            (k, DGRAM_HEADER_BYTES), dtype=np.uint8, buffer=buffer, strides=(segment, 1)
-        )
-        seq = headers(buffer, nbytes, segment)["seq"]
-        first = int(seq[0])
-        if first + k > self.have.size or self.have[first : first + k].any():
-            return False
+        raw = np.ndarray((k, 12), dtype=np.uint8, buffer=buffer, strides=(segment, 1))
+        head = headers(buffer, nbytes, segment)
+        flags = head["flags"]
+        data = flags == 0
         if not (
-            (raw[:, :12] == self.prefix).all()
-            and (raw[:, 16:] == self.suffix).all()
-            and (seq - first == np.arange(k, dtype=seq.dtype)).all()
+            (raw == self.prefix).all()
+            and (head["round"] == self.rnd).all()
+            and (data | (flags == FLAG_PARITY)).all()
         ):
+            return False
+        seq = head["seq"][data]
+        m = seq.size
+        first = int(seq[0]) if m else 0
+        if m and (first + m > self.have.size or self.have[first : first + m].any()):
+            return False
+        if m and not (seq - first == np.arange(m, dtype=seq.dtype)).all():
             return False
         body = np.lib.stride_tricks.as_strided(
             buffer[DGRAM_HEADER_BYTES:], shape=(k, d), strides=(segment, 1)
         )
-        self.out[first * d : (first + k) * d].reshape(k, d)[:] = body
-        self.have[first : first + k] = True
+        self.out[first * d : (first + m) * d].reshape(m, d)[:] = body if m == k else body[data]
+        self.have[first : first + m] = True
         self.counts.ingress += nbytes
-        self.count += k
-        self.received += k
+        self.count += m
+        self.received += m
+        for i in np.flatnonzero(~data):  # after the data: a block may now lack one
+            self._parity(int(head["seq"][i]), body[i])
         return True
 
     def _any(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
@@ -148,10 +155,10 @@ class Round:
         sizes = np.full(k, segment)
         sizes[-1] = nbytes - (k - 1) * segment
         self.counts.ingress += int(sizes[now].sum())
-        for i in np.flatnonzero(now & parity):
+        self._data(buffer, head["seq"], now & ~parity, sizes, segment)
+        for i in np.flatnonzero(now & parity):  # after the data: a block may now lack one
             start = i * segment + DGRAM_HEADER_BYTES
             self._parity(int(head["seq"][i]), buffer[start : i * segment + sizes[i]])
-        self._data(buffer, head["seq"], now & ~parity, sizes, segment)
 
     def _data(
         self,
