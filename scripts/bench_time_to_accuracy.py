@@ -350,6 +350,31 @@ def plot(results: list[Result], path: Path, args: argparse.Namespace) -> None:
     plt.close(fig)
 
 
+def plot_big(results: list[Result], path: Path, args: argparse.Namespace) -> None:
+    """The reshuffle-bound runs: seconds since the first epoch began at the end of every
+    epoch, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    cmap = plt.get_cmap("tab10")
+    for i, r in enumerate(results):
+        epochs = np.arange(1, len(r.rows) + 1)
+        style = "-o" if r.scheme != "uncoded" else "--s"
+        seconds = r.series("elapsed_seconds")
+        ax.plot(epochs, seconds, style, ms=3, color=cmap(i), label=label(r, args.fraction))
+    title = f"{args.big_gb:g} GB, K = {args.workers}, {args.medium} medium {args.big_rate}"
+    ax.set(xlabel="epoch (1: the placement)", ylabel="seconds since the first epoch began")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
@@ -381,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-features", type=int, default=2000, help="records of 4*F+4 bytes")
     parser.add_argument("--big-dir", type=Path, default=None, help="where the big set is packed")
     parser.add_argument("--skip-digits", action="store_true", help="only the big runs")
+    parser.add_argument("--big-plot", type=Path, help="the big runs' seconds per epoch (PNG)")
     parser.add_argument(
         "--reuse", action="store_true",
         help="read the finished runs already in --out instead of running them again",
@@ -408,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.big_gb > 0:
         large = big(args)
         print("\n".join(epoch_table(large, args.fraction)))
+        if args.big_plot:
+            plot_big(large, args.big_plot, args)
+            print(f"wrote {args.big_plot}")
     if args.plot and results:
         plot(results, args.plot, args)
         print(f"wrote {args.plot}")
