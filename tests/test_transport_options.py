@@ -72,6 +72,8 @@ def test_wire_bytes_of_a_fragmented_datagram():
     assert wire_bytes(8208, 1500) == 8216 + 6 * 34
     assert wire_bytes(1000, 1500) == 1008 + 34
     assert wire_bytes(8208, 9000) == 8216 + 34
+    assert wire_bytes(8972, 9000) == 8980 + 34  # 8,980 bytes of IP payload fit one frame
+    assert wire_bytes(8973, 9000) == 8981 + 2 * 34  # ... and one more does not
 
 
 @pytest.mark.parametrize(

@@ -107,8 +107,10 @@ def wire_bytes(datagram: int, mtu: int, frame: int = ETHERNET_HEADER_BYTES) -> i
     IPv4 fragments of at most ``mtu`` bytes, each with its own framing and IP header.
     """
     ip_payload = datagram + UDP_BYTES
+    if ip_payload <= mtu - IPV4_BYTES:  # one frame: no fragment, whatever its length
+        return ip_payload + frame + IPV4_BYTES
     per_fragment = (mtu - IPV4_BYTES) // 8 * 8  # fragment offsets count 8-byte units
-    fragments = max(1, -(-ip_payload // per_fragment))
+    fragments = -(-ip_payload // per_fragment)
     return ip_payload + fragments * (frame + IPV4_BYTES)
 
 
