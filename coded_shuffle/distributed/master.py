@@ -4,6 +4,7 @@ its encoded symbols sent through the link, and the workers' batch digests checke
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ class ReadyEpoch:
     tr: Transition
     delivery: Delivery
     symbols: Symbols  # encoders: encoded as they are sent
-    expected: list[bytes]  # SHA-256 of every worker's new batch
+    expected: Future[list[bytes]]  # SHA-256 of every worker's new batch, hashed meanwhile
     bound: tuple[float, bool]
     plan_seconds: float
     encode_seconds: float
@@ -60,6 +61,8 @@ class MasterSide:
 
     def __init__(self, ctx: EpochContext, records: Records, stream: bool) -> None:
         self.ctx, self.records, self.stream = ctx, records, stream
+        # the batches' digests, hashed beside the rest (hashlib lets go of the interpreter)
+        self.hasher = ThreadPoolExecutor(1, thread_name_prefix="batch-digests")
         self.ready: ReadyEpoch | None = None
         self.assignment = ctx.chain.first  # the last delivered epoch's
 
@@ -156,8 +159,14 @@ class MasterSide:
         else:
             symbols = delivery.encode(self.records)
         encode_seconds = time.perf_counter() - t1
-        expected = [self.records.digest(p) for p in tr.plans[0].new_batches]
+        expected = self.hasher.submit(self.digests, tr.plans[0].new_batches)
         return ReadyEpoch(tr, delivery, symbols, expected, bound, plan_seconds, encode_seconds)
+
+    def digests(self, batches: tuple[np.ndarray, ...]) -> list[bytes]:
+        """The SHA-256 every worker's new batch must have: all ``N`` records read and hashed,
+        in a thread of its own from :meth:`prepare` until the workers' reports are in (while
+        the workers train, and while the epoch's bytes move), not before the delivery."""
+        return [self.records.digest(p) for p in batches]
 
     def deliver(self, ready: ReadyEpoch) -> dict[str, Any]:
         """A coded epoch: send every part's symbols, compare the workers' batch digests."""
@@ -180,7 +189,8 @@ class MasterSide:
         seconds = time.perf_counter() - t0
         if routing == "peers":  # the bytes move between the workers: timed by their clocks
             seconds = peers_seconds(reports)
-        verified = verify_digests(tr.epoch, [bytes(r) for r in reports["digest"]], ready.expected)
+        expected = ready.expected.result()
+        verified = verify_digests(tr.epoch, [bytes(r) for r in reports["digest"]], expected)
         return self.epoch_metrics(
             epoch=tr.epoch,
             phase="coded",
