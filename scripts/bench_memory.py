@@ -9,6 +9,12 @@ process of the job (the launcher, its fork server and every rank) a few times a 
 prints the peak of their summed anonymous memory (``RssAnon`` of ``/proc/PID/status``: what a
 process holds of its own, not the page cache of the mapped files) and each rank's own peak.
 The goal: the big set's peak at most 10% of its size above the small set's.
+
+``--grid SHAPE ...`` measures what grows with ``N`` instead, shape by shape: ``FxN`` (records
+of ``4F + 4`` bytes, ``N`` points, a test split of 2,000 in the directory) or ``FxN:notest``
+(no test split: the job holds one out of the training points). Each shape runs twice, at
+``N`` and at ``N / 10``; the table gives both peaks and the growth in bytes per point per
+rank, ``(peak(N) - peak(N/10)) / (0.9 N) / (K + 1)`` (goal: at most 200).
 """
 
 from __future__ import annotations
@@ -96,6 +102,43 @@ def train(args: argparse.Namespace, packed: Path, run_dir: Path) -> tuple[Peak, 
     return peak, rows
 
 
+def pack(work: Path, name: str, features: int, points: int, test: bool) -> Path:
+    """A synthetic set packed into ``work / name`` (without its test split unless ``test``)."""
+    packed = work / name
+    options = [f"data.points={points}", f"data.features={features}", "data.test_points=2000"]
+    run([sys.executable, "-m", "train.pack", str(packed), "--", "data=synthetic", *options], work)
+    if not test:
+        for f in ("X_test.npy", "y_test.npy"):
+            (packed / f).unlink()
+    return packed
+
+
+def grid(args: argparse.Namespace, work: Path) -> None:
+    """``--grid``: every shape at ``N`` and ``N / 10``; growth per point per rank."""
+    head = (
+        f"{'shape':22s} {'record B':>8s} {'N':>9s} {'test':>5s} {'peak N/10 MB':>12s} "
+        f"{'peak N MB':>10s} {'B/point/rank':>12s}"
+    )
+    print(head + "\n" + "-" * len(head), flush=True)
+    for shape in args.grid:
+        dims, _, flag = shape.partition(":")
+        features, points = (int(v) for v in dims.split("x"))
+        peaks = []
+        for n in (points // 10, points):
+            name = f"{features}x{n}{flag}"
+            packed = pack(work, name, features, n, flag != "notest")
+            (work / f"run-{name}").mkdir()
+            peak, _ = train(args, packed, work / f"run-{name}" / "job")
+            peaks.append(peak.total)
+            shutil.rmtree(packed)
+        growth = (peaks[1] - peaks[0]) / (points - points // 10) / (args.workers + 1)
+        print(
+            f"{shape:22s} {4 * features + 4:8d} {points:9,d} {flag != 'notest'!s:>5s} "
+            f"{peaks[0] / 2**20:12,.1f} {peaks[1] / 2**20:10,.1f} {growth:12,.0f}",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=2.0, help="the large set's size")
@@ -107,10 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
     parser.add_argument("--dir", type=Path, default=None, help="where the sets go (temporary)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--grid", nargs="+", metavar="FxN[:notest]", help="growth per point")
     args = parser.parse_args(argv)
     record = 4 * args.features + 4
     sizes = {"small": args.small_mb * 1e6, "large": args.size_gb * 1e9}
     work = Path(tempfile.mkdtemp(prefix="bench-memory-", dir=args.dir))
+    if args.grid:
+        try:
+            print(
+                f"the job on packed synthetic sets, K = {args.workers}, model=logreg, "
+                f"{args.epochs} epochs, dist.transport={args.transport}; peak RssAnon summed "
+                "over every process of the job",
+                flush=True,
+            )
+            grid(args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     print(
         f"the job on a packed synthetic set (records of {record} bytes, memory-mapped), "
         f"K = {args.workers}, model=logreg, {args.epochs} epochs, dist.transport="
