@@ -66,6 +66,10 @@ class MasterSide:
         self.ready: ReadyEpoch | None = None
         self.assignment = ctx.chain.first  # the last delivered epoch's
 
+    def close(self) -> None:
+        """The digest thread told to stop: a digest it hashes now ends, none queued starts."""
+        self.hasher.shutdown(wait=False, cancel_futures=True)
+
     @property
     def scheme(self) -> Scheme:
         return self.ctx.scheme

@@ -295,7 +295,8 @@ class CodedShuffle:
             self._release()
 
     def _release(self) -> None:
-        """This rank's own parts: the watchdog it started, the transport (no collective)."""
+        """This rank's own parts: the watchdog it started, the transport, the master's digest
+        thread (no collective)."""
         if self._closed:
             return
         self._closed = True
@@ -303,6 +304,8 @@ class CodedShuffle:
         if self._owns_liveness and self.liveness is not None:
             self.liveness.stop()
         self.link.close()
+        if self._master is not None:
+            self._master.close()
 
     def __enter__(self) -> CodedShuffle:
         return self
