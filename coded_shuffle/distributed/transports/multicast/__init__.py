@@ -130,7 +130,8 @@ class Multicast(Transport):
             if peer.rank == 0
             else None
         )
-        self.gro = peer.rank > 0 and enable_gro(self.sock)
+        if peer.rank > 0:
+            enable_gro(self.sock)  # where the kernel cannot, one datagram per read
         self.reads = np.empty(RECEIVE_BYTES + self.datagram_bytes, dtype=np.uint8)
         self.master = self._agree_master()
         self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
@@ -235,7 +236,7 @@ class Multicast(Transport):
             data[filled : filled + m.numel()] = m.numpy()
             filled += m.numel()
             done = n if filled == total else filled // d
-            self.counts.egress += self._send(data, range(ready, done), 0, pacer, total)
+            self.counts.egress += self._send(data, np.arange(ready, done), 0, pacer, total)
             if block:
                 sent = self._send_parity(data, ready, done, block, pacer)
                 self.counts.egress += sent
@@ -251,7 +252,7 @@ class Multicast(Transport):
                 return
             self.rounds += 1
             pacer = Pacer(self.pace, full)
-            sent = self._send(data, todo.tolist(), self.rounds, pacer, total)
+            sent = self._send(data, todo, self.rounds, pacer, total)
             self.counts.egress += sent
             self.counts.repairs += sent
             sent_now = todo.size
@@ -277,13 +278,10 @@ class Multicast(Transport):
             pacer.sent(1.0)
         return sent
 
-    def _send(
-        self, data: np.ndarray, seqs: Iterable[int], rnd: int, pacer: Pacer, size: int
-    ) -> int:
-        """Paced datagrams ``seqs`` of the first ``size`` bytes of ``data``, a batch per pause
-        (:class:`~.batches.SendBatch`); returns the bytes handed to the socket."""
+    def _send(self, data: np.ndarray, todo: np.ndarray, rnd: int, pacer: Pacer, size: int) -> int:
+        """Paced datagrams ``todo`` (ascending) of the first ``size`` bytes of ``data``, a batch
+        per pause (:class:`~.batches.SendBatch`); returns the bytes handed to the socket."""
         assert self.batch is not None
-        todo = np.fromiter(seqs, dtype=np.int64) if not isinstance(seqs, np.ndarray) else seqs
         d, step, head = self.datagram_bytes, self.batch.capacity, (self.job, self.stream_id, rnd)
         sent = 0
         for lo in range(0, todo.size, step):
