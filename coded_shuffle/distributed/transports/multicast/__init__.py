@@ -48,7 +48,6 @@ import contextlib
 import logging
 import os
 import socket
-import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,13 +57,13 @@ import torch.distributed as dist
 
 from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.costs.wire import (
-    DGRAM_FORMAT,
     DGRAM_HEADER_BYTES,
     default_datagram_bytes,
     wire_bytes,
 )
 from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.multicast.batches import (
+    DGRAM,
     GRO_CMSG_BYTES,
     RECEIVE_BYTES,
     SendBatch,
@@ -89,7 +88,6 @@ from coded_shuffle.distributed.transports.multicast.pacing import Pacer, adapt
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
-DGRAM = struct.Struct(DGRAM_FORMAT)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 POLL_SECONDS = 0.005
 log = logging.getLogger("coded_shuffle")

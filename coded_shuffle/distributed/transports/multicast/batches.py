@@ -17,7 +17,7 @@ import struct
 
 import numpy as np
 
-from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
+from coded_shuffle.costs.wire import DGRAM_FORMAT, DGRAM_HEADER_BYTES
 
 UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
 GSO_MAX_BYTES = 65507  # one UDP send: what an IPv4 length field allows
@@ -26,7 +26,8 @@ BURST_SECONDS = 0.001  # a batch is at most a millisecond on the wire at the rat
 RECEIVE_BYTES = 1 << 17  # a read: a coalesced run (at most 64 KiB) or one datagram
 GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
 
-HEADER = np.dtype(
+DGRAM = struct.Struct(DGRAM_FORMAT)  # one header, packed or read by a plain unpack
+HEADER = np.dtype(  # the same header, as the rows of an array
     [("job", "<u8"), ("stream", "<u4"), ("seq", "<u4"), ("round", "<u2"), ("flags", "<u2")]
 )
 assert HEADER.itemsize == DGRAM_HEADER_BYTES
@@ -99,3 +100,10 @@ def headers(buffer: np.ndarray, nbytes: int, segment: int) -> np.ndarray:
     """The headers of the datagrams a read of ``nbytes`` holds, every ``segment`` bytes."""
     k = -(-nbytes // segment)
     return np.ndarray((k,), dtype=HEADER, buffer=buffer, strides=(segment,))
+
+
+def payloads(buffer: np.ndarray, k: int, segment: int, d: int) -> np.ndarray:
+    """The stream bytes of the first ``k`` datagrams of a read, ``d`` each (a view; the last
+    one's may run past its datagram into the read buffer's spare room)."""
+    body = buffer[DGRAM_HEADER_BYTES:]
+    return np.lib.stride_tricks.as_strided(body, shape=(k, d), strides=(segment, 1))

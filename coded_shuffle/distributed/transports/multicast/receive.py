@@ -8,18 +8,20 @@ cost per datagram matters most).
 
 from __future__ import annotations
 
-import struct
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from coded_shuffle.costs.wire import DGRAM_FORMAT, DGRAM_HEADER_BYTES
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
-from coded_shuffle.distributed.transports.multicast.batches import HEADER, headers
+from coded_shuffle.distributed.transports.multicast.batches import (
+    DGRAM,
+    HEADER,
+    headers,
+    payloads,
+)
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
-
-UNPACK = struct.Struct(DGRAM_FORMAT).unpack_from
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Round:
             self._run(buffer, nbytes, segment)
 
     def _one(self, buffer: np.ndarray, nbytes: int) -> None:
-        job, stream, seq, rnd, flags = UNPACK(buffer)
+        job, stream, seq, rnd, flags = DGRAM.unpack_from(buffer)
         if job != self.job:
             self.counts.foreign += 1
             return
@@ -124,9 +126,7 @@ class Round:
             return False
         if m and not (seq - first == np.arange(m, dtype=seq.dtype)).all():
             return False
-        body = np.lib.stride_tricks.as_strided(
-            buffer[DGRAM_HEADER_BYTES:], shape=(k, d), strides=(segment, 1)
-        )
+        body = payloads(buffer, k, segment, d)
         self.out[first * d : (first + m) * d].reshape(m, d)[:] = body if m == k else body[data]
         self.have[first : first + m] = True
         self.counts.ingress += nbytes
@@ -179,9 +179,7 @@ class Round:
         seq, first = np.unique(seq, return_index=True)  # a repeated datagram counts once
         rows = rows[first]
         whole = sizes[rows] == segment
-        body = np.lib.stride_tricks.as_strided(
-            buffer[DGRAM_HEADER_BYTES:], shape=(int(rows.max()) + 1, d), strides=(segment, 1)
-        )
+        body = payloads(buffer, int(rows.max()) + 1, segment, d)
         self.out.reshape(-1, d)[seq[whole]] = body[rows[whole]]
         for i, s in zip(rows[~whole], seq[~whole], strict=True):  # the stream's short last one
             length = int(sizes[i]) - DGRAM_HEADER_BYTES
