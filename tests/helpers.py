@@ -25,7 +25,7 @@ JOB = ["workers=4", "epochs=3", "seed=3", "model=mlp", "model.hidden=16", "dist.
 SCHEMES = ("uncoded", "attia-tandon", "cycles")  # bit-identity across these (when registered)
 # excess storage: memory sharing over two byte parts, and an integer corner
 # (T = 2 is two byte parts between A-T's corners 1.75 and 2.5 at K = 4; E-M's corner t = 2)
-EXCESS = (("attia-tandon-excess", 2), ("elmahdy-mohajer", 2))
+EXCESS = (("attia-tandon-excess", 2), ("elmahdy-mohajer", 2), ("decentralized", 2))
 TRANSPORTS = ("tree", "unicast", "p2p")  # besides the default chain; multicast: test_cluster
 RUNS = [
     *SCHEMES,

@@ -37,6 +37,8 @@ class DeliveryPlan:
     caches: tuple[np.ndarray, ...]  # per worker: sorted sub-point ids held before the delivery
     new_batches: tuple[np.ndarray, ...]  # per worker: sorted point ids it must hold after it
     breakdown: Mapping[str, int] = field(default_factory=dict)  # symbols per part of the scheme
+    # per block, the worker that sends each symbol (a decentralized plan); empty: the master
+    senders: tuple[np.ndarray, ...] = ()
 
     @property
     def plans(self) -> tuple[DeliveryPlan, ...]:

@@ -78,6 +78,19 @@ def uncoded_excess(num_workers: int, num_points: int, storage: float) -> float:
     return num_points * (num_workers - storage) / (num_workers - 1)
 
 
+def decentralized_converse(
+    num_workers: int, num_points: int, storage: float | np.ndarray
+) -> np.ndarray:
+    """The decentralized converse under uncoded storage (Wan et al. 2020; docs/decentralized.md):
+    the lower convex envelope of ``N (K - m) / (m (K - 1))`` over integer ``m`` = ``K/(K-1)``
+    times the centralized bound ``N (K - m) / (m K)``; a worst case over shuffles."""
+    k = num_workers
+    if k == 1:
+        return np.zeros_like(np.asarray(storage, dtype=np.float64))
+    corners = [(float(m), num_points * (k - m) / (m * (k - 1))) for m in range(1, k + 1)]
+    return envelope(corners, storage)
+
+
 def envelope(corners: Sequence[tuple[float, float]], storage: float | np.ndarray) -> np.ndarray:
     """The lower convex envelope of the corner points at ``storage`` (memory sharing, 4.3)."""
     pts = sorted(corners)

@@ -270,7 +270,7 @@ def _human_line(r: EpochReport) -> str:
     )
     return (
         f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points{shift} "
-        f"(uncoded {r.uncoded_points:g}, saved {saved:.1f}%, lower bound {bound}); "
+        f"(uncoded {r.uncoded_points:g}, saved {saved:.1f}%, {r.bound_label} {bound}); "
         f"{r.broadcast_bytes} bytes on the link; [{parts}]; "
         f"plan {r.plan_seconds:.3f}s encode {r.encode_seconds:.3f}s "
         f"decode {r.decode_seconds:.3f}s; "

@@ -25,8 +25,9 @@ from coded_shuffle.math.assignment import (
     worst_shuffle,
 )
 from coded_shuffle.math.schemes import Scheme, get_scheme
+from coded_shuffle.math.schemes.decentralized import sender_holds
 from coded_shuffle.math.schemes.memory_sharing import exact_point_bytes, storage_used
-from coded_shuffle.math.transition_bounds import is_batch_placement, lower_bound
+from coded_shuffle.math.transition_bounds import is_batch_placement
 from coded_shuffle.math.warm import counting_compiles, warm_planner
 
 
@@ -56,6 +57,7 @@ class EpochReport:
     point_bytes: int = 0
     storage_used: float = 0.0  # what the byte-exact parts store, in batches (T if exact)
     storage_shifted: bool = False  # the point size moved bytes to another corner
+    bound_label: str = "lower bound"  # the scheme's: a per-transition bound or a worst case
 
 
 @dataclass
@@ -140,7 +142,8 @@ def run(ev: Evaluation, on_compile: Callable[[float], None] | None = None) -> It
         verified, stores, decode_seconds = _decode_all(
             delivery, symbols, stores, data, scheme, next_state
         )
-        bound, exact = lower_bound(state, new)
+        verified &= all(sender_holds(p) for p in plan.plans if p.senders)
+        bound, exact = scheme.transition_bound(state, new)
         pairs_only = pairs_only_load(state, new)
         yield EpochReport(
             scheme=ev.scheme,
@@ -165,6 +168,7 @@ def run(ev: Evaluation, on_compile: Callable[[float], None] | None = None) -> It
             point_bytes=ev.point_bytes,
             storage_used=used,
             storage_shifted=abs(used - ev.storage) > 1e-9,
+            bound_label=scheme.bound_label,
         )
         state = next_state
 

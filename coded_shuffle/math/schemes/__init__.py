@@ -8,6 +8,7 @@ from coded_shuffle.math.schemes.attia_tandon_excess import AttiaTandonExcess
 from coded_shuffle.math.schemes.base import Scheme
 from coded_shuffle.math.schemes.best import Best
 from coded_shuffle.math.schemes.cycles import Cycles
+from coded_shuffle.math.schemes.decentralized import Decentralized
 from coded_shuffle.math.schemes.elmahdy_mohajer import ElmahdyMohajer
 from coded_shuffle.math.schemes.uncoded import Uncoded
 from coded_shuffle.math.state import CacheState
@@ -24,7 +25,7 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     return cls
 
 
-for _cls in (Uncoded, AttiaTandon, Cycles, AttiaTandonExcess, ElmahdyMohajer, Best):
+for _cls in (Uncoded, AttiaTandon, Cycles, AttiaTandonExcess, ElmahdyMohajer, Decentralized, Best):
     register(_cls)
 Best.registry = REGISTRY  # best chooses among the registered schemes
 

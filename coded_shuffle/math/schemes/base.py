@@ -11,6 +11,7 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.plan import DeliveryPlan, subpoints_of
 from coded_shuffle.math.state import CacheState, batch_state
+from coded_shuffle.math.transition_bounds import lower_bound
 
 
 class Scheme(ABC):
@@ -21,6 +22,8 @@ class Scheme(ABC):
     coded: ClassVar[bool] = True  # False: every symbol is one sub-point (point-to-point ok)
     placement: ClassVar[str | None] = None  # family name; None: derived by placement_family
     max_workers: ClassVar[int | None] = None  # the largest K it plans for (None: any)
+    sender: ClassVar[str] = "master"  # who sends a delivery: the master, or "workers"
+    bound_label: ClassVar[str] = "lower bound"  # what transition_bound reports
 
     def __init__(self, point_bytes: int | None = None) -> None:
         """``point_bytes``: the size of the points it will carry, if known (schemes that cut
@@ -73,6 +76,11 @@ class Scheme(ABC):
     ) -> CacheState:
         """What every worker holds after the delivery (default: its new batch only)."""
         return batch_state(new_assignment, state.num_workers)
+
+    def transition_bound(self, state: CacheState, new_assignment: np.ndarray) -> tuple[float, bool]:
+        """``(lower bound in points, exact)`` reported beside the delivery ``state -> new``: the
+        best per-transition bound the project computes for a delivery from the master."""
+        return lower_bound(state, new_assignment)
 
     def check_point_bytes(self, num_workers: int, storage: float) -> None:
         """Raises :class:`UsageError` when the scheme's sub-points of ``point_bytes``-byte

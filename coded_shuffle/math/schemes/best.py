@@ -66,10 +66,13 @@ class Best(Scheme):
         return self.registry[name](self.point_bytes)
 
     def candidates(self, num_points: int, num_workers: int, storage: float) -> dict[str, Scheme]:
-        """Every other registered scheme that accepts ``(N, K, T)`` and the point size."""
+        """Every other registered scheme the master sends that accepts ``(N, K, T)`` and the
+        point size."""
         out: dict[str, Scheme] = {}
         for name, cls in self.registry.items():
-            if cls is Best or not cls.applicable(num_points, num_workers, storage):
+            if cls is Best or cls.sender != "master":
+                continue
+            if not cls.applicable(num_points, num_workers, storage):
                 continue
             scheme = self.member(name)
             try:

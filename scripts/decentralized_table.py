@@ -1,0 +1,83 @@
+"""Decentralized coded shuffling's worst-case loads beside the converse (docs/decentralized.md).
+
+    python scripts/decentralized_table.py --max-workers 16 [--measure 8]
+
+For every ``K`` up to ``--max-workers`` and integer storage ``T = 2 .. K-1``, on the worst
+shuffle (every batch moves to the next worker): the scheme's load (the closed form of its
+plan, eq. (1) summed over the groups), the decentralized converse ``N (K-T) / (T (K-1))``,
+the uncoded exchange with the same storage ``N (K-T) / (K-1)``, and the centralized optimum
+under uncoded placement (a master that holds everything: Elmahdy & Mohajer 2018). Loads in
+units of ``N``. ``--measure K``: the closed form is checked against plans really encoded,
+decoded at every worker and compared with the master's bytes (``coded-shuffle evaluate``) for
+every ``K`` up to that one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from coded_shuffle.math.assignment import shuffle_matrix, worst_shuffle
+from coded_shuffle.math.rate_memory import decentralized_converse, em_worst_case
+from coded_shuffle.math.schemes.decentralized import (
+    MAX_WORKERS,
+    corner_splits,
+    decentralized_load,
+)
+from coded_shuffle.tools.evaluate import Evaluation, run
+
+
+def worst_load(num_workers: int, storage: int) -> float:
+    """The scheme's worst-shuffle load in units of ``N`` (one point per worker suffices: the
+    load is linear in the shuffle matrix)."""
+    old = np.arange(num_workers)
+    moves = shuffle_matrix(old, worst_shuffle(old, num_workers), num_workers)
+    return decentralized_load(moves, storage) / num_workers
+
+
+def measured_load(num_workers: int, storage: int) -> float:
+    """The load of 2 worst-shuffle epochs really delivered, in units of ``N``."""
+    n = num_workers * 2
+    size = 8 * corner_splits(num_workers, storage)  # sub-points of 8 bytes, none padded
+    ev = Evaluation("decentralized", num_workers, n, storage, 2, shuffle="worst", point_bytes=size)
+    reports = list(run(ev))
+    if not all(r.verified for r in reports):
+        raise SystemExit(f"K={num_workers} T={storage}: a worker's bytes differ")
+    return max(r.load_points for r in reports) / n
+
+
+def table(max_workers: int, measure: int) -> list[str]:
+    lines = [
+        "| K | T | load | converse | load / converse | uncoded | centralized |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k in range(3, max_workers + 1):
+        for t in range(2, k):
+            load = worst_load(k, t)
+            if k <= measure and abs(measured_load(k, t) - load) > 1e-9:
+                raise SystemExit(f"K={k} T={t}: the plans' load differs from the closed form")
+            conv = float(decentralized_converse(k, 1, t))
+            central = float(em_worst_case(k, k, t)) / k
+            lines.append(
+                f"| {k} | {t} | {load:.4f} | {conv:.4f} | {load / conv:.3f} | "
+                f"{(k - t) / (k - 1):.4f} | {central:.4f} |"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--max-workers", type=int, default=MAX_WORKERS)
+    ap.add_argument("--measure", type=int, default=0, help="check plans up to this K")
+    args = ap.parse_args(argv)
+    if not 3 <= args.max_workers <= MAX_WORKERS:
+        print(f"--max-workers {args.max_workers} out of range 3..{MAX_WORKERS}", file=sys.stderr)
+        return 2
+    print("\n".join(table(args.max_workers, args.measure)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""Decentralized coded shuffling (docs/decentralized.md): the storage invariant after every
+update, every worker decoding from its own storage, every symbol sent by a worker that holds
+its terms, the loads against the converse and the uncoded exchange."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from math import comb
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle.errors import UsageError
+from coded_shuffle.math.assignment import random_assignment, shuffle_matrix, worst_shuffle
+from coded_shuffle.math.index_decoder import decode_plan
+from coded_shuffle.math.rate_memory import decentralized_converse
+from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.math.schemes.decentralized import (
+    decentralized_load,
+    group_shares,
+    sender_holds,
+)
+from coded_shuffle.tools.evaluate import Evaluation, run
+
+
+def holder_sets_are_the_invariant(state, m: int) -> bool:
+    """Section 1: every point's pieces are held by exactly the ``m``-subsets that contain its
+    owner, each once."""
+    k = state.num_workers
+    holders = state.labels.holders
+    for owner in range(k):
+        rows = np.sort(holders[state.assignment == owner], axis=1)
+        want = sorted(sum(1 << w for w in c) for c in combinations(range(k), m) if owner in c)
+        if rows.size and not np.all(rows == np.array(want, dtype=np.int64)):
+            return False
+    return True
+
+
+@given(
+    k=st.integers(3, 8),
+    data=st.data(),
+    q=st.integers(1, 3),
+    worst=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=25, deadline=None)
+def test_twenty_epochs_keep_the_invariant_and_decode(k, data, q, worst, seed):
+    """Random and worst-case shuffles, 20 consecutive epochs, every integer ``T``: the holder
+    sets stay the invariant, every worker stores ``T q`` points, every worker decodes with its
+    own storage and the others' symbols only, every sender holds what it sends, and the plan's
+    load is the closed form of the shuffle matrix."""
+    m = data.draw(st.integers(1, k), label="T")
+    n = k * q
+    rng = np.random.default_rng(seed)
+    scheme = get_scheme("decentralized")
+    old = random_assignment(n, k, rng)
+    state = scheme.initial_state(old, k, m)
+    for _ in range(20):
+        new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
+        plan = scheme.plan(state, new)
+        decode_plan(plan)  # raises UndecodableError for a worker its storage cannot serve
+        assert sender_holds(plan)
+        assert plan.load_points == pytest.approx(decentralized_load(shuffle_matrix(old, new, k), m))
+        assert plan.load_points <= plan.uncoded_points + 1e-9
+        state = scheme.next_state(state, plan, new)
+        assert holder_sets_are_the_invariant(state, m)
+        assert np.all(state.stored_points() == m * q)
+        old = new
+
+
+def test_a_symbol_from_a_worker_that_lacks_a_term_is_caught():
+    """The sender check can fail: hand one symbol to a worker outside its group."""
+    scheme = get_scheme("decentralized")
+    old = random_assignment(24, 4, np.random.default_rng(1))
+    state = scheme.initial_state(old, 4, 2)
+    plan = scheme.plan(state, worst_shuffle(old, 4))
+    assert sender_holds(plan)
+    block, who = plan.symbols[0], plan.senders[0].copy()
+    lacking = next(w for w in range(4) if not np.isin(block[0], plan.caches[w]).all())
+    who[0] = lacking
+    assert not sender_holds(type(plan)(**{**plan.__dict__, "senders": (who, *plan.senders[1:])}))
+
+
+@pytest.mark.parametrize("k", range(3, 17))
+def test_worst_case_loads_against_the_converse(k):
+    """Worst shuffle (every batch to the next worker): ``T = 1`` is the uncoded exchange,
+    ``N``; ``K - 1 <= T`` meets the converse; every ``2 <= T <= K - 1`` is below the uncoded
+    decentralized load ``N (K - T) / (K - 1)``; ``K <= 6`` within 1.5x of the converse."""
+    q = 1
+    n = k * q
+    old = np.repeat(np.arange(k), q)
+    moves = shuffle_matrix(old, worst_shuffle(old, k), k)
+    assert decentralized_load(moves, 1) == n
+    for m in range(2, k):
+        load = decentralized_load(moves, m)
+        converse = float(decentralized_converse(k, n, m))
+        assert converse == pytest.approx(n * (k - m) / (m * (k - 1)))
+        assert load >= converse - 1e-9
+        assert load < n * (k - m) / (k - 1)
+        if m == k - 1 or k <= 4:
+            assert load == pytest.approx(converse)
+        if k <= 6:
+            assert load <= 1.5 * converse + 1e-9
+    assert decentralized_load(moves, k) == 0
+
+
+def test_the_group_shares_cover_every_need_at_the_least_cost():
+    """Eq. (1): ``max(sum d, m max d)`` sub-pieces, every member's ``m d_u`` covered by the
+    others' shares; checked against every integer share vector for small groups."""
+    for m in (2, 3):
+        for needs in [(1, 1, 1, 0)[: m + 1], (3, 0, 0, 0)[: m + 1], (2, 1, 4, 1)[: m + 1]]:
+            d = np.array(needs)
+            shares = group_shares(d, m)
+            assert shares.sum() == max(d.sum(), m * d.max())
+            assert all(shares.sum() - shares[u] >= m * d[u] for u in range(m + 1))
+            best = min(
+                sum(s)
+                for s in np.ndindex(*([m * int(d.max()) + 1] * (m + 1)))
+                if all(sum(s) - s[u] >= m * d[u] for u in range(m + 1))
+            )
+            assert shares.sum() == best
+
+
+def test_evaluate_moves_real_bytes_at_the_converse():
+    """``K = 4, T = 2``, worst shuffle, 3 epochs: ``N / 3`` points, every worker's bytes equal
+    the master's, and the converse reported as the bound."""
+    reports = list(
+        run(Evaluation("decentralized", 4, 48, 2.0, epochs=3, shuffle="worst", point_bytes=96))
+    )
+    assert all(r.verified for r in reports)
+    assert [r.load_points for r in reports] == [16, 16, 16]
+    assert [r.uncoded_points for r in reports] == [32, 32, 32]
+    assert all(
+        r.lower_bound_points == 16 and r.bound_label == "worst-case converse" for r in reports
+    )
+
+
+def test_fractional_storage_shares_memory_between_corners():
+    """``T = 2.5`` runs the corners 2 and 3 on parts of every point, verified."""
+    reports = list(run(Evaluation("decentralized", 4, 24, 2.5, epochs=2, point_bytes=120)))
+    assert all(r.verified for r in reports)
+    assert all(r.stored_points_max <= 2.5 * 6 + 1e-9 for r in reports)
+    assert float(decentralized_converse(4, 24, 2.5)) == pytest.approx((8 + 24 / 9) / 2)
+
+
+def test_best_never_picks_a_scheme_the_workers_send():
+    """``best`` chooses among what the master sends."""
+    assert "decentralized" not in get_scheme("best").candidates(24, 4, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("k", "storage", "match"),
+    [
+        (17, 2.0, r"K=17 workers is above the 16"),
+        (4, 5.0, r"out of range 1\.\.4"),
+        (4, 0.5, r"out of range 1\.\.4"),
+    ],
+)
+def test_bad_sizes_are_refused_with_the_range(k, storage, match):
+    with pytest.raises(UsageError, match=match):
+        get_scheme("decentralized").check(k * 6, k, storage)
+
+
+def test_the_pieces_per_point_follow_the_construction():
+    """``C(K-1, m-1)`` pieces of ``m`` sub-pieces (one sub-piece where no group codes)."""
+    scheme = get_scheme("decentralized")
+    splits = {c[0]: c[2] for c in scheme.corners(6)}
+    assert splits == {1: 1, 2: 10, 3: 30, 4: 40, 5: 25, 6: 1}
+    assert all(splits[m] in (comb(5, m - 1) * m, comb(5, m - 1)) for m in splits)
