@@ -206,7 +206,7 @@ def exact_point_bytes(
 ) -> int:
     """The smallest point size from ``at_least`` on at which ``storage`` is reached exactly:
     the byte-exact parts are the ideal memory-sharing fractions, so no byte moves to another
-    corner (``at_least`` itself for schemes without corners; ``at_least`` when no size up to
+    corner, and no sub-point is below ``MIN_SUBPOINT_BYTES`` (``at_least`` itself for schemes without corners; ``at_least`` when no size up to
     ``limit`` is exact)."""
     if not isinstance(scheme, CornerScheme):
         return at_least
@@ -217,6 +217,8 @@ def exact_point_bytes(
         sizes = {p: f * b for p, f in ideal.items()}
         if any(abs(x - round(x)) > 1e-6 or round(x) % splits[p] for p, x in sizes.items()):
             continue  # some part is not a whole number of its sub-points
+        if any(splits[p] > 1 and x / splits[p] < MIN_SUBPOINT_BYTES for p, x in sizes.items()):
+            continue  # some sub-point would be refused as tiny (check_subpacketization)
         exact = dict(sharing_parts(corners, storage, b))
         if exact.keys() == ideal.keys() and all(abs(exact[p] - ideal[p]) < EPS for p in ideal):
             return b
