@@ -206,8 +206,8 @@ def exact_point_bytes(
 ) -> int:
     """The smallest point size from ``at_least`` on at which ``storage`` is reached exactly:
     the byte-exact parts are the ideal memory-sharing fractions, so no byte moves to another
-    corner, and no sub-point is below ``MIN_SUBPOINT_BYTES`` (``at_least`` itself for schemes without corners; ``at_least`` when no size up to
-    ``limit`` is exact)."""
+    corner, and no sub-point is below ``MIN_SUBPOINT_BYTES`` (``at_least`` itself for schemes
+    without corners; ``at_least`` when no size up to ``limit`` is exact)."""
     if not isinstance(scheme, CornerScheme):
         return at_least
     corners = scheme.corners(num_workers)
