@@ -37,6 +37,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             ],
         ),
         ("excess", ["-m", f"scheme={','.join(n for n, _ in EXCESS)}", f"storage={storage}"]),
+        (  # the workers sending their own coded symbols
+            "peers",
+            ["-m", "scheme=decentralized", f"storage={storage}", "dist.transport=peer-unicast"],
+        ),
     ):
         out = run_job([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -46,6 +50,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                 "schemes": first["scheme"],
                 "transports": f"uncoded/{first['transport']}",
                 "excess": f"{first['scheme']} T={storage}",
+                "peers": f"{first['scheme']}/{first['transport']} T={storage}",
             }[name]
             key += "/gloo" if key == "uncoded/chain" else ""
             found[key] = metrics.parent

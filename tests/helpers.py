@@ -32,6 +32,7 @@ RUNS = [
     *(f"uncoded/{t}" for t in TRANSPORTS),
     *(f"{n} T={t}" for n, t in EXCESS),
     "uncoded/chain/gloo",  # the gloo data plane
+    "decentralized/peer-unicast T=2",  # the workers send their own symbols
 ]
 
 

@@ -9,12 +9,17 @@ from math import comb
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.epochs import outgoing_rows, symbol_routes
+from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import random_assignment, shuffle_matrix, worst_shuffle
 from coded_shuffle.math.index_decoder import decode_plan
+from coded_shuffle.math.plan import peer_routes
 from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes import get_scheme
 from coded_shuffle.math.schemes.decentralized import (
@@ -169,3 +174,41 @@ def test_the_pieces_per_point_follow_the_construction():
     splits = {c[0]: c[2] for c in scheme.corners(6)}
     assert splits == {1: 1, 2: 10, 3: 30, 4: 40, 5: 25, 6: 1}
     assert all(splits[m] in (comb(5, m - 1) * m, comb(5, m - 1)) for m in splits)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "transport", "match"),
+    [
+        ("cycles", "peer-unicast", r"transport=peer-unicast carries the symbols the workers send"),
+        ("decentralized", "p2p", r"scheme=decentralized is coded: .*or peer-unicast"),
+        ("decentralized", "unicast", r"carries uncoded deliveries only"),
+    ],
+)
+def test_a_transport_that_cannot_carry_the_scheme_is_refused(scheme, transport, match):
+    settings = ShuffleSettings(scheme=scheme, transport=transport, storage=2)
+    with pytest.raises(UsageError, match=match):
+        settings.check_job(4, 24, 96)
+
+
+def test_peer_unicast_routes_every_symbol_from_its_sender_to_its_decoders():
+    """``peer_routes``: every worker needs exactly the symbols its decoder keeps, none from
+    itself; the rows a sender forms from its own cache are the master's encoded symbols."""
+    scheme = get_scheme("decentralized", 96)
+    rng = np.random.default_rng(5)
+    old = random_assignment(24, 4, rng)
+    state = scheme.initial_state(old, 4, 2)
+    new = random_assignment(24, 4, rng)
+    plan = scheme.plan(state, new)
+    needs, senders = peer_routes(plan)
+    programs = decode_plan(plan)
+    for k in range(4):
+        assert np.array_equal(needs[k], programs[k].symbol_ids)
+        assert np.all(senders[k] != k)
+    data = torch.randint(0, 256, (24, 96), dtype=torch.uint8, generator=torch.Generator())
+    delivery = Delivery.prepare(plan, 96)
+    (master,) = delivery.encode(data)
+    routes = symbol_routes("peers", plan, {})
+    for k in range(4):
+        store = WorkerStore.from_master(data, delivery, k)
+        ids, rows = outgoing_rows(routes, plan, k, store.caches[0])
+        assert ids.size and torch.equal(rows, master[torch.from_numpy(ids)])

@@ -81,8 +81,9 @@ def check_host_bytes(row: dict) -> None:
         assert row["network_bytes"] == row["network_bytes_model"]  # from the plan's keep sets
     elif carrier == "tree":  # gloo's binomial tree: 0 -> 1, 2, 4; 1 -> 3
         assert egress == [3 * link, link, 0, 0, 0] and ingress == [0, link, link, link, link]
-    elif row["phase"] == "coded" and carrier == "p2p":
-        assert egress[0] == 0  # the workers send what leaves them, the master nothing
+    elif row["phase"] == "coded" and carrier in ("p2p", "peer-unicast"):
+        assert egress[0] == 0  # the workers send (what leaves them; their symbols), the master
+        # nothing; a symbol for d workers crosses d links: the uncoded bytes at least
         assert row["network_bytes"] >= row["uncoded_points"] * row["point_bytes"]
     else:  # unicast (and p2p's placement): the master sends each worker its own rows once
         assert ingress[0] == 0 and egress[1:] == [0, 0, 0, 0]

@@ -19,7 +19,14 @@ from coded_shuffle.codec.encode import subpoints_of
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.transports import Routes
 from coded_shuffle.distributed.transports.framing import PickedRows
-from coded_shuffle.math.plan import DeliveryPlan, Plan, direct_routes, subpoint_bytes
+from coded_shuffle.errors import VerificationError
+from coded_shuffle.math.plan import (
+    DeliveryPlan,
+    Plan,
+    direct_routes,
+    peer_routes,
+    subpoint_bytes,
+)
 from coded_shuffle.math.policies import ShufflePolicy, full_assignment
 from coded_shuffle.math.schemes import Scheme
 from coded_shuffle.math.state import CacheState, part_states
@@ -101,7 +108,7 @@ def symbol_routes(routing: str, plan: DeliveryPlan, known: dict[int, np.ndarray]
     each row (:func:`~coded_shuffle.math.plan.direct_routes`); otherwise only the master sends.
     """
     if routing == "peers":
-        needs, holders = direct_routes(plan)
+        needs, holders = peer_routes(plan) if plan.senders else direct_routes(plan)
         return Routes(needs, tuple(h + 1 for h in holders))
     return Routes(tuple(known.get(k) for k in range(plan.num_workers)))
 
@@ -111,14 +118,43 @@ def outgoing_rows(
 ) -> tuple[np.ndarray, PickedRows]:
     """The symbol rows ``worker`` sends under ``peers`` routing, cut from its own cache.
 
-    Returns ``(row ids, rows)``: every row whose sender is this worker, in id order, read
-    from the cache as they are sent.
+    Returns ``(row ids, rows)``: every row whose sender is this worker, in id order; uncoded
+    rows are read from the cache as they are sent, coded symbols (a plan with senders) XORed
+    from it here (:func:`own_symbols`).
     """
     assert routes.senders is not None
     mine = [n[s == worker + 1] for n, s in zip(routes.needs, routes.senders, strict=True)]
     ids = np.unique(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.int64)
+    if plan.senders:
+        return ids, own_symbols(plan, ids, worker, cache)
     subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])[ids]
     return ids, PickedRows(cache, np.searchsorted(plan.caches[worker], subs))
+
+
+def own_symbols(plan: DeliveryPlan, ids: np.ndarray, worker: int, cache: torch.Tensor):
+    """Symbols ``ids`` (sorted) XORed from ``worker``'s cache, one row each: a decentralized
+    plan's symbols, every one of whose terms the sender stores (checked: a term it lacks is a
+    :class:`~coded_shuffle.errors.VerificationError`, never a wrong row)."""
+    held = plan.caches[worker]
+    out, start = [], 0
+    for block in plan.symbols:
+        sel = ids[(ids >= start) & (ids < start + block.shape[0])] - start
+        start += block.shape[0]
+        if sel.size == 0:
+            continue
+        terms = block[sel]
+        pos = np.searchsorted(held, terms).clip(max=max(held.size - 1, 0))
+        if held.size == 0 or not np.array_equal(held[pos], terms):
+            raise VerificationError(f"worker {worker}: asked to send a symbol it cannot form")
+        rows = cache.index_select(0, torch.from_numpy(pos.reshape(-1)))
+        rows = rows.view(sel.size, block.shape[1], cache.shape[1])
+        xored = rows[:, 0].clone()
+        for c in range(1, block.shape[1]):
+            xored.bitwise_xor_(rows[:, c])
+        out.append(xored)
+    if not out:
+        return cache.new_empty((0, cache.shape[1]))
+    return torch.cat(out)
 
 
 def store_from_points(

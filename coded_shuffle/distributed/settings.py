@@ -133,11 +133,18 @@ class ShuffleSettings:
         scheme.check_point_bytes(workers, float(self.storage))
         cls = transport_class(self.transport, n)
         cls.parse_options(workers + 1, self.transport_options, n)
-        if cls.routing != "broadcast" and scheme.coded:
-            t, s = n.transport, n.scheme
+        t, s = n.transport, n.scheme
+        if cls.own_symbols and scheme.sender != "workers":
+            raise UsageError(
+                f"{t}={self.transport} carries the symbols the workers send themselves; "
+                f"{s}={scheme.name} is sent by the master: use {s}=decentralized, or {t}=p2p "
+                "for an uncoded exchange between the workers"
+            )
+        if cls.routing != "broadcast" and scheme.coded and not cls.own_symbols:
             raise UsageError(
                 f"{t}={self.transport} carries uncoded deliveries only (each row to one worker); "
                 f"{s}={scheme.name} is coded: use {s}=uncoded, or {t}=chain, multicast or tree"
+                + (", or peer-unicast" if scheme.sender == "workers" else "")
             )
         return scheme
 

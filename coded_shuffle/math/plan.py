@@ -137,6 +137,34 @@ def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.
     return needs, holders
 
 
+def peer_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Routes of a plan whose symbols carry their senders (:attr:`DeliveryPlan.senders`): per
+    worker, the symbols it needs and the worker that sends each.
+
+    Worker ``k`` needs every symbol with a term it demands (a sub-point of its new batch that
+    it does not cache), the symbols its decoder keeps. Returns ``(needs, senders)`` (sorted
+    symbol ids; 0-based workers)."""
+    owner = np.full(plan.num_points, -1, dtype=np.int64)
+    for k, batch in enumerate(plan.new_batches):
+        owner[batch] = k
+    wanted: list[list[np.ndarray]] = [[] for _ in range(plan.num_workers)]
+    start = 0
+    for block in plan.symbols:
+        receiver = owner[block // plan.splits]
+        for k in range(plan.num_workers):
+            mine = receiver == k
+            terms = block[mine]
+            cached = np.isin(terms, plan.caches[k], assume_unique=False)
+            rows = np.nonzero(mine)[0][~cached]
+            wanted[k].append(np.unique(rows) + start)
+        start += block.shape[0]
+    who = np.concatenate(plan.senders) if plan.senders else np.zeros(0, dtype=np.int64)
+    needs = tuple(
+        np.unique(np.concatenate(w)) if w else np.zeros(0, dtype=np.int64) for w in wanted
+    )
+    return needs, tuple(who[n] for n in needs)
+
+
 @dataclass(frozen=True)
 class SharedPlan:
     """Memory sharing (docs/excess-storage.md, memory sharing): ``plans[i]`` runs on

@@ -12,7 +12,8 @@ Routing (:attr:`Transport.routing`) says which streams a transport carries:
   message (the papers' shared link), and keeps what its decoder needs.
 * ``"master"``: one stream from the master to each worker with only that worker's rows.
 * ``"peers"``: after the placement, streams between workers: every row comes from a worker
-  that caches it; the master sends nothing.
+  that caches it (or, for a transport with ``own_symbols``, every coded symbol from the
+  worker the plan names as its sender); the master sends nothing.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ class Transport(ABC):
     """A broadcast that forwards a message only towards workers that keep a row of it: its
     :meth:`exchange` takes ``keepers`` at the master, and a worker may not hear a message it
     keeps no row of."""
+    own_symbols: ClassVar[bool] = False
+    """Under ``peers`` routing: the workers send the plan's coded symbols, each its own (a
+    scheme the workers send, ``decentralized``), not uncoded rows."""
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, peer: Peer, options: Any = None) -> None:
