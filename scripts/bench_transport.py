@@ -102,8 +102,10 @@ def model_deviation(res: Result) -> float:
             model = (sent + control - workers_feedback, sent + control)
         elif res.transport == "unicast":  # each worker its own rows, from the master
             model = (uncoded, uncoded)
-        else:  # p2p: the workers send what leaves them, the master nothing
+        elif res.transport == "p2p":  # the workers send what leaves them, the master nothing
             model = (0, uncoded)
+        else:  # peer-unicast, peer-multicast: no byte model here (docs/decentralized.md)
+            return math.nan
         counted = (r["master_egress_bytes"], r["network_bytes"])
         for c, m in zip(counted, model, strict=True):
             if m:
@@ -152,17 +154,21 @@ def cpu_hog(on: bool) -> Iterator[None]:
 
 
 def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Result:
-    run_dir = Path(args.out) / f"K{k}" / f"{scheme}-{transport}"
+    run_dir = Path(args.out) / f"K{k}" / f"{scheme}-{transport}".replace("@", "-T")
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    name, _, storage = scheme.partition("@")  # SCHEME@T: storage T
     overrides = [
-        f"scheme={scheme}", f"dist.transport={transport}", "data=synthetic",
+        f"scheme={name}", *([f"storage={storage}"] if storage else []),
+        f"dist.transport={transport}",
+        "data=synthetic",
         f"data.points={args.points}", f"data.features={args.features}", "model=logreg",
         f"epochs={args.epochs}", "optim.batch_size=1024", f"seed={args.seed}",
         f"hydra.run.dir={run_dir}", *args.set,
     ]  # fmt: skip
     cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(k + 1),
            "--rate", args.rate, "--mtu", str(args.mtu), "--medium", args.medium,
+           *(["--master-rate", args.master_rate] if args.master_rate else []),
            "--", *overrides]  # fmt: skip
     with cpu_hog(args.cpu_hog):
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -178,7 +184,7 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
 
 
 HEADER = (
-    f"{'K':>3} {'scheme':8s} {'transport':10s} {'load/unc':>8s} {'deliver s':>9s} "
+    f"{'K':>3} {'scheme':15s} {'transport':14s} {'load/unc':>8s} {'deliver s':>9s} "
     f"{'vs unicast':>10s} {'master MB':>9s} {'network MB':>10s} {'model':>7s} {'NIC/count':>9s} "
     f"{'cpu s/GB':>8s} {'cpu use':>7s} {'bound':>5s}"
 )
@@ -222,7 +228,7 @@ def table(results: list[Result], args: argparse.Namespace) -> list[str]:
             machine, host = cpu_use(r)
             bound = "cpu" if max(machine, host) >= 0.85 else "net"
             lines.append(
-                f"{k:>3} {r.scheme:8s} {r.transport:10s} {ratio:8.3f} {seconds:9.3f} "
+                f"{k:>3} {r.scheme:15s} {r.transport:14s} {ratio:8.3f} {seconds:9.3f} "
                 f"{seconds / base.median('delivery_seconds'):10.2f} "
                 f"{r.median('master_egress_bytes') / 1e6:9.1f} "
                 f"{r.median('network_bytes') / 1e6:10.1f} {model_deviation(r):6.2f}% "
@@ -313,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", default="400mbit", help="every NIC's rate (tc units)")
     parser.add_argument("--mtu", type=int, default=1500, help="the cluster's default")
     parser.add_argument(
+        "--master-rate", help="the master's NIC rate (default --rate): a remote store"
+    )
+    parser.add_argument(
         "--medium", default="switch", choices=("switch", "shared"),
         help="the cluster's medium: every NIC on a switch, or one shared medium of --rate",
     )  # fmt: skip
@@ -332,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for every run"
     )
     parser.add_argument(
-        "--combos", nargs="+", metavar="SCHEME/TRANSPORT",
+        "--combos", nargs="+", metavar="SCHEME[@T]/TRANSPORT",
         default=[f"{s}/{t}" for s, t in COMBOS],
     )  # fmt: skip
     parser.add_argument(
@@ -358,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the combos must include uncoded/unicast (the baseline of 'vs unicast')")
     medium = "a shared medium" if args.medium == "shared" else "a switch"
     print(
-        f"emulated cluster: K+1 hosts on {medium}, NICs {args.rate} both ways, MTU {args.mtu}; "
+        f"emulated cluster: K+1 hosts on {medium}, NICs {args.rate} both ways"
+        + (f" (the master's {args.master_rate})" if args.master_rate else "")
+        + f", MTU {args.mtu}; "
         f"{args.points} points of {4 * args.features + 4} bytes, {args.epochs - 1} coded epochs "
         f"(median); every epoch verified{'; a CPU-bound process beside' if args.cpu_hog else ''}",
         flush=True,

@@ -242,6 +242,49 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
 
 @ROOT_ONLY
 @pytest.mark.distributed
+def test_workers_multicast_their_own_coded_symbols_on_a_shared_medium(tmp_path):
+    """``peer-multicast``, K = 3 on 4 hosts sharing one medium, the master behind a slower
+    link, 10% of the datagrams lost at every receiver: the master multicasts the placement
+    once and then sends only feedback; every worker multicasts its own symbols, repaired from
+    its receivers' reports; every epoch verified, and the parameters of the same job on one
+    machine over chain."""
+    before = our_namespaces()
+    run_dir, local = tmp_path / "run", tmp_path / "local"
+    job = ["scheme=decentralized", "storage=2", *SMALL]
+    unbroken = subprocess.Popen(
+        [sys.executable, "-m", "train.launch", *job, "workers=3", f"hydra.run.dir={local}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    args = ["--hosts", "4", "--rate", "200mbit", "--master-rate", "50mbit", "--medium",
+            "shared", "--", *job, "dist.transport=peer-multicast", "dist.multicast.drop=0.1",
+            f"hydra.run.dir={run_dir}"]  # fmt: skip
+    try:
+        out = run_cluster(args, tmp_path)
+        _, err = unbroken.communicate(timeout=180)
+    finally:
+        unbroken.kill()
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    assert unbroken.returncode == 0, err[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["verified"] and r["transport"] == "peer-multicast" for r in rows)
+    placement, *coded = rows
+    assert placement["placement_transport"] == "peer-multicast"  # one stream from the master
+    assert placement["master_egress_bytes"] >= placement["broadcast_bytes"]
+    assert placement["transport_settings"]["rate_bits"] == 49_500_000  # the master's pace
+    for r in coded:
+        egress = r["host_egress_bytes"]
+        assert egress[0] < 0.05 * r["broadcast_bytes"]  # the master: feedback only
+        assert sum(egress[1:]) >= r["broadcast_bytes"]  # every symbol multicast once
+        assert all(e > 0 for e in egress[1:])
+    assert sum(r["repair_bytes"] for r in coded) > 0  # the workers repaired what was lost
+    ours = json.loads((run_dir / "summary.json").read_text())["final_params_sha256"]
+    theirs = json.loads((local / "summary.json").read_text())["final_params_sha256"]
+    assert ours == theirs
+    assert our_namespaces() == before
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
 def test_an_elastic_cluster_goes_on_without_a_host_lost_for_good(tmp_path):
     """``torchrun --nnodes 2:3`` on three hosts (two workers; docs/training.md has the
     same with four hosts); host 2 is lost for good once epoch 2 is recorded: the agents start

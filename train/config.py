@@ -282,7 +282,8 @@ ModelConf = LogRegConf | MLPConf | CNNConf
 @dataclass
 class DistConf:
     transport: str = "chain"
-    """chain | multicast | tree | unicast | p2p | peer-unicast (coded-shuffle transports)."""
+    """chain | multicast | tree | unicast | p2p | peer-unicast | peer-multicast
+    (coded-shuffle transports)."""
     timeout_seconds: float = 60.0
     """A dead, hung or unreachable rank fails the job within this, > 0."""
     heartbeat_seconds: float = 1.0

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from coded_shuffle.distributed.settings import ShuffleSettings
-from coded_shuffle.distributed.transports import JOB_NAMES
+from coded_shuffle.distributed.transports import JOB_NAMES, transport_class
 from coded_shuffle.errors import UsageError
 
 from .. import data, models
@@ -20,9 +20,15 @@ from .start import FRESH, Resized, RunStart
 
 
 def transport_options(dist: DistConf) -> dict[str, Any]:
-    """The configured transport's own options (``dist.<transport>``), as plain values."""
-    options = getattr(dist, dist.transport, None)
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}
+    """The configured transport's own options (``dist.<name>``: the field holding its options
+    dataclass, which transports of one mechanism share: ``peer-multicast`` reads
+    ``dist.multicast``), as plain values."""
+    kind = transport_class(dist.transport, JOB_NAMES).Options
+    for f in dataclasses.fields(dist):
+        options = getattr(dist, f.name)
+        if type(options) is kind and dataclasses.is_dataclass(options):
+            return dataclasses.asdict(options)
+    return {}
 
 
 def shuffle_settings(

@@ -32,6 +32,7 @@ from coded_shuffle.distributed.transports.multicast import (
     MulticastUnavailable,
 )
 from coded_shuffle.distributed.transports.p2p import P2P
+from coded_shuffle.distributed.transports.peer_multicast import PeerMulticast
 from coded_shuffle.distributed.transports.peer_unicast import PeerUnicast
 from coded_shuffle.distributed.transports.tree import Tree
 from coded_shuffle.distributed.transports.unicast import Unicast
@@ -48,7 +49,7 @@ def register(cls: type[Transport]) -> type[Transport]:
     return cls
 
 
-for _cls in (Chain, Multicast, Tree, Unicast, P2P, PeerUnicast):
+for _cls in (Chain, Multicast, Tree, Unicast, P2P, PeerUnicast, PeerMulticast):
     register(_cls)
 
 

@@ -152,6 +152,10 @@ class Transport(ABC):
     :meth:`exchange` takes ``keepers`` at the master, and a worker may not hear a message it
     keeps no row of."""
     own_symbols: ClassVar[bool] = False
+    shares_medium: ClassVar[bool] = False
+    """Under ``peers`` routing: one stream per sender that every other rank hears (a shared
+    medium; every rank passes every stream), not one per sender and receiver; a placement
+    from the master is one broadcast stream."""
     """Under ``peers`` routing: the workers send the plan's coded symbols, each its own (a
     scheme the workers send, ``decentralized``), not uncoded rows."""
     Options: ClassVar[type] = NoOptions
@@ -237,7 +241,7 @@ class Transport(ABC):
         for s in streams:
             if self.routing == "broadcast" and (s.src != 0 or s.dsts != self.peer.workers):
                 raise ValueError(f"{self.name} carries streams from the master to every worker")
-            if self.routing != "broadcast" and len(s.dsts) != 1:
+            if self.routing != "broadcast" and len(s.dsts) != 1 and not self.shares_medium:
                 raise ValueError(f"{self.name} carries streams to one worker each")
             if self.routing == "master" and s.src != 0:
                 raise ValueError(f"{self.name}: only the master sends")

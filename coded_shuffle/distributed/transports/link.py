@@ -55,6 +55,14 @@ class Routes:
             return np.arange(need.size) if sender == 0 else np.zeros(0, dtype=np.int64)
         return np.flatnonzero(self.senders[worker] == sender)
 
+    def rows_from(self, sender: int) -> np.ndarray:
+        """Every row ``sender`` sends to any worker (sorted, each once)."""
+        assert self.senders is not None
+        sent = [
+            n[s == sender] for n, s in zip(self.needs, self.senders, strict=True) if n is not None
+        ]
+        return np.unique(np.concatenate(sent)) if sent else np.zeros(0, dtype=np.int64)
+
     def sources(self, worker: int) -> list[int]:
         """The ranks that send to ``worker`` (sorted)."""
         if self.senders is None:
@@ -134,8 +142,11 @@ class Link:
         t0 = time.perf_counter()
         header = (epoch, part, kind)
         t = self.carrier(kind)
-        if t.routing == "broadcast":
+        from_master = routes.senders is None
+        if t.routing == "broadcast" or (t.shares_medium and from_master):
             out = self._broadcast(t, header, num_rows, row_bytes, routes, rows, out, on_rows)
+        elif t.shares_medium:
+            out = self._shared(t, header, row_bytes, routes, rows, row_ids, out)
         else:
             out = self._routed(t, header, row_bytes, routes, rows, row_ids, out, on_rows)
         self.seconds += time.perf_counter() - t0
@@ -266,6 +277,64 @@ class Link:
 
         targets = self._targets(t, lambda s, i: inboxes[s].target(i))
         t.exchange(streams, outgoing, on_message, **targets)
+        for inbox in inboxes.values():
+            inbox.complete()
+        return out
+
+    def _shared(
+        self,
+        t: Transport,
+        header: tuple[int, int, int],
+        row_bytes: int,
+        routes: Routes,
+        rows: torch.Tensor | RowSource | None,
+        row_ids: np.ndarray | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Rows between the workers on a shared medium: one stream per sender with every row
+        it sends, heard by every other worker, each keeping its own (every rank passes every
+        stream, in sender order)."""
+        me, workers = self.rank, len(routes.needs)
+        mine = routes.needs[me - 1] if me > 0 else None
+        out = None if mine is None else _buffer(out, mine.size, row_bytes)
+        streams: list[Stream] = []
+        outgoing: dict[int, Iterator[torch.Tensor]] = {}
+        inboxes: dict[int, Inbox] = {}
+        for src in range(1, workers + 1):
+            ids = routes.rows_from(src)
+            if ids.size == 0:
+                continue
+            index = len(streams)
+            sizes = tuple(message_sizes(ids.size, row_bytes, self.chunk_bytes))
+            others = tuple(r for r in range(1, workers + 1) if r != src)
+            streams.append(Stream(src, others, sizes))
+            if src == me:
+                assert rows is not None
+                local = ids if row_ids is None else np.searchsorted(row_ids, ids)
+                outgoing[index] = self._frame(t, pick_rows(rows, local), header)
+            elif mine is not None:
+                pos = routes.sender_rows(me - 1, src)
+                keep = np.searchsorted(ids, mine[pos])
+                inboxes[index] = Inbox(
+                    header,
+                    ids.size,
+                    row_bytes,
+                    self.chunk_bytes,
+                    keep,
+                    out,
+                    pos,
+                    None,
+                    checksums=t.digests,
+                )
+        heard = [s.total for s in streams if me in s.dsts or s.src == me]
+        meter = _Meter(sum(heard), self.on_progress)
+        outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
+
+        def on_message(s: int, i: int, msg: torch.Tensor) -> None:
+            inboxes[s].receive(i, msg)
+            meter.add(streams[s].sizes[i])
+
+        t.exchange(streams, outgoing, on_message)
         for inbox in inboxes.values():
             inbox.complete()
         return out

@@ -80,12 +80,17 @@ def training_overrides(
     if run_dir is None:
         run_dir = time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S")
         out.append(f"hydra.run.dir={run_dir}")
+    transport = _override(out, "dist.transport")
     if (
-        _override(out, "dist.transport") == "multicast"
+        transport in ("multicast", "peer-multicast")
         and _override(out, "dist.multicast.rate") is None
     ):
-        slowest = min(cluster.host_rate(i) for i in range(cluster.hosts))
+        senders = range(cluster.hosts) if transport == "multicast" else range(1, cluster.hosts)
+        slowest = min(cluster.host_rate(i) for i in senders)
         out.append(f"dist.multicast.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
+        if transport == "peer-multicast" and _override(out, "dist.multicast.master_rate") is None:
+            master = int(min(cluster.host_rate(0), slowest) * MULTICAST_SHARE)
+            out.append(f"dist.multicast.master_rate={format_rate(master)}")
     return out, Path(run_dir)
 
 

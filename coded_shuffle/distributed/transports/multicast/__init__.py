@@ -103,11 +103,13 @@ class Multicast(Transport):
     routing = "broadcast"
     Options = MulticastOptions
     digests = False  # every datagram carries UDP's checksum, every batch the master's SHA-256
+    peer_sends = False  # True: every worker sends streams of its own too (``peer-multicast``)
 
     def __init__(self, peer: Peer, options: MulticastOptions | None = None) -> None:
         super().__init__(peer, options)
         o = self.options
-        self.rate, self.job = parse_rate(o.rate, "rate"), peer.job
+        own = o.master_rate if peer.rank == 0 and o.master_rate is not None else o.rate
+        self.rate, self.job = parse_rate(own, "rate"), peer.job
         group, port = job_group(self.job)
         self.group = o.group if o.group is not None else group
         self.port = int(o.port) if o.port is not None else port
@@ -118,20 +120,22 @@ class Multicast(Transport):
         self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
         self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
         self.slow = float(o.slow_seconds) if peer.rank == 1 else 0.0
-        self.sock = self._open()
+        self.tx = self._open(send=True) if peer.rank == 0 or self.peer_sends else None
+        self.sock = self._open(send=False) if peer.rank > 0 else None
         self.batch = (
             SendBatch(
-                self.sock,
+                self.tx,
                 batch_datagrams(self.rate, self.frame_bytes, self.datagram_bytes),
                 self.datagram_bytes,
             )
-            if peer.rank == 0
+            if self.tx is not None
             else None
         )
-        if peer.rank > 0:
+        if self.sock is not None:
             enable_gro(self.sock)  # where the kernel cannot, one datagram per read
         self.reads = np.empty(RECEIVE_BYTES + self.datagram_bytes, dtype=np.uint8)
-        self.master = self._agree_master()
+        self.sources = self._agree_sources()
+        self.master = self.sources[0]
         self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
         self.stream_id = 0
         self.rounds = 0  # repair rounds of the last stream (0: none needed)
@@ -141,10 +145,11 @@ class Multicast(Transport):
 
     # ---------------------------------------------------------------- set-up
 
-    def _open(self) -> socket.socket:
+    def _open(self, send: bool) -> socket.socket:
+        """A socket connected to the group (``send``), or one bound to it that has joined."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            if self.peer.rank == 0:
+            if send:
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
                 sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
                 sock.setsockopt(
@@ -171,15 +176,17 @@ class Multicast(Transport):
             ) from None
         return sock
 
-    def _agree_master(self) -> tuple[str, int]:
-        """The address and port the master's datagrams come from (its socket's, connected to
-        the group), handed to every worker: a receiver hears nothing else.
+    def _agree_sources(self) -> list[tuple[str, int] | None]:
+        """Per rank, the address and port its datagrams come from (its sending socket's,
+        connected to the group; None for a rank that never sends), known to every rank: a
+        receiver hears only the current stream's sender.
 
         The collective also makes sure every receiver has joined before anything is sent.
         """
-        mine = [self.sock.getsockname() if self.peer.rank == 0 else None]
-        dist.broadcast_object_list(mine, src=0, group=self.peer.group)
-        return tuple(mine[0])
+        mine = self.tx.getsockname() if self.tx is not None else None
+        every: list[Any] = [None] * self.peer.world_size
+        dist.all_gather_object(every, mine, group=self.peer.group)
+        return [None if a is None else tuple(a) for a in every]
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -195,8 +202,10 @@ class Multicast(Transport):
         }
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        for sock in (self.tx, self.sock):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
 
     # ---------------------------------------------------------------- streams
 
@@ -211,18 +220,22 @@ class Multicast(Transport):
             self.stream_id += 1
             if stream.total == 0:
                 continue
-            if self.peer.rank == 0:
-                self._serve(stream.total, outgoing[i])
-                continue
-            self._receive(stream.sizes, lambda j, msg, i=i: on_message(i, j, msg))
+            if self.peer.rank == stream.src:
+                self._serve(stream.total, outgoing[i], stream.src)
+            elif self.peer.rank in stream.dsts:
+                deliver = lambda j, msg, i=i: on_message(i, j, msg)  # noqa: E731
+                self._receive(stream.sizes, deliver, stream.src)
+            else:  # a rank the stream is not for (the master, between the workers)
+                self._idle(self._count(stream.total), stream.src)
 
     def _count(self, total: int) -> int:
         return -(-total // self.datagram_bytes)
 
-    def _serve(self, total: int, messages: Iterable[torch.Tensor]) -> None:
-        """Master: round 0 sends every datagram as soon as its bytes are framed (and a parity
-        datagram after every block, while the network loses datagrams); later rounds what
-        some worker missed, until none misses anything. The pace adapts after every round."""
+    def _serve(self, total: int, messages: Iterable[torch.Tensor], src: int = 0) -> None:
+        """The stream's sender (``src``: the master, or a worker under ``peer-multicast``):
+        round 0 sends every datagram as soon as its bytes are framed (and a parity datagram
+        after every block, while the network loses datagrams); later rounds what some
+        receiver missed, until none misses anything. The pace adapts after every round."""
         n, d = self._count(total), self.datagram_bytes
         data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
@@ -242,8 +255,8 @@ class Multicast(Transport):
             ready = done
         self.rounds, sent_now, lossy = 0, n, False
         while True:
-            self._control_round_done()
-            todo, lost = self._union_of_missing(n)
+            self._control_round_done(src)
+            todo, lost = self._union_of_missing(n, src)
             lossy |= self._adapt(lost, sent_now)
             if todo.size == 0:
                 self.parity = self.parity_block > 0 and lossy
@@ -272,7 +285,7 @@ class Multicast(Transport):
             parity = np.bitwise_xor.reduce(data[a * d : z * d].reshape(-1, d), axis=0)
             pacer.wait()
             head = DGRAM.pack(self.job, self.stream_id, b, 0, FLAG_PARITY)
-            sent += self.sock.sendmsg([head, memoryview(parity)])
+            sent += self.tx.sendmsg([head, memoryview(parity)])
             pacer.sent(1.0)
         return sent
 
@@ -290,11 +303,16 @@ class Multicast(Transport):
             pacer.sent(batch.size - 1 + last / d)
         return sent
 
-    def _control_round_done(self) -> None:
-        """Master -> every worker: the round's datagrams are all sent (4 bytes each)."""
+    def _others(self, src: int) -> list[int]:
+        """Every rank but the stream's sender: its receivers, and ranks it is not for (they
+        take part in the feedback, reporting nothing missing)."""
+        return [r for r in range(self.peer.world_size) if r != src]
+
+    def _control_round_done(self, src: int = 0) -> None:
+        """Sender -> every other rank: the round's datagrams are all sent (4 bytes each)."""
         flag = torch.ones(1, dtype=torch.int32)
         group = self.peer.group
-        works = [dist.isend(flag, w, group=group, tag=CONTROL_TAG) for w in self.peer.workers]
+        works = [dist.isend(flag, w, group=group, tag=CONTROL_TAG) for w in self._others(src)]
         for w in works:
             w.wait()
         self._control(egress=4 * len(works))
@@ -304,34 +322,35 @@ class Multicast(Transport):
         self.counts.ingress += ingress
         self.counts.control += egress
 
-    def _union_of_missing(self, n: int) -> tuple[np.ndarray, int]:
-        """Master: gathers every worker's :meth:`_report_missing` and sends the union of their
-        bitmaps to every worker itself (no worker relays it: a busy one would hold the others
+    def _union_of_missing(self, n: int, src: int = 0) -> tuple[np.ndarray, int]:
+        """Sender: gathers every other rank's :meth:`_report_missing` and sends the union of
+        their bitmaps to each itself (no receiver relays it: a busy one would hold the others
         up). Returns the union's datagrams and the largest count of lost or late ones."""
         size, world, group = feedback_bytes(n), self.peer.world_size, self.peer.group
         got = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
-        dist.gather(got[0], gather_list=got, dst=0, group=group)
-        each = torch.stack(got[1:]).numpy()
+        dist.gather(got[src], gather_list=got, dst=src, group=group)
+        others = self._others(src)
+        each = torch.stack([got[r] for r in others]).numpy()
         worst = int(each[:, -4:].copy().view("<u4").max())
         union = torch.from_numpy(np.bitwise_or.reduce(each, axis=0))
-        sends = [dist.isend(union, w, group=group, tag=UNION_TAG) for w in self.peer.workers]
+        sends = [dist.isend(union, w, group=group, tag=UNION_TAG) for w in others]
         for w in sends:
             w.wait()
         self._control(egress=size * (world - 1), ingress=size * (world - 1))
         return self._datagrams(union, n), worst
 
-    def _report_missing(self, missing: np.ndarray, lost: int) -> None:
-        """Worker -> master: its bitmap of missing datagrams and its count of datagrams lost
-        or late in the round (4 bytes after the bitmap)."""
+    def _report_missing(self, missing: np.ndarray, lost: int, src: int = 0) -> None:
+        """Receiver -> the stream's sender: its bitmap of missing datagrams and its count of
+        datagrams lost or late in the round (4 bytes after the bitmap)."""
         count = np.array([min(lost, 2**32 - 1)], dtype="<u4").view(np.uint8)
         bits = torch.from_numpy(np.concatenate([np.packbits(missing), count]))
-        dist.gather(bits, dst=0, group=self.peer.group)
+        dist.gather(bits, dst=src, group=self.peer.group)
         self._control(egress=bits.numel())
 
-    def _receive_union(self, n: int) -> np.ndarray:
-        """Worker: the union of every worker's missing datagrams, from the master."""
+    def _receive_union(self, n: int, src: int = 0) -> np.ndarray:
+        """Receiver: the union of every receiver's missing datagrams, from the sender."""
         union = torch.empty(feedback_bytes(n), dtype=torch.uint8)
-        dist.recv(union, 0, group=self.peer.group, tag=UNION_TAG)
+        dist.recv(union, src, group=self.peer.group, tag=UNION_TAG)
         self._control(ingress=union.numel())
         return self._datagrams(union, n)
 
@@ -339,9 +358,24 @@ class Multicast(Transport):
     def _datagrams(union: torch.Tensor, n: int) -> np.ndarray:
         return np.flatnonzero(np.unpackbits(union.numpy()[:-4])[:n])
 
-    def _receive(self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None]) -> None:
-        """Worker: every byte of the stream, round after round; each message goes to
-        ``deliver`` as soon as all of its datagrams are in (checks overlap the transfer)."""
+    def _idle(self, n: int, src: int) -> None:
+        """A rank a stream is not for: its part in every round's feedback, nothing missing."""
+        nothing = np.zeros(n, dtype=bool)
+        while True:
+            done = Arrival(self.peer, src)
+            self._report_missing(nothing, 0, src)
+            todo = self._receive_union(n, src)
+            done.wait()
+            self._control(ingress=4)
+            if todo.size == 0:
+                return
+
+    def _receive(
+        self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None], src: int = 0
+    ) -> None:
+        """Receiver: every byte of the stream from ``src``, round after round; each message
+        goes to ``deliver`` as soon as all of its datagrams are in (checks overlap the
+        transfer)."""
         d = self.datagram_bytes
         edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(edges[-1])
@@ -363,10 +397,10 @@ class Multicast(Transport):
 
         rnd, foreign = 0, self.counts.foreign
         while True:
-            lost, done = self._receive_round(out, have, rnd, complete, parity)
-            self._report_missing(~have, lost)  # (nothing missing: sent before "round sent")
+            lost, done = self._receive_round(out, have, rnd, complete, parity, src)
+            self._report_missing(~have, lost, src)  # (nothing missing: sent before "round sent")
             complete(int(np.argmin(have)) if not have.all() else n)  # while the others report
-            todo = self._receive_union(n)
+            todo = self._receive_union(n, src)
             done.wait()  # the master's "round sent", in by now
             self._control(ingress=4)
             if todo.size == 0:
@@ -375,7 +409,7 @@ class Multicast(Transport):
         if self.counts.foreign > foreign:
             log.warning(
                 f"rank {self.peer.rank}: dropped {self.counts.foreign - foreign} datagrams not "
-                f"from this job's master {self.master} (the last from {self.stranger})"
+                f"from this job's sender {self.sources[src]} (the last from {self.stranger})"
             )
 
     def _receive_round(
@@ -385,6 +419,7 @@ class Multicast(Transport):
         rnd: int,
         complete: Callable[[int], None],
         parity: Parity,
+        src: int = 0,
     ) -> tuple[int, Arrival]:
         """Reads datagrams until it has them all, or the master says the round is sent and
         the socket stays quiet for ``grace`` seconds; returns how many of the round's
@@ -397,10 +432,11 @@ class Multicast(Transport):
         """
         n = have.size
         lacked = n - int(have.sum())
-        done = Arrival(self.peer)
+        done = Arrival(self.peer, src)
         debug = Debug(self.drop, self.slow, self.rng)
         now = Round(self.job, self.stream_id, rnd, out, have, parity, self.counts, debug)
-        reads, sock, master = self.reads, self.sock, self.master
+        reads, sock, master = self.reads, self.sock, self.sources[src]
+        job_senders = {a for a in self.sources if a is not None}
         into = [memoryview(reads)[:RECEIVE_BYTES]]
         expect = 0
         draining = False
@@ -420,6 +456,8 @@ class Multicast(Transport):
                     sock.settimeout(self.grace)
                 continue
             segment = segment_size(ancdata, nbytes)
+            if source != master and source in job_senders:
+                continue  # this job's, from another stream's sender (its own, looped back)
             if source != master:
                 self.counts.foreign += -(-nbytes // segment)  # a stranger's
                 self.stranger = source

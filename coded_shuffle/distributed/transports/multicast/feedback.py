@@ -21,14 +21,15 @@ def feedback_bytes(n: int) -> int:
 
 
 class Arrival:
-    """The master's "round sent" message, awaited in a thread so that the caller can poll it.
+    """The sender's "round sent" message (the master's, or a worker's under ``peer-multicast``),
+    awaited in a thread so that the caller can poll it.
 
     (gloo's receive completes only inside ``wait``, which releases the GIL.)
     """
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, src: int = 0) -> None:
         self.flag = torch.zeros(1, dtype=torch.int32)
-        self.work = dist.irecv(self.flag, 0, group=peer.group, tag=CONTROL_TAG)
+        self.work = dist.irecv(self.flag, src, group=peer.group, tag=CONTROL_TAG)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._wait, daemon=True)
         self.thread.start()

@@ -56,6 +56,9 @@ class MulticastOptions:
 
     rate: str | None = field(default=None, metadata={"required": True})
     """Required: pacing on the wire, e.g. 380mbit (a little below the slowest NIC)."""
+    master_rate: str | None = None
+    """The master's pacing where it differs from the workers' (``peer-multicast``: the
+    master places, the workers send the reshuffles); null: rate."""
     group: str | None = None
     """IPv4 multicast group of the job; null: 239.255.x.y derived from the job's identifier."""
     port: int | None = None
@@ -85,6 +88,8 @@ class MulticastOptions:
                 "(e.g. 380mbit, a little below the slowest NIC)"
             )
         parse_rate(self.rate, name("rate"))
+        if self.master_rate is not None:
+            parse_rate(self.master_rate, name("master_rate"))
         try:
             first = int(socket.inet_aton(str(self.group))[0]) if self.group is not None else 239
         except OSError:

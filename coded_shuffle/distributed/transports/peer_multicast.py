@@ -1,0 +1,26 @@
+"""``peer-multicast``: after the placement, every worker multicasts its own coded symbols once;
+every other worker hears them and keeps what its decoder needs (docs/decentralized.md,
+section 5).
+
+Decentralized shuffling on the papers' shared medium: the workers take turns (worker 1's
+stream, then worker 2's, ...), each stream sent as :mod:`multicast` sends the master's (one
+datagram per frame, paced, repaired round by round from its receivers' reports, which now go
+to the stream's sender), so each coded symbol is on the medium once, however many workers
+decode with it. The master multicasts the placement (one stream, every worker keeping its
+points) and then only takes part in the feedback and checks the batch digests.
+"""
+
+from __future__ import annotations
+
+from coded_shuffle.distributed.transports.multicast import Multicast
+
+
+class PeerMulticast(Multicast):
+    """Multicast streams from every worker in turn (the mechanism of :class:`Multicast`)."""
+
+    name = "peer-multicast"
+    summary = "decentralized only: each worker multicasts its own coded symbols once, in turn"
+    routing = "peers"
+    own_symbols = True
+    shares_medium = True
+    peer_sends = True
