@@ -51,6 +51,9 @@ class WorkerSide:
         self.delivery: Delivery | None = None
         self.store: WorkerStore | None = None
         self.report: dict[str, Any] = {}
+        # the next epoch's routes and the rows this worker sends, per part, made ready while
+        # it trains (peers routing), with the store they were cut from
+        self.sends: tuple[WorkerStore, list[tuple[Routes, Any, Any]]] | None = None
         self.plan_ahead()
 
     def plan_ahead(self) -> None:
@@ -58,6 +61,34 @@ class WorkerSide:
         up = self.upcoming
         b = self.ctx.record_bytes
         self.delivery = None if up is None else Delivery.prepare_worker(up.plan, b, self.worker)
+        self.send_ahead()
+
+    def send_ahead(self) -> None:
+        """Under ``peers`` routing: the next epoch's routes, and the rows this worker sends
+        cut (or, for its own coded symbols, XORed) from its store now, not while the
+        others wait for them."""
+        self.sends = None
+        if self.store is None or self.delivery is None:
+            return
+        self.sends = (
+            self.store,
+            [self.peer_part(part) for part in range(len(self.delivery.plans))],
+        )
+
+    def peer_part(self, part: int) -> tuple[Routes, Any, Any]:
+        """``(routes, row ids, rows)`` of one part of the next delivery (rows None unless the
+        routing is ``peers``)."""
+        assert self.delivery is not None and self.store is not None
+        k, plan = self.worker, self.delivery.plans[part]
+        keep = self.delivery.programs[part][k].symbol_ids
+        routing = self.ctx.link.transport.routing
+        routes = symbol_routes(routing, plan, {k: keep})
+        if routing != "peers":
+            return routes, None, None
+        if not np.array_equal(routes.needs[k], keep):
+            raise VerificationError(f"worker {k}: routes differ from its decoder")
+        row_ids, rows = outgoing_rows(routes, plan, k, self.store.caches[part])
+        return routes, row_ids, rows
 
     def epoch(self, epoch: int) -> tuple[torch.Tensor, np.ndarray]:
         """This worker's new batch (records) and its assignment of the epoch."""
@@ -102,6 +133,7 @@ class WorkerSide:
         if self.delivery is not None:
             self.store = self.store_of(epoch, keep, rows)
         seconds = time.perf_counter() - t0
+        self.send_ahead()
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
         self.send_report(digest(batch), seconds, stored, cpu)
         if self.delivery is not None:  # after the report: the disk is not the delivery's time
@@ -178,7 +210,6 @@ class WorkerSide:
         store, link, k = self.store, self.ctx.link, self.worker
         assert store is not None
         cpu = HostCpu.start()
-        routing = link.transport.routing
         buffers = [
             self.buffers.empty(delivery.programs[part][k].symbol_ids.size, sub)
             for part, sub in enumerate(delivery.symbol_bytes())
@@ -191,14 +222,9 @@ class WorkerSide:
         ]
         decoders = delivery.decoders(k, buffers, store, self.buffers, batch_slots)
         check = delivery.digest_stream(k, decoders)  # and hash the batch as its points are final
+        ahead = self.sends[1] if self.sends is not None and self.sends[0] is store else None
         for part, plan in enumerate(delivery.plans):
-            keep = delivery.programs[part][k].symbol_ids
-            routes = symbol_routes(routing, plan, {k: keep})
-            rows = row_ids = None
-            if routing == "peers":
-                if not np.array_equal(routes.needs[k], keep):
-                    raise VerificationError(f"worker {k}: routes differ from its decoder")
-                row_ids, rows = outgoing_rows(routes, plan, k, store.caches[part])
+            routes, row_ids, rows = ahead[part] if ahead is not None else self.peer_part(part)
 
             def on_rows(available: int, decoder: StreamDecoder = decoders[part]) -> None:
                 decoder.advance(available)

@@ -73,6 +73,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
 )
 from coded_shuffle.distributed.transports.multicast.feedback import (
     CONTROL_TAG,
+    REPORT_TAG,
     UNION_TAG,
     Arrival,
     feedback_bytes,
@@ -221,18 +222,18 @@ class Multicast(Transport):
             if stream.total == 0:
                 continue
             if self.peer.rank == stream.src:
-                self._serve(stream.total, outgoing[i], stream.src)
+                self._serve(stream.total, outgoing[i], stream.dsts)
             elif self.peer.rank in stream.dsts:
                 deliver = lambda j, msg, i=i: on_message(i, j, msg)  # noqa: E731
                 self._receive(stream.sizes, deliver, stream.src)
-            else:  # a rank the stream is not for (the master, between the workers)
-                self._idle(self._count(stream.total), stream.src)
+            # a rank the stream is not for (the master, between the workers) takes no part:
+            # the feedback stays between the stream's sender and its receivers
 
     def _count(self, total: int) -> int:
         return -(-total // self.datagram_bytes)
 
-    def _serve(self, total: int, messages: Iterable[torch.Tensor], src: int = 0) -> None:
-        """The stream's sender (``src``: the master, or a worker under ``peer-multicast``):
+    def _serve(self, total: int, messages: Iterable[torch.Tensor], dsts: Sequence[int]) -> None:
+        """The stream's sender (the master, or a worker under ``peer-multicast``), to ``dsts``:
         round 0 sends every datagram as soon as its bytes are framed (and a parity datagram
         after every block, while the network loses datagrams); later rounds what some
         receiver missed, until none misses anything. The pace adapts after every round."""
@@ -255,8 +256,8 @@ class Multicast(Transport):
             ready = done
         self.rounds, sent_now, lossy = 0, n, False
         while True:
-            self._control_round_done(src)
-            todo, lost = self._union_of_missing(n, src)
+            self._control_round_done(dsts)
+            todo, lost = self._union_of_missing(n, dsts)
             lossy |= self._adapt(lost, sent_now)
             if todo.size == 0:
                 self.parity = self.parity_block > 0 and lossy
@@ -303,16 +304,11 @@ class Multicast(Transport):
             pacer.sent(batch.size - 1 + last / d)
         return sent
 
-    def _others(self, src: int) -> list[int]:
-        """Every rank but the stream's sender: its receivers, and ranks it is not for (they
-        take part in the feedback, reporting nothing missing)."""
-        return [r for r in range(self.peer.world_size) if r != src]
-
-    def _control_round_done(self, src: int = 0) -> None:
-        """Sender -> every other rank: the round's datagrams are all sent (4 bytes each)."""
+    def _control_round_done(self, dsts: Sequence[int]) -> None:
+        """Sender -> every receiver: the round's datagrams are all sent (4 bytes each)."""
         flag = torch.ones(1, dtype=torch.int32)
         group = self.peer.group
-        works = [dist.isend(flag, w, group=group, tag=CONTROL_TAG) for w in self._others(src)]
+        works = [dist.isend(flag, w, group=group, tag=CONTROL_TAG) for w in dsts]
         for w in works:
             w.wait()
         self._control(egress=4 * len(works))
@@ -322,32 +318,37 @@ class Multicast(Transport):
         self.counts.ingress += ingress
         self.counts.control += egress
 
-    def _union_of_missing(self, n: int, src: int = 0) -> tuple[np.ndarray, int]:
-        """Sender: gathers every other rank's :meth:`_report_missing` and sends the union of
-        their bitmaps to each itself (no receiver relays it: a busy one would hold the others
-        up). Returns the union's datagrams and the largest count of lost or late ones."""
-        size, world, group = feedback_bytes(n), self.peer.world_size, self.peer.group
-        got = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
-        dist.gather(got[src], gather_list=got, dst=src, group=group)
-        others = self._others(src)
-        each = torch.stack([got[r] for r in others]).numpy()
+    def _union_of_missing(self, n: int, dsts: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Sender: every receiver's :meth:`_report_missing`, and the union of their bitmaps
+        sent to each itself (no receiver relays it: a busy one would hold the others up; no
+        rank outside the stream takes part: a master behind a link that a worker's stream
+        floods held up every round it took part in). Returns the union's datagrams and the
+        largest count of lost or late ones."""
+        size, group = feedback_bytes(n), self.peer.group
+        got = [torch.zeros(size, dtype=torch.uint8) for _ in dsts]
+        works = [
+            dist.irecv(g, w, group=group, tag=REPORT_TAG) for g, w in zip(got, dsts, strict=True)
+        ]
+        for w in works:
+            w.wait()
+        each = torch.stack(got).numpy()
         worst = int(each[:, -4:].copy().view("<u4").max())
         union = torch.from_numpy(np.bitwise_or.reduce(each, axis=0))
-        sends = [dist.isend(union, w, group=group, tag=UNION_TAG) for w in others]
+        sends = [dist.isend(union, w, group=group, tag=UNION_TAG) for w in dsts]
         for w in sends:
             w.wait()
-        self._control(egress=size * (world - 1), ingress=size * (world - 1))
+        self._control(egress=size * len(dsts), ingress=size * len(dsts))
         return self._datagrams(union, n), worst
 
-    def _report_missing(self, missing: np.ndarray, lost: int, src: int = 0) -> None:
+    def _report_missing(self, missing: np.ndarray, lost: int, src: int) -> None:
         """Receiver -> the stream's sender: its bitmap of missing datagrams and its count of
         datagrams lost or late in the round (4 bytes after the bitmap)."""
         count = np.array([min(lost, 2**32 - 1)], dtype="<u4").view(np.uint8)
         bits = torch.from_numpy(np.concatenate([np.packbits(missing), count]))
-        dist.gather(bits, dst=src, group=self.peer.group)
+        dist.send(bits, src, group=self.peer.group, tag=REPORT_TAG)
         self._control(egress=bits.numel())
 
-    def _receive_union(self, n: int, src: int = 0) -> np.ndarray:
+    def _receive_union(self, n: int, src: int) -> np.ndarray:
         """Receiver: the union of every receiver's missing datagrams, from the sender."""
         union = torch.empty(feedback_bytes(n), dtype=torch.uint8)
         dist.recv(union, src, group=self.peer.group, tag=UNION_TAG)
@@ -357,18 +358,6 @@ class Multicast(Transport):
     @staticmethod
     def _datagrams(union: torch.Tensor, n: int) -> np.ndarray:
         return np.flatnonzero(np.unpackbits(union.numpy()[:-4])[:n])
-
-    def _idle(self, n: int, src: int) -> None:
-        """A rank a stream is not for: its part in every round's feedback, nothing missing."""
-        nothing = np.zeros(n, dtype=bool)
-        while True:
-            done = Arrival(self.peer, src)
-            self._report_missing(nothing, 0, src)
-            todo = self._receive_union(n, src)
-            done.wait()
-            self._control(ingress=4)
-            if todo.size == 0:
-                return
 
     def _receive(
         self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None], src: int = 0

@@ -1,5 +1,6 @@
-"""``multicast``'s feedback over the process group: the master's "round sent" (awaited in
-a thread), and the size of a worker's report of what it missed."""
+"""``multicast``'s feedback over the process group, between a stream's sender and its
+receivers: the sender's "round sent" (awaited in a thread), and the size of a receiver's
+report of what it missed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from coded_shuffle.distributed.transports.base import Peer
 
 CONTROL_TAG = 0x6D63  # the master's "round sent"
 UNION_TAG = 0x6D64  # the union of the workers' missing datagrams
+REPORT_TAG = 0x6D65  # a receiver's report of what it missed, to the stream's sender
 
 
 def feedback_bytes(n: int) -> int:
