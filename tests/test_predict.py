@@ -219,3 +219,40 @@ def test_every_transport_on_every_topology_follows_the_cost_model(transport, top
     }[transport]
     traffic = Traffic(k, stream, stream)
     assert seconds(transport, stream, traffic, net) == pytest.approx(expected + over)
+
+
+@pytest.mark.parametrize("topology", model.TOPOLOGIES)
+@pytest.mark.parametrize("transport", model.PEERS)
+def test_the_peer_transports_follow_the_cost_model(transport, topology):
+    """The workers send at their own rate whatever the master's: ``peer-multicast`` each
+    datagram once plus a feedback round per worker's stream, ``peer-unicast`` as ``p2p``."""
+    k, stream = 4, 12 * MB
+    master_rate = 50e6 if topology == "uplink" else 400e6
+    net = Network(topology, 400e6, master_rate, mtu=1500, frame=38)
+    b, over = 400e6 / 8, net.overhead_seconds
+    expected = {
+        "peer-multicast": net.datagrams(stream) / (model.PACE_SHARE * b)
+        + k * net.peer_stream_seconds,
+        "peer-unicast": net.tcp(stream if topology == "shared" else stream / k) / b
+        + (k - 1) * net.peer_seconds,
+    }[transport]
+    traffic = Traffic(k, stream, stream)
+    assert seconds(transport, stream, traffic, net) == pytest.approx(expected + over)
+    assert master_bytes(transport, stream, k) == 0
+
+
+def test_a_decentralized_row_where_the_workers_store_more_than_their_batch(capsys):
+    """``T = 2``: the decentralized delivery over both peer transports, its coded bytes half
+    of what every symbol to each keeper takes; ``T = 1``: no such row (nothing to code)."""
+    argv = ["predict", "-K", "4", "-N", "4000", "-B", "2004", "--rate", "200mbit",
+            "--master-rate", "50mbit", "--topology", "shared", "--json"]  # fmt: skip
+    assert cli.main([*argv, "-T", "2", "--scheme", "attia-tandon-excess"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    peers = {r["transport"]: r for r in rows if r["delivery"] == "decentralized"}
+    assert set(peers) == set(model.PEERS)
+    assert all(r["master_bytes"] == 0 for r in peers.values())
+    fastest = min(rows, key=lambda r: r["seconds"])
+    assert (fastest["delivery"], fastest["transport"]) == ("decentralized", "peer-multicast")
+    assert cli.main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert not [r for r in rows if r["delivery"] == "decentralized"]

@@ -17,6 +17,12 @@ busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethern
   only what a worker after it keeps; :attr:`Traffic.coded_links`, from the plan).
 * ``uplink``: a switch whose master sits behind a slower link (``master_rate < rate``).
 
+``peer-multicast`` and ``peer-unicast`` carry a decentralized delivery, sent by the workers at
+their own ``rate`` (the master's link is out of it): ``peer-multicast`` every worker's
+stream in turn, each datagram once on any topology, plus ``peer_stream_seconds`` per worker's
+stream; ``peer-unicast`` every symbol once per worker that keeps it (the uncoded exchange's
+bytes), as ``p2p``.
+
 ``overhead_seconds`` is a fixed cost per delivery (reports, digests, round trips) and
 ``peer_seconds`` one per peer of a ``p2p`` worker (a stream set up and drained per peer, and
 the spread of the workers' starts: a ``p2p`` delivery is timed from the first worker's start
@@ -47,9 +53,13 @@ from coded_shuffle.math.plan import Plan, byte_parts, subpoint_bytes
 TOPOLOGIES = ("switch", "shared", "uplink")
 TRANSPORTS = ("unicast", "p2p", "tree", "chain", "multicast")
 BROADCASTS = ("tree", "chain", "multicast")  # what carries a coded delivery
+PEERS = ("peer-multicast", "peer-unicast")  # what carries a decentralized delivery
 PACE_SHARE = 0.99  # multicast paced at this share of the slowest NIC (the cluster's default)
 OVERHEAD_SECONDS = 0.02  # per delivery: calibrated on the emulated cluster (transports.md)
 PEER_SECONDS = 0.021  # p2p: per peer a worker exchanges with (calibrated the same way)
+# peer-multicast: per worker's stream (its feedback round, and the decoding and reports the
+# workers' clocks add: scripts/bench_transport.py, K = 4, shared 200 Mbit/s, docs/decentralized.md)
+PEER_STREAM_SECONDS = 0.035
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class Network:
     pace_share: float = PACE_SHARE
     overhead_seconds: float = OVERHEAD_SECONDS
     peer_seconds: float = PEER_SECONDS
+    peer_stream_seconds: float = PEER_STREAM_SECONDS
 
     def check(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -127,6 +138,11 @@ def seconds(
         else:
             hop = net.tcp(min(stream, net.mtu)) / r  # a relay forwards what has arrived
             busy = net.tcp(stream) / first + (k - 1) * hop
+    elif transport == "peer-multicast":  # every worker's stream in turn, each once
+        busy = net.datagrams(stream) / (net.pace_share * r) + k * net.peer_stream_seconds
+    elif transport == "peer-unicast":  # ``stream``: every symbol once per worker keeping it
+        busy = net.tcp(stream) / r if shared else net.tcp(stream / k) / r
+        busy += (k - 1) * net.peer_seconds
     elif transport == "tree":
         rounds = math.ceil(math.log2(k + 1))
         if shared:  # every one of the K copies crosses the medium; the master sends `rounds`
@@ -134,14 +150,15 @@ def seconds(
         else:  # every round: the master (and others) send the whole stream once
             busy = rounds * net.tcp(stream) / first
     else:
-        raise UsageError(f"transport {transport!r} unknown; valid: {', '.join(TRANSPORTS)}")
+        known = ", ".join((*TRANSPORTS, *PEERS))
+        raise UsageError(f"transport {transport!r} unknown; valid: {known}")
     return busy + net.overhead_seconds
 
 
 def master_bytes(transport: str, stream: float, workers: int) -> float:
     """Message bytes the master sends (the transports' counted ``master_egress_bytes``,
     multicast without its 16-byte datagram headers)."""
-    if transport == "p2p":
+    if transport == "p2p" or transport in PEERS:
         return 0.0
     if transport == "tree":
         return math.ceil(math.log2(workers + 1)) * stream

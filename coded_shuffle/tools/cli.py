@@ -308,7 +308,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from coded_shuffle.costs.model import Network
     from coded_shuffle.costs.rates import parse_rate
-    from coded_shuffle.tools.predict import Workload, as_json, planned_load, predict, render
+    from coded_shuffle.tools.predict import (
+        Workload,
+        as_json,
+        peer_load,
+        planned_load,
+        predict,
+        render,
+    )
 
     if args.scheme not in REGISTRY:
         raise UsageError(f"unknown scheme {args.scheme!r}; valid: {', '.join(sorted(REGISTRY))}")
@@ -332,12 +339,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         fraction=args.fraction,
     )
     load = planned_load(cluster, chain=net.topology == "shared")
-    rows = predict(cluster, net, load)
+    peers = peer_load(cluster)
+    rows = predict(cluster, net, load, peers)
     if args.json:
         for obj in as_json(cluster, net, load, rows):
             print(json.dumps(obj))
     else:
-        print("\n".join(render(cluster, net, load, rows)))
+        print("\n".join(render(cluster, net, load, rows, peers)))
     return 0
 
 

@@ -11,12 +11,13 @@ scaled load is an upper bound for the coded delivery (the output says so).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from coded_shuffle.costs.model import (
     BROADCASTS,
+    PEERS,
     TRANSPORTS,
     Network,
     Traffic,
@@ -143,21 +144,41 @@ class Row:
     vs_best_uncoded: float
 
 
-def predict(workload: Workload, net: Network, load: Load | None = None) -> list[Row]:
+def peer_load(workload: Workload) -> Load | None:
+    """The decentralized scheme's load with the same storage (docs/decentralized.md), where
+    the workers can code for each other (``T > 1``) and it plans for these sizes; else None."""
+    if workload.storage <= 1:
+        return None
+    try:
+        return planned_load(replace(workload, scheme="decentralized"))
+    except UsageError:  # above its K, or sub-points too small: no decentralized row
+        return None
+
+
+def predict(
+    workload: Workload, net: Network, load: Load | None = None, peers: Load | None = None
+) -> list[Row]:
     """Every (delivery, transport) that can run: uncoded over all five, coded over the
-    broadcasts (unless the scheme is ``uncoded``)."""
+    broadcasts (unless the scheme is ``uncoded``), and the workers' own decentralized
+    delivery over the peer transports (``peers``: its load, where there is one)."""
     net.check()
     load = load or planned_load(workload, chain=net.topology == "shared")
     t = load.traffic
     combos = [("uncoded", x, t.uncoded_bytes, t.uncoded_links) for x in TRANSPORTS]
     if workload.scheme != "uncoded":
         combos += [("coded", x, t.coded_bytes, t.coded_links) for x in BROADCASTS]
+    if peers is not None:
+        p = peers.traffic
+        streams = {"peer-multicast": p.coded_bytes, "peer-unicast": p.uncoded_bytes}
+        combos += [("decentralized", x, streams[x], None) for x in PEERS]
     timed = [(d, x, transport_seconds(x, s, t, net, links), s) for d, x, s, links in combos]
     best = min(sec for d, _, sec, _ in timed if d == "uncoded")
     return [Row(d, x, sec, master_bytes(x, s, t.workers), sec / best) for d, x, sec, s in timed]
 
 
-def render(workload: Workload, net: Network, load: Load, rows: list[Row]) -> list[str]:
+def render(
+    workload: Workload, net: Network, load: Load, rows: list[Row], peers: Load | None = None
+) -> list[str]:
     """The human table and its verdict."""
     t = load.traffic
     master = "" if net.master_rate == net.rate else f", master {format_rate(net.master_rate)}"
@@ -177,25 +198,35 @@ def render(workload: Workload, net: Network, load: Load, rows: list[Row]) -> lis
             if load.planned_points != workload.points
             else "; planned on a random shuffle"
         ),
-        f"{'delivery':8s} {'transport':10s} {'master MB':>10s} {'seconds':>9s} "
+        *(
+            [
+                f"decentralized (the workers send from their storage T = {workload.storage:g}): "
+                f"coded {peers.traffic.coded_bytes / 1e6:,.1f} MB, every symbol to each worker "
+                f"keeping it {peers.traffic.uncoded_bytes / 1e6:,.1f} MB"
+            ]
+            if peers is not None
+            else []
+        ),
+        f"{'delivery':13s} {'transport':14s} {'master MB':>10s} {'seconds':>9s} "
         f"{'vs best uncoded':>15s}",
     ]
     for r in rows:
         lines.append(
-            f"{r.delivery:8s} {r.transport:10s} {r.master_bytes / 1e6:10.1f} {r.seconds:9.3f} "
-            f"{r.vs_best_uncoded:15.2f}"
+            f"{r.delivery:13s} {r.transport:14s} {r.master_bytes / 1e6:10.1f} "
+            f"{r.seconds:9.3f} {r.vs_best_uncoded:15.2f}"
         )
     fastest = min(rows, key=lambda r: r.seconds)
     best_uncoded = min((r for r in rows if r.delivery == "uncoded"), key=lambda r: r.seconds)
-    if fastest.delivery == "coded":
+    if fastest.delivery != "uncoded":
         verdict = (
-            f"fastest: coded over {fastest.transport}, {fastest.seconds:.3f} s = "
+            f"fastest: {fastest.delivery} over {fastest.transport}, {fastest.seconds:.3f} s = "
             f"{fastest.vs_best_uncoded:.2f}x the fastest uncoded ({best_uncoded.transport}, "
             f"{best_uncoded.seconds:.3f} s)"
         )
     else:
         verdict = f"fastest: uncoded over {fastest.transport}, {fastest.seconds:.3f} s"
-    master = [r for r in rows if r.transport != "p2p"]  # where only the master holds data
+    # where only the master holds data
+    master = [r for r in rows if r.transport != "p2p" and r.transport not in PEERS]
     coded = [r for r in master if r.delivery == "coded"]
     if coded:
         best_coded = min(coded, key=lambda r: r.seconds)
@@ -218,6 +249,12 @@ def render(workload: Workload, net: Network, load: Load, rows: list[Row]) -> lis
 def why(net: Network, fastest: Row) -> str:
     """The verdict's reason, the one docs/benchmarks.md draws from the time-to-accuracy runs:
     coding pays where several receivers' flows share one link."""
+    if fastest.delivery == "decentralized":
+        return (
+            "why: the workers hold the data between them (storage T > 1): each sends what it "
+            "stores, coded for several peers at once, and the master's link is out of the "
+            "reshuffle"
+        )
     if fastest.delivery == "coded":
         if net.topology == "shared":
             return (
