@@ -27,6 +27,13 @@ best uncoded full run, the placement and the slowest reshuffle against ``unicast
 costliest host's CPU seconds per GB, the largest anonymous memory of a host, and what the
 cheaper shuffles give up (``coverage_min``, ``label_tv_max`` after the last epoch).
 
+``--remote-store MASTER_RATE`` adds the remote-store runs (docs/decentralized.md): the master,
+where the data lives, behind ``MASTER_RATE``, the workers on a shared medium of
+``--remote-rate``, logistic regression on a synthetic set; the workers' own decentralized
+delivery (``decentralized`` at ``T = 2``) over ``peer-multicast`` and ``peer-unicast`` beside
+uncoded ``p2p``, coded ``multicast`` and uncoded ``unicast`` from the master; the same
+per-epoch table.
+
 It prints per run the final test accuracy, the epochs, seconds (``elapsed_seconds``: since the
 first epoch began) and shuffle bytes (network, master) to ``--target``, the seconds ratio
 against ``full`` uncoded ``unicast`` of the same synchronisation, the share of an epoch that
@@ -59,6 +66,13 @@ RUNS = (  # policy, scheme, transport
     ("none", "uncoded", "unicast"),
 )
 BASELINE = ("full", "uncoded", "unicast")
+REMOTE_RUNS = (  # policy, scheme[@T], transport: the master behind a slower link
+    ("full", "decentralized@2", "peer-multicast"),
+    ("full", "decentralized@2", "peer-unicast"),
+    ("full", "uncoded", "p2p"),
+    ("full", "cycles", "multicast"),
+    ("full", "uncoded", "unicast"),
+)
 BIG_RUNS = (  # policy, scheme, transport: the reshuffle-bound runs
     ("full", "cycles", "multicast"),
     ("full", "uncoded", "unicast"),
@@ -100,15 +114,23 @@ class Result:
         return float(np.median(self.series(key)[1:]))
 
 
-def cluster(args: argparse.Namespace, rate: str, run_dir: Path, overrides: list[str]) -> list:
-    """One training job on the emulated cluster; its metrics (every epoch verified). With
-    ``--reuse``, a finished run already in ``run_dir`` (every epoch recorded) is read instead."""
+def cluster(
+    args: argparse.Namespace,
+    rate: str,
+    run_dir: Path,
+    overrides: list[str],
+    master_rate: str | None = None,
+) -> list:
+    """One training job on the emulated cluster (the master's NIC at ``master_rate`` if
+    given); its metrics (every epoch verified). With ``--reuse``, a finished run already in
+    ``run_dir`` (every epoch recorded) is read instead."""
     if args.reuse and (run_dir / "summary.json").is_file():
         return verified(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(args.workers + 1),
-           "--rate", rate, "--medium", args.medium, "--",
+           "--rate", rate, "--medium", args.medium,
+           *(["--master-rate", master_rate] if master_rate else []), "--",
            f"hydra.run.dir={run_dir}", f"seed={args.seed}", *overrides, *args.set]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
@@ -127,7 +149,9 @@ def verified(run_dir: Path) -> list:
 
 
 def delivery(scheme: str, transport: str, policy: str, args: argparse.Namespace) -> list[str]:
-    overrides = [f"scheme={scheme}", f"dist.transport={transport}", f"shuffle={policy}"]
+    name, _, storage = scheme.partition("@")  # SCHEME@T: storage T
+    overrides = [f"scheme={name}", f"dist.transport={transport}", f"shuffle={policy}"]
+    overrides += [f"storage={storage}"] if storage else []
     if policy == "partial":
         overrides.append(f"shuffle.fraction={args.fraction}")
     return overrides
@@ -162,6 +186,31 @@ def run_big(
         return Result(0, policy, scheme, transport, rows)
     finally:
         shutil.rmtree(Path(args.out) / "big-stores", ignore_errors=True)
+
+
+def remote(args: argparse.Namespace) -> list[Result]:
+    """``--remote-store MASTER_RATE``: the workers on a shared medium of ``--remote-rate``,
+    the master (the data's store) behind ``MASTER_RATE``; logistic regression on a synthetic
+    set, every option of :data:`REMOTE_RUNS`."""
+    print(
+        f"remote store: {args.workers} workers on a shared {args.remote_rate} medium, the "
+        f"master behind {args.remote_store}; {args.remote_points:,} synthetic points of "
+        f"{4 * args.remote_features + 4} bytes, logreg, {args.remote_epochs} epochs; multicast "
+        "paced at 99% of the sender's NIC",
+        flush=True,
+    )
+    results = []
+    for policy, scheme, transport in REMOTE_RUNS:
+        overrides = [
+            *delivery(scheme, transport, policy, args), "data=synthetic",
+            f"data.points={args.remote_points}", f"data.features={args.remote_features}",
+            "model=logreg", f"epochs={args.remote_epochs}", "optim.batch_size=1024",
+        ]  # fmt: skip
+        run_dir = Path(args.out) / "remote" / f"{policy}-{scheme}-{transport}"
+        rows = cluster(args, args.remote_rate, run_dir, overrides, args.remote_store)
+        results.append(Result(0, policy, scheme, transport, rows))
+        print(f"  remote {policy}/{scheme}/{transport}: done", file=sys.stderr, flush=True)
+    return results
 
 
 def big(args: argparse.Namespace) -> list[Result]:
@@ -240,7 +289,7 @@ def epoch_table(results: list[Result], fraction: float) -> list[str]:
     best = min(r.series("elapsed_seconds")[-1] for r in full if r.scheme == "uncoded")
     unicast = next(r for r in full if r.transport == "unicast").series("delivery_seconds")
     epochs = len(results[0].rows)
-    head = f"{'run':30s} " + " ".join(f"{f'e{e}':>6s}" for e in range(1, epochs + 1))
+    head = f"{'run':36s} " + " ".join(f"{f'e{e}':>6s}" for e in range(1, epochs + 1))
     head += (
         f" {'to end':>7s} {'vs best':>7s} {'place/u':>7s} {'reshuf/u':>8s} {'cpu s/GB':>8s}"
         f" {'anon MB':>7s} {'coverage':>8s} {'label tv':>8s}"
@@ -252,7 +301,7 @@ def epoch_table(results: list[Result], fraction: float) -> list[str]:
         anon = max(max(row.get("host_anon_bytes", [0])) for row in r.rows)
         end, last = r.series("elapsed_seconds")[-1], r.rows[-1]
         cells = [
-            f"{label(r, fraction):30s}",
+            f"{label(r, fraction):36s}",
             *(f"{s:6.1f}" for s in seconds),
             f"{end:7.1f}",
             f"{end / best:7.2f}",
@@ -405,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--big-features", type=int, default=2000, help="records of 4*F+4 bytes")
     parser.add_argument("--big-dir", type=Path, default=None, help="where the big set is packed")
+    parser.add_argument(
+        "--remote-store", metavar="MASTER_RATE",
+        help="the remote-store runs: the master behind this rate (e.g. 50mbit)",
+    )  # fmt: skip
+    parser.add_argument("--remote-rate", default="200mbit", help="the workers' shared medium")
+    parser.add_argument("--remote-points", type=int, default=20000)
+    parser.add_argument("--remote-features", type=int, default=500)
+    parser.add_argument("--remote-epochs", type=int, default=6)
     parser.add_argument("--skip-digits", action="store_true", help="only the big runs")
     parser.add_argument("--big-plot", type=Path, help="the big runs' seconds per epoch (PNG)")
     parser.add_argument(
@@ -431,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table(results, args.target, args.fraction)))
         print("\n".join(partial_check(results, args.fraction)))
         print("\n".join(verdicts(results, args.target)))
+    if args.remote_store:
+        print("\n".join(epoch_table(remote(args), args.fraction)))
     if args.big_gb > 0:
         large = big(args)
         print("\n".join(epoch_table(large, args.fraction)))
