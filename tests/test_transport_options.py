@@ -92,7 +92,15 @@ def test_bad_rates_are_one_usage_error(text):
 
 
 def test_registry_and_option_errors():
-    assert set(REGISTRY) == {"tree", "chain", "multicast", "unicast", "p2p", "peer-unicast"}
+    assert set(REGISTRY) == {
+        "tree",
+        "chain",
+        "multicast",
+        "unicast",
+        "p2p",
+        "peer-unicast",
+        "peer-multicast",
+    }
     with pytest.raises(UsageError, match=r"^transport='smoke' unknown; valid: chain, "):
         build_transport("smoke", PEER)
     with pytest.raises(UsageError, match=r"must list every worker rank 1\.\.3 once"):

@@ -146,7 +146,7 @@ class Link:
         if t.routing == "broadcast" or (t.shares_medium and from_master):
             out = self._broadcast(t, header, num_rows, row_bytes, routes, rows, out, on_rows)
         elif t.shares_medium:
-            out = self._shared(t, header, row_bytes, routes, rows, row_ids, out)
+            out = self._shared(t, header, row_bytes, routes, rows, row_ids, out, on_rows)
         else:
             out = self._routed(t, header, row_bytes, routes, rows, row_ids, out, on_rows)
         self.seconds += time.perf_counter() - t0
@@ -290,13 +290,17 @@ class Link:
         rows: torch.Tensor | RowSource | None,
         row_ids: np.ndarray | None,
         out: torch.Tensor | None,
+        on_rows: Callable[[int], None] | None,
     ) -> torch.Tensor | None:
         """Rows between the workers on a shared medium: one stream per sender with every row
         it sends, heard by every other worker, each keeping its own (every rank passes every
-        stream, in sender order)."""
+        stream, in sender order). Where a worker's rows come sender by sender (their senders
+        ascend with their ids), ``on_rows`` hears of each sender's as they arrive."""
         me, workers = self.rank, len(routes.needs)
         mine = routes.needs[me - 1] if me > 0 else None
         out = None if mine is None else _buffer(out, mine.size, row_bytes)
+        if mine is not None and np.any(np.diff(routes.senders[me - 1]) < 0):
+            on_rows = None  # not sender by sender: no prefix is complete before the end
         streams: list[Stream] = []
         outgoing: dict[int, Iterator[torch.Tensor]] = {}
         inboxes: dict[int, Inbox] = {}
@@ -315,6 +319,9 @@ class Link:
             elif mine is not None:
                 pos = routes.sender_rows(me - 1, src)
                 keep = np.searchsorted(ids, mine[pos])
+                ready = None
+                if on_rows is not None and pos.size:
+                    ready = lambda n, base=int(pos[0]): on_rows(base + n)  # noqa: E731
                 inboxes[index] = Inbox(
                     header,
                     ids.size,
@@ -323,7 +330,7 @@ class Link:
                     keep,
                     out,
                     pos,
-                    None,
+                    ready,
                     checksums=t.digests,
                 )
         heard = [s.total for s in streams if me in s.dsts or s.src == me]

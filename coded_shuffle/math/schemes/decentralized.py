@@ -188,8 +188,10 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
 
 
 def sender_blocks(rows: list[tuple[int, np.ndarray]]) -> tuple[tuple, tuple]:
-    """``-1``-padded rows with their senders -> one dense block per degree, and per block the
-    sender of every symbol."""
+    """``-1``-padded rows with their senders -> one dense block per sender and degree, in
+    sender order (so every worker's symbols, sorted by id, come sender by sender: a receiver
+    decodes each sender's rows as its stream ends), and per block the sender of every
+    symbol."""
     if not rows:
         return (), ()
     width = max(r.shape[1] for _, r in rows)
@@ -200,10 +202,11 @@ def sender_blocks(rows: list[tuple[int, np.ndarray]]) -> tuple[tuple, tuple]:
     valid = terms >= 0
     degree = valid.sum(axis=1)
     blocks, senders = [], []
-    for d in np.unique(degree[degree > 0]):
-        sel = degree == d
-        blocks.append(np.ascontiguousarray(terms[sel][valid[sel]].reshape(-1, int(d))))
-        senders.append(who[sel])
+    for w in np.unique(who):
+        for d in np.unique(degree[(who == w) & (degree > 0)]):
+            sel = (who == w) & (degree == d)
+            blocks.append(np.ascontiguousarray(terms[sel][valid[sel]].reshape(-1, int(d))))
+            senders.append(who[sel])
     return tuple(blocks), tuple(senders)
 
 
