@@ -199,14 +199,19 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     from coded_shuffle.tools.predict import Workload, planned_load
 
     key = (res.workers, res.scheme)
+    name, _, storage = res.scheme.partition("@")
     if key not in _LOADS:
         points = args.points - args.points % res.workers
-        cluster = Workload(res.workers, points, 4 * args.features + 4, scheme=res.scheme)
+        cluster = Workload(
+            res.workers, points, 4 * args.features + 4, scheme=name, storage=float(storage or 1)
+        )
         _LOADS[key] = planned_load(cluster, chain=args.medium == "shared")
     rate = parse_rate(args.rate)
-    net = Network(args.medium, rate, rate, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
+    master = parse_rate(args.master_rate) if args.master_rate else rate
+    topology = "uplink" if args.medium == "switch" and master < rate else args.medium
+    net = Network(topology, rate, master, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
     t = _LOADS[key].traffic
-    if res.scheme == "uncoded":
+    if name == "uncoded" or res.transport == "peer-unicast":  # every row to each keeper
         return seconds(res.transport, t.uncoded_bytes, t, net, t.uncoded_links)
     return seconds(res.transport, t.coded_bytes, t, net, t.coded_links)
 

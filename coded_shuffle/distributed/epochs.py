@@ -122,16 +122,16 @@ def outgoing_rows(
     rows are read from the cache as they are sent, coded symbols (a plan with senders) XORed
     from it here (:func:`own_symbols`).
     """
-    assert routes.senders is not None
-    mine = [n[s == worker + 1] for n, s in zip(routes.needs, routes.senders, strict=True)]
-    ids = np.unique(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.int64)
+    ids = routes.rows_from(worker + 1)
     if plan.senders:
         return ids, own_symbols(plan, ids, worker, cache)
     subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])[ids]
     return ids, PickedRows(cache, np.searchsorted(plan.caches[worker], subs))
 
 
-def own_symbols(plan: DeliveryPlan, ids: np.ndarray, worker: int, cache: torch.Tensor):
+def own_symbols(
+    plan: DeliveryPlan, ids: np.ndarray, worker: int, cache: torch.Tensor
+) -> torch.Tensor:
     """Symbols ``ids`` (sorted) XORed from ``worker``'s cache, one row each: a decentralized
     plan's symbols, every one of whose terms the sender stores (checked: a term it lacks is a
     :class:`~coded_shuffle.errors.VerificationError`, never a wrong row)."""

@@ -133,11 +133,11 @@ class WorkerSide:
         if self.delivery is not None:
             self.store = self.store_of(epoch, keep, rows)
         seconds = time.perf_counter() - t0
-        self.send_ahead()
         stored = batch.numel() if self.store is None else self.store.stored_bytes()
         self.send_report(digest(batch), seconds, stored, cpu)
         if self.delivery is not None:  # after the report: the disk is not the delivery's time
             self.persist(epoch, ctx.chain.initial)
+        self.send_ahead()  # the next epoch's sends, while the workers train
         self.keep(epoch, batch)
         return batch
 

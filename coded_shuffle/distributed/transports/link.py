@@ -268,7 +268,21 @@ class Link:
                         on_rows,
                         checksums=t.digests,
                     )
-        meter = _Meter(sum(s.total for s in streams), self.on_progress)
+        self._exchange(t, streams, outgoing, inboxes)
+        return out
+
+    def _exchange(
+        self,
+        t: Transport,
+        streams: list[Stream],
+        outgoing: dict[int, Iterator[torch.Tensor]],
+        inboxes: dict[int, Inbox],
+    ) -> None:
+        """Moves ``streams`` (this rank sends ``outgoing``, receives into ``inboxes``, in place
+        where the transport can), counting the bytes of the streams it takes part in."""
+        me = self.rank
+        mine = sum(s.total for s in streams if me in s.dsts or s.src == me)
+        meter = _Meter(mine, self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
 
         def on_message(s: int, i: int, msg: torch.Tensor) -> None:
@@ -279,7 +293,6 @@ class Link:
         t.exchange(streams, outgoing, on_message, **targets)
         for inbox in inboxes.values():
             inbox.complete()
-        return out
 
     def _shared(
         self,
@@ -333,17 +346,7 @@ class Link:
                     ready,
                     checksums=t.digests,
                 )
-        heard = [s.total for s in streams if me in s.dsts or s.src == me]
-        meter = _Meter(sum(heard), self.on_progress)
-        outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
-
-        def on_message(s: int, i: int, msg: torch.Tensor) -> None:
-            inboxes[s].receive(i, msg)
-            meter.add(streams[s].sizes[i])
-
-        t.exchange(streams, outgoing, on_message)
-        for inbox in inboxes.values():
-            inbox.complete()
+        self._exchange(t, streams, outgoing, inboxes)
         return out
 
 
