@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -181,3 +182,23 @@ def test_a_point_size_that_shifts_the_corner_says_so(capsys):
     assert main([*argv, "--shuffle", "worst"]) == 0
     line = capsys.readouterr().out
     assert "64-byte points store T = 1.98438, not 2: bytes moved to another corner" in line
+
+
+def test_transports_lists_every_transport_with_the_keys_the_job_reads(capsys):
+    """A transport that shares another's options names the job's key it reads
+    (``peer-multicast``: ``dist.multicast.*``)."""
+    assert main(["transports"]) == 0
+    out = capsys.readouterr().out
+    blocks = re.split(r"\n(?=\S)", out.strip())
+    listed = {b.split()[0]: b for b in blocks}
+    assert {
+        "chain",
+        "multicast",
+        "tree",
+        "unicast",
+        "p2p",
+        "peer-unicast",
+        "peer-multicast",
+    } == set(listed)
+    assert "dist.multicast.rate (required)" in listed["peer-multicast"]
+    assert "dist.peer-multicast" not in out

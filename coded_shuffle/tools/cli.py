@@ -360,10 +360,12 @@ def cmd_transports(_: argparse.Namespace) -> int:
 
     for name in sorted(TRANSPORTS):
         cls = TRANSPORTS[name]
-        print(f"{name:10s} {cls.routing:9s} {cls.summary}")
+        print(f"{name:14s} {cls.routing:9s} {cls.summary}")
+        # transports of one mechanism share its options (peer-multicast reads dist.multicast)
+        key = next(n for n, c in TRANSPORTS.items() if c.Options is cls.Options)
         for f in dataclasses.fields(cls.Options):
             default = "required" if f.metadata.get("required") else f"default {f.default!r}"
-            print(f"{'':21s}dist.{name}.{f.name} ({default})")
+            print(f"{'':25s}dist.{key}.{f.name} ({default})")
     return 0
 
 
