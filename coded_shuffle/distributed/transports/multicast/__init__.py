@@ -27,10 +27,16 @@ and so is the feedback (:attr:`HostBytes.control`, its share of a host's egress)
 (debug) makes every receiver discard that fraction of the datagrams it gets; ``slow_seconds``
 (debug) makes rank 1 sleep after every datagram it reads (a receiver that cannot keep up).
 
-Only the job's master is heard: every datagram carries the job's identifier
+Under ``peer-multicast`` (:mod:`~coded_shuffle.distributed.transports.peer_multicast`) any
+worker is a stream's sender as the master is here: its receivers report to it, it repairs, and
+a rank the stream is not for (the master) takes no part; every rank's sending address is known
+to all, and a receiver drops, uncounted, the datagrams of the job's other senders (its own,
+looped back, among them).
+
+Only the stream's sender in the job is heard: every datagram carries the job's identifier
 (:func:`~coded_shuffle.distributed.transports.base.job_identifier`), and a receiver drops,
 and counts (:attr:`HostBytes.foreign`), any datagram that carries another or does not come from
-the master's address and port (which the master hands to every worker when the transport is
+the sender's address and port (which every rank hands to every other when the transport is
 built). Unless ``group`` and ``port`` are set, they are derived from the identifier
 (:func:`~.options.job_group`), so two jobs on one network do not even share a group.
 
