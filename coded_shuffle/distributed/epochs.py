@@ -24,6 +24,7 @@ from coded_shuffle.math.plan import (
     DeliveryPlan,
     Plan,
     direct_routes,
+    held_at,
     peer_routes,
     subpoint_bytes,
 )
@@ -142,9 +143,8 @@ def own_symbols(
         start += block.shape[0]
         if sel.size == 0:
             continue
-        terms = block[sel]
-        pos = np.searchsorted(held, terms).clip(max=max(held.size - 1, 0))
-        if held.size == 0 or not np.array_equal(held[pos], terms):
+        pos = held_at(held, block[sel])
+        if pos is None:
             raise VerificationError(f"worker {worker}: asked to send a symbol it cannot form")
         rows = cache.index_select(0, torch.from_numpy(pos.reshape(-1)))
         rows = rows.view(sel.size, block.shape[1], cache.shape[1])

@@ -111,6 +111,22 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return offsets + np.arange(total, dtype=np.int64)
 
 
+def new_owners(plan: DeliveryPlan) -> np.ndarray:
+    """Per point, the worker whose new batch holds it."""
+    owner = np.full(plan.num_points, -1, dtype=np.int64)
+    for k, batch in enumerate(plan.new_batches):
+        owner[batch] = k
+    return owner
+
+
+def held_at(cache: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+    """Positions of sub-points ``ids`` in a sorted ``cache``, or None if it lacks any."""
+    at = np.searchsorted(cache, ids).clip(max=max(cache.size - 1, 0))
+    if ids.size and (cache.size == 0 or not np.array_equal(cache[at], ids)):
+        return None
+    return at
+
+
 def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """Point-to-point routes of an uncoded plan: per worker, its symbols and who holds them.
 
@@ -123,9 +139,7 @@ def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.
     if any(b.shape[1] != 1 for b in plan.symbols):
         raise ValueError(f"{plan.scheme}: coded symbols cannot travel point to point")
     subs = np.concatenate([b[:, 0] for b in plan.symbols] or [np.zeros(0, np.int64)])
-    owner = np.full(plan.num_points, -1, dtype=np.int64)
-    for k, batch in enumerate(plan.new_batches):
-        owner[batch] = k
+    owner = new_owners(plan)
     holder = np.full(plan.num_points * plan.splits, -1, dtype=np.int64)
     for k in reversed(range(plan.num_workers)):
         holder[plan.caches[k]] = k
@@ -144,9 +158,7 @@ def peer_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.nd
     Worker ``k`` needs every symbol with a term it demands (a sub-point of its new batch that
     it does not cache), the symbols its decoder keeps. Returns ``(needs, senders)`` (sorted
     symbol ids; 0-based workers)."""
-    owner = np.full(plan.num_points, -1, dtype=np.int64)
-    for k, batch in enumerate(plan.new_batches):
-        owner[batch] = k
+    owner = new_owners(plan)
     wanted: list[list[np.ndarray]] = [[] for _ in range(plan.num_workers)]
     start = 0
     for block in plan.symbols:

@@ -28,7 +28,7 @@ from math import comb
 
 import numpy as np
 
-from coded_shuffle.math.plan import DeliveryPlan
+from coded_shuffle.math.plan import DeliveryPlan, held_at
 from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes.base import batch_plan_fields
 from coded_shuffle.math.schemes.memory_sharing import CornerScheme
@@ -240,10 +240,7 @@ def sender_holds(plan: DeliveryPlan) -> bool:
     sent from the workers' own storage)."""
     for block, who in zip(plan.symbols, plan.senders, strict=True):
         for w in np.unique(who):
-            terms = block[who == w].reshape(-1)
-            cache = plan.caches[int(w)]
-            at = np.searchsorted(cache, terms).clip(max=max(cache.size - 1, 0))
-            if cache.size == 0 or not np.array_equal(cache[at], terms):
+            if held_at(plan.caches[int(w)], block[who == w]) is None:
                 return False
     return True
 
