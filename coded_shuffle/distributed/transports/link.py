@@ -250,26 +250,44 @@ class Link:
                 sizes = tuple(message_sizes(pos.size, row_bytes, self.chunk_bytes))
                 streams.append(Stream(src, (k + 1,), sizes))
                 if src == me:
-                    assert rows is not None
-                    ids = need[pos]
-                    local = ids if row_ids is None else np.searchsorted(row_ids, ids)
-                    outgoing[index] = self._frame(t, pick_rows(rows, local), header)
+                    outgoing[index] = self._sent(t, header, rows, row_ids, need[pos])
                 else:
                     assert out is not None
                     every = np.arange(pos.size, dtype=np.int64)
-                    inboxes[index] = Inbox(
-                        header,
-                        pos.size,
-                        row_bytes,
-                        self.chunk_bytes,
-                        every,
-                        out,
-                        pos,
-                        on_rows,
-                        checksums=t.digests,
-                    )
+                    inboxes[index] = self._inbox(t, header, row_bytes, every, out, pos, on_rows)
         self._exchange(t, streams, outgoing, inboxes)
         return out
+
+    def _sent(
+        self,
+        t: Transport,
+        header: tuple[int, int, int],
+        rows: torch.Tensor | RowSource | None,
+        row_ids: np.ndarray | None,
+        ids: np.ndarray,
+    ) -> Iterator:
+        """The messages of the rows ``ids`` this rank sends (``rows`` holds all rows, or the
+        rows ``row_ids`` of a worker sending under ``peers`` routing)."""
+        assert rows is not None
+        local = ids if row_ids is None else np.searchsorted(row_ids, ids)
+        return self._frame(t, pick_rows(rows, local), header)
+
+    def _inbox(
+        self,
+        t: Transport,
+        header: tuple[int, int, int],
+        row_bytes: int,
+        keep: np.ndarray,
+        out: torch.Tensor,
+        dest: np.ndarray,
+        on_ready: Callable[[int], None] | None,
+        num_rows: int | None = None,
+    ) -> Inbox:
+        """Where a stream of ``num_rows`` rows (default: as many as are kept) lands: its rows
+        ``keep`` into ``out``'s rows ``dest``."""
+        rows = keep.size if num_rows is None else num_rows
+        chunk = self.chunk_bytes
+        return Inbox(header, rows, row_bytes, chunk, keep, out, dest, on_ready, checksums=t.digests)
 
     def _exchange(
         self,
@@ -326,26 +344,16 @@ class Link:
             others = tuple(r for r in range(1, workers + 1) if r != src)
             streams.append(Stream(src, others, sizes))
             if src == me:
-                assert rows is not None
-                local = ids if row_ids is None else np.searchsorted(row_ids, ids)
-                outgoing[index] = self._frame(t, pick_rows(rows, local), header)
+                outgoing[index] = self._sent(t, header, rows, row_ids, ids)
             elif mine is not None:
+                assert out is not None
                 pos = routes.sender_rows(me - 1, src)
                 keep = np.searchsorted(ids, mine[pos])
                 ready = None
                 if on_rows is not None and pos.size:
                     ready = lambda n, base=int(pos[0]): on_rows(base + n)  # noqa: E731
-                inboxes[index] = Inbox(
-                    header,
-                    ids.size,
-                    row_bytes,
-                    self.chunk_bytes,
-                    keep,
-                    out,
-                    pos,
-                    ready,
-                    checksums=t.digests,
-                )
+                inbox = self._inbox(t, header, row_bytes, keep, out, pos, ready, ids.size)
+                inboxes[index] = inbox
         self._exchange(t, streams, outgoing, inboxes)
         return out
 
