@@ -41,6 +41,10 @@ from train.compose import CONF_DIR
         (["dist.transport=p2p"], "dist.transport=p2p carries uncoded deliveries only"),
         (["dist.transport=unicast", "scheme=best"], "scheme=best is coded"),
         (["dist.transport=multicast"], "dist.multicast.rate is required"),
+        (  # peer-multicast reads the options under multicast's key, and names them so
+            ["scheme=decentralized", "storage=2", "dist.transport=peer-multicast"],
+            "dist.multicast.rate is required",
+        ),
         (["dist.transport=multicast", "dist.multicast.rate=9x"], "rate '9x' cannot be parsed"),
         (["dist.chain.order=[1,2,2,3]"], "must list every worker rank 1..4 once"),
         (["shuffle=partial", "shuffle.fraction=0"], "shuffle.fraction=0.0 out of range (0, 1]"),

@@ -152,13 +152,16 @@ class Transport(ABC):
     :meth:`exchange` takes ``keepers`` at the master, and a worker may not hear a message it
     keeps no row of."""
     own_symbols: ClassVar[bool] = False
+    """Under ``peers`` routing: the workers send the plan's coded symbols, each its own (a
+    scheme the workers send, ``decentralized``), not uncoded rows."""
     shares_medium: ClassVar[bool] = False
     """Under ``peers`` routing: one stream per sender that every other rank hears (a shared
     medium; every rank passes every stream), not one per sender and receiver; a placement
     from the master is one broadcast stream."""
-    """Under ``peers`` routing: the workers send the plan's coded symbols, each its own (a
-    scheme the workers send, ``decentralized``), not uncoded rows."""
     Options: ClassVar[type] = NoOptions
+    options_key: ClassVar[str | None] = None
+    """The name its options go by (the job's ``dist.<key>``) where it shares another
+    transport's mechanism and options; None: its own name."""
 
     def __init__(self, peer: Peer, options: Any = None) -> None:
         self.peer = peer
@@ -180,11 +183,11 @@ class Transport(ABC):
                 raise UsageError(f"{names.transport}={cls.name} takes no options, got {unknown}")
             if unknown:
                 raise UsageError(
-                    f"{names.of(cls.name)(unknown[0])} is not an option of "
+                    f"{names.of(cls.options_key or cls.name)(unknown[0])} is not an option of "
                     f"{names.transport}={cls.name}; valid: {', '.join(valid)}"
                 )
             options = cls.Options(**given)
-        options.check(world_size, names.of(cls.name))
+        options.check(world_size, names.of(cls.options_key or cls.name))
         return options
 
     @classmethod

@@ -24,3 +24,4 @@ class PeerMulticast(Multicast):
     own_symbols = True
     shares_medium = True
     peer_sends = True
+    options_key = "multicast"  # the job's dist.multicast
