@@ -2,14 +2,18 @@
 
 ``python -m train --check [overrides]`` only composes and validates the config (exit 2 with
 one line when it is invalid); ``coded-shuffle cluster`` runs it before building any host.
+``python -m train --profile [overrides]`` prints the job's shape and its compute measured on
+this machine, as JSON (``coded-shuffle predict --job`` prices the run from it).
 """
 
 import sys
 
-from .entry import check_main, exit_now, torchrun_main
+from .entry import check_main, exit_now, profile_main, torchrun_main
 
 if sys.argv[1:2] == ["--check"]:
     check_main(sys.argv[2:])
+elif sys.argv[1:2] == ["--profile"]:
+    profile_main(sys.argv[2:])
 else:
     torchrun_main(sys.argv[1:])
     exit_now()  # the rank's work is written and its group destroyed: skip torch's teardown

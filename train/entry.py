@@ -8,6 +8,7 @@ runs it before it builds any host); ``torchrun ... -m train [overrides]`` runs o
 from __future__ import annotations
 
 import faulthandler
+import json
 import logging
 import os
 import signal
@@ -117,6 +118,23 @@ def check_main(argv: list[str]) -> None:
         check_group_overrides(argv)
         composed, _ = compose_argv(argv)
         validate(typed(composed))
+    except UsageError as exc:
+        _config_error(exc)
+    except Exception as exc:  # Hydra's and OmegaConf's composition errors
+        _config_error(exc)
+
+
+def profile_main(argv: list[str]) -> None:
+    """``python -m train --profile [overrides]``: the validated job's profile as one JSON
+    line (:mod:`train.profile`)."""
+    from .profile import as_dict, profile
+
+    try:
+        check_group_overrides(argv)
+        composed, _ = compose_argv(argv)
+        cfg = typed(composed)
+        validate(cfg)
+        print(json.dumps(as_dict(profile(cfg))), flush=True)
     except UsageError as exc:
         _config_error(exc)
     except Exception as exc:  # Hydra's and OmegaConf's composition errors

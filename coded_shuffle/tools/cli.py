@@ -85,13 +85,21 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser(
         "predict",
-        help="predict every transport's delivery seconds for a described cluster",
+        help="predict every transport's delivery seconds for a described cluster, or (--job) "
+        "a whole training run's seconds beside its alternatives",
         description="A coded and an uncoded epoch over every transport, from the transports' "
-        "cost models and the scheme's load on a random shuffle (docs/transports.md).",
+        "cost models and the scheme's load on a random shuffle (docs/transports.md). With "
+        "--job -- OVERRIDES: the seconds to every epoch of the run that `coded-shuffle cluster "
+        "--rate R --medium M -- OVERRIDES` would run, and of every alternative to it.",
     )
-    pr.add_argument("--workers", "-K", type=int, required=True, help="number of workers K")
-    pr.add_argument("--points", "-N", type=int, required=True, help="points N (a multiple of K)")
-    pr.add_argument("--point-bytes", "-B", type=int, required=True, help="bytes per point")
+    pr.add_argument(
+        "--job",
+        action="store_true",
+        help="price the training job that the overrides after -- describe (as for cluster)",
+    )
+    pr.add_argument("--workers", "-K", type=int, help="number of workers K (not with --job)")
+    pr.add_argument("--points", "-N", type=int, help="points N (a multiple of K; not with --job)")
+    pr.add_argument("--point-bytes", "-B", type=int, help="bytes per point (not with --job)")
     pr.add_argument("--rate", required=True, help="every worker's NIC rate, e.g. 10gbit")
     pr.add_argument("--master-rate", help="the master's NIC rate (default: --rate)")
     pr.add_argument(
@@ -111,6 +119,11 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         help="switch (full bisection, default) | shared (one medium of --rate) | uplink (a "
         "master behind a slower link: --master-rate below --rate)",
     )
+    pr.add_argument(
+        "--medium",
+        default="switch",
+        help="--job: switch (default) | shared, as coded-shuffle cluster --medium",
+    )
     pr.add_argument("--mtu", type=int, default=1500, help="MTU of every NIC (default 1500)")
     pr.add_argument(
         "--peer-seconds",
@@ -122,6 +135,7 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--chunk-bytes", type=int, default=256 << 10, help="payload per message")
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--json", action="store_true", help="one JSON object per row")
+    pr.add_argument("args", nargs=argparse.REMAINDER, help="--job: -- then the job's overrides")
 
 
 def _add_cluster(sub: argparse._SubParsersAction) -> None:
@@ -305,7 +319,48 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict_job(args: argparse.Namespace) -> int:
+    """``predict --job -- OVERRIDES``: the run's seconds and its alternatives'."""
+    from coded_shuffle.tools.predict_job import (
+        as_json,
+        check_cluster,
+        network,
+        predict_job,
+        profile_job,
+        render,
+    )
+
+    for flag in ("workers", "points", "point_bytes"):
+        if getattr(args, flag) is not None:
+            name = flag.replace("_", "-")
+            raise UsageError(f"--{name} does not go with --job: the job's overrides give it")
+    from coded_shuffle.tools.cluster.run import pacing_overrides
+
+    cluster = check_cluster(args.medium, args.rate, args.master_rate, args.mtu)
+    rest = list(args.args)
+    overrides = rest[1:] if rest[:1] == ["--"] else rest
+    # multicast paced as the cluster command paces it where the overrides do not say
+    overrides += pacing_overrides(overrides, int(cluster.rate), int(cluster.master_rate))
+    job = profile_job(overrides)
+    net = network(args.medium, args.rate, args.master_rate, args.mtu, job)
+    runs = predict_job(job, net)
+    if args.json:
+        for obj in as_json(job, runs):
+            print(json.dumps(obj))
+    else:
+        print("\n".join(render(job, net, runs)))
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.job:
+        return cmd_predict_job(args)
+    missing = [f for f in ("workers", "points", "point_bytes") if getattr(args, f) is None]
+    if missing:
+        names = ", ".join("--" + f.replace("_", "-") for f in missing)
+        raise UsageError(f"predict needs {names} (or --job -- OVERRIDES: a training job)")
+    if args.args:
+        raise UsageError(f"unexpected arguments {' '.join(args.args)!r} (overrides go with --job)")
     from coded_shuffle.costs.model import Network
     from coded_shuffle.costs.rates import parse_rate
     from coded_shuffle.tools.predict import (
@@ -361,8 +416,7 @@ def cmd_transports(_: argparse.Namespace) -> int:
     for name in sorted(TRANSPORTS):
         cls = TRANSPORTS[name]
         print(f"{name:14s} {cls.routing:9s} {cls.summary}")
-        # transports of one mechanism share its options (peer-multicast reads dist.multicast)
-        key = next(n for n, c in TRANSPORTS.items() if c.Options is cls.Options)
+        key = cls.options_key or name  # peer-multicast reads dist.multicast
         for f in dataclasses.fields(cls.Options):
             default = "required" if f.metadata.get("required") else f"default {f.default!r}"
             print(f"{'':25s}dist.{key}.{f.name} ({default})")

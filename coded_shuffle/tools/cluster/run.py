@@ -80,18 +80,25 @@ def training_overrides(
     if run_dir is None:
         run_dir = time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S")
         out.append(f"hydra.run.dir={run_dir}")
-    transport = _override(out, "dist.transport")
-    if (
-        transport in ("multicast", "peer-multicast")
-        and _override(out, "dist.multicast.rate") is None
-    ):
-        senders = range(cluster.hosts) if transport == "multicast" else range(1, cluster.hosts)
-        slowest = min(cluster.host_rate(i) for i in senders)
-        out.append(f"dist.multicast.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
-        if transport == "peer-multicast" and _override(out, "dist.multicast.master_rate") is None:
-            master = int(min(cluster.host_rate(0), slowest) * MULTICAST_SHARE)
-            out.append(f"dist.multicast.master_rate={format_rate(master)}")
+    out += pacing_overrides(out, cluster.rate, cluster.host_rate(0))
     return out, Path(run_dir)
+
+
+def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> list[str]:
+    """Multicast's pacing where the overrides do not set it: ``dist.multicast.rate`` at
+    :data:`MULTICAST_SHARE` of the slowest sender's NIC (``multicast``: every host;
+    ``peer-multicast``: the workers, and the master's placement at its own NIC's share)."""
+    transport = _override(overrides, "dist.transport")
+    if transport not in ("multicast", "peer-multicast"):
+        return []
+    out = []
+    slowest = min(rate, master_rate) if transport == "multicast" else rate
+    if _override(overrides, "dist.multicast.rate") is None:
+        out.append(f"dist.multicast.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
+    if transport == "peer-multicast" and _override(overrides, "dist.multicast.master_rate") is None:
+        master = int(min(master_rate, slowest) * MULTICAST_SHARE)
+        out.append(f"dist.multicast.master_rate={format_rate(master)}")
+    return out
 
 
 def check_training_config(overrides: Sequence[str]) -> None:

@@ -1,0 +1,145 @@
+"""A whole run's seconds, epoch by epoch, on the clock of ``metrics.jsonl``'s
+``elapsed_seconds`` (docs/transports.md, "Predicting a run").
+
+An epoch of the training job is its delivery, then the workers' training on their batches,
+then the end of the epoch (worker 0's parameters to the master, its test evaluation, the
+records). Every part is a network-bound share (bytes over the busiest link, :mod:`.model`)
+and a CPU-bound one (seconds of the CPU work on the cores that the hosts share):
+
+* **delivery**: the transport's network seconds (:func:`~.model.seconds`) and the CPU's:
+  what its data path costs (:data:`CPU_SECONDS_PER_GB` per GB that crosses a host's NIC,
+  calibrated on the emulated cluster at MTU 1500) and the digests (the master hashes every
+  batch with SHA-256, every worker its own): the larger of the two, plus the part of the
+  smaller that does not overlap it (``1 -`` :data:`CPU_OVERLAP`). A run without a reshuffle
+  (``none``) still pays the digests;
+* **training**: every step's compute (the model's step timed on this machine, the workers
+  sharing its cores), reading the batch's records (:data:`READ_SECONDS_PER_GB`) and the
+  gradients' ring all-reduce (``2 (K - 1)`` shares of the gradients on a shared medium,
+  ``2 (K - 1) / K`` per NIC on a switch, plus :data:`HOP_FRAMES` frames per ring phase); with
+  local SGD (``H >= 1``) the parameters and momentum averaged every ``H`` steps and at the
+  epoch's end;
+* **end of epoch**: worker 0's parameters to the master, the test forward, and
+  :data:`EPOCH_SECONDS` (records, the checkpoint).
+
+No torch: the compute figures come in a :class:`Compute` (``python -m train --profile``
+measures them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from coded_shuffle.costs.model import Network
+
+# CPU seconds per GB (10^9 bytes) through a host's NIC, summed over the hosts' both ways, of
+# each transport's data path (framing, digests, copies; multicast's datagrams, parity and
+# reports): calibrated on the emulated cluster at MTU 1500 (docs/benchmarks.md)
+CPU_SECONDS_PER_GB = {
+    "unicast": 4.0,
+    "p2p": 4.0,
+    "multicast": 6.0,
+    "tree": 6.0,
+    "chain": 7.0,
+    "peer-multicast": 6.0,
+    "peer-unicast": 4.0,
+}
+CPU_OVERLAP = 0.7  # the share of a delivery's CPU seconds that overlaps its network seconds
+# CPU seconds per GB of records the workers read in an epoch (minibatches gathered from a
+# memory-mapped batch, turned into the model's floats): calibrated on the emulated cluster
+READ_SECONDS_PER_GB = 5.0
+EPOCH_SECONDS = 0.05  # per epoch: reports, records, the checkpoint (calibrated)
+# frames of store-and-forward per ring phase (calibrated on the emulated cluster, 4 Mbit/s,
+# K = 4): on a shared medium the sender's NIC and the medium each hold a frame; on a switch
+# the receiver's NIC takes the chunk while the sender's sends it
+HOP_FRAMES = {"shared": 2.0, "switch": 0.5, "uplink": 0.5}
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The job's compute, measured on this machine (``python -m train --profile``)."""
+
+    step_seconds: float  # one optimiser step on one minibatch, one process alone
+    eval_seconds_per_point: float
+    sha256_seconds_per_gb: float
+    cores: int  # the CPUs the emulated cluster's hosts share
+
+
+@dataclass(frozen=True)
+class Training:
+    """What every epoch trains: ``points`` N of ``point_bytes`` over ``workers`` K."""
+
+    workers: int
+    points: int
+    point_bytes: int
+    test_points: int
+    params: int
+    momentum: bool
+    batch_size: int
+    average_every: int  # H: 0 averages the gradients at every step
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.points // self.workers / self.batch_size)
+
+    @property
+    def set_gb(self) -> float:
+        return self.points * self.point_bytes / 1e9
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of an epoch: its network-bound and CPU-bound seconds, and its wall clock."""
+
+    network: float
+    cpu: float
+    seconds: float
+
+
+def allreduce_seconds(payload: float, workers: int, net: Network) -> float:
+    """A ring all-reduce of ``payload`` bytes per worker among the ``workers`` (gloo): on a
+    shared medium every worker's ``2 (K - 1) / K`` shares cross the one link; on a switch each
+    NIC carries its own. Each of the ``2 (K - 1)`` phases waits for its frames to cross."""
+    if workers < 2:
+        return 0.0
+    share = 2 * (workers - 1) * payload
+    busy = share if net.topology == "shared" else share / workers
+    phases = 2 * (workers - 1)
+    hop = HOP_FRAMES[net.topology] * min(net.mtu, payload / workers + 64) / (net.rate / 8)
+    return net.tcp(busy) / (net.rate / 8) + phases * hop
+
+
+def digest_seconds(t: Training, c: Compute) -> float:
+    """Every batch's SHA-256 at the master (one thread), and each worker's own (the workers
+    on the shared cores)."""
+    hashed = t.set_gb * c.sha256_seconds_per_gb
+    return hashed + hashed / c.cores
+
+
+def delivery(network: float, nic_bytes: float, transport: str, t: Training, c: Compute) -> Part:
+    """A delivery of ``network`` seconds whose bytes cross the hosts' NICs ``nic_bytes`` times
+    over (sum over hosts, both ways)."""
+    cpu = CPU_SECONDS_PER_GB.get(transport, 6.0) * nic_bytes / 1e9 / c.cores
+    cpu += digest_seconds(t, c)
+    return Part(network, cpu, max(network, cpu) + (1 - CPU_OVERLAP) * min(network, cpu))
+
+
+def training(t: Training, net: Network, c: Compute) -> Part:
+    """The workers' steps and their synchronisation."""
+    steps = t.steps
+    contention = max(1.0, t.workers / c.cores)
+    cpu = steps * c.step_seconds * contention + t.set_gb * READ_SECONDS_PER_GB / c.cores
+    if t.average_every <= 0:
+        network = steps * allreduce_seconds(4 * t.params, t.workers, net)
+    else:
+        rounds = len({*range(t.average_every, steps + 1, t.average_every), steps})
+        payload = 4 * t.params * (2 if t.momentum else 1)
+        network = rounds * allreduce_seconds(payload, t.workers, net)
+    return Part(network, cpu, network + cpu)
+
+
+def epoch_end(t: Training, net: Network, c: Compute) -> Part:
+    """Worker 0's parameters to the master and the test forward."""
+    network = net.tcp(4 * t.params) / (min(net.rate, net.master_rate) / 8)
+    cpu = t.test_points * c.eval_seconds_per_point
+    return Part(network, cpu, network + cpu + EPOCH_SECONDS)

@@ -1,0 +1,241 @@
+"""``coded-shuffle predict --job``: a whole run's seconds, epoch by epoch, for the job and its
+alternatives (coded_shuffle/tools/predict_job.py, coded_shuffle/costs/run.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from coded_shuffle.costs.model import Network
+from coded_shuffle.costs.run import (
+    CPU_OVERLAP,
+    CPU_SECONDS_PER_GB,
+    Compute,
+    Training,
+    allreduce_seconds,
+    delivery,
+    digest_seconds,
+    training,
+)
+from coded_shuffle.tools.cli import main
+from coded_shuffle.tools.predict_job import (
+    JobRun,
+    Option,
+    coverage_min,
+    network,
+    options,
+    predict_job,
+)
+
+DIGITS_JOB = ["scheme=uncoded", "dist.transport=unicast", "epochs=3"]
+
+
+@pytest.fixture
+def job() -> JobRun:
+    """A 1 GB reshuffle-bound job (the shape of docs/benchmarks.md's), compute made up."""
+    k, n, b = 4, 124_936, 8004
+    return JobRun(
+        workers=k,
+        epochs=6,
+        scheme="cycles",
+        storage=1.0,
+        transport="multicast",
+        shuffle="full",
+        fraction=1.0,
+        points=n,
+        point_bytes=b,
+        chunk_bytes=256 << 10,
+        multicast_rate=None,
+        training=Training(k, n, b, 1000, 20_010, True, 512, 0),
+        compute=Compute(0.002, 2e-6, 0.55, 2),
+    )
+
+
+@pytest.fixture(scope="module")
+def digits_rows() -> list[dict]:
+    """The default job (digits, MLP) on a shared 4 Mbit/s medium, as --json rows."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(
+            [
+                "predict",
+                "--job",
+                "--rate",
+                "4mbit",
+                "--medium",
+                "shared",
+                "--json",
+                "--",
+                *DIGITS_JOB,
+            ]
+        )
+    assert code == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_every_row_has_the_promised_keys_and_one_fastest(digits_rows):
+    assert len(digits_rows) >= 10
+    for row in digits_rows:
+        assert {"scheme", "transport", "shuffle", "seconds", "epoch_seconds", "fastest"} <= set(row)
+        assert row["shuffle"] in ("full", "partial", "none")
+        assert len(row["epoch_seconds"]) == 3
+        assert row["seconds"] == pytest.approx(sum(row["epoch_seconds"]))
+        assert all(s > 0 for s in row["epoch_seconds"])
+    assert sum(r["fastest"] for r in digits_rows) == 1
+    fastest = next(r for r in digits_rows if r["fastest"])
+    assert fastest["seconds"] == min(r["seconds"] for r in digits_rows)
+    (mine,) = [r for r in digits_rows if r["job"]]
+    assert (mine["scheme"], mine["transport"], mine["shuffle"]) == ("uncoded", "unicast", "full")
+
+
+def test_the_alternatives_are_every_option_the_issue_names(digits_rows):
+    found = {(r["scheme"], r["transport"], r["shuffle"]) for r in digits_rows}
+    for transport in ("multicast", "chain", "tree"):
+        assert ("cycles", transport, "full") in found
+    for transport in ("unicast", "p2p", "multicast"):
+        assert ("uncoded", transport, "full") in found
+    assert ("cycles", "multicast", "partial") in found
+    assert ("uncoded", "unicast", "partial") in found
+    assert ("uncoded", "unicast", "none") in found
+
+
+def test_the_digits_run_on_a_shared_medium_is_all_reduce_bound(digits_rows):
+    """23 steps of a 4,810-parameter gradient all-reduce on 4 Mbit/s: ~6.4 s an epoch, as
+    the cluster measured (docs/benchmarks.md: 28.8 s to the end of epoch 4 uncoded)."""
+    (mine,) = [r for r in digits_rows if r["job"]]
+    assert 5.5 < mine["epoch_seconds"][1] < 8.5
+
+
+def test_coded_multicast_beats_uncoded_on_a_shared_medium_when_reshuffles_dominate(job):
+    net = network("shared", "400mbit", None, 1500, job)
+    runs = {r.option: r for r in predict_job(job, net)}
+    coded = runs[Option("cycles", "multicast", "full")]
+    unicast = runs[Option("uncoded", "unicast", "full")]
+    assert coded.job
+    assert coded.deliveries[1].seconds < 0.75 * unicast.deliveries[1].seconds
+    # the placement is common: both go by unicast, each point to its worker
+    assert coded.deliveries[0].seconds == pytest.approx(unicast.deliveries[0].seconds)
+    assert coded.seconds < unicast.seconds
+
+
+def test_every_epoch_is_its_delivery_plus_the_same_training_and_end(job):
+    net = network("switch", "1gbit", None, 1500, job)
+    for r in predict_job(job, net):
+        rest = r.train.seconds + r.end.seconds
+        assert [e - d.seconds for e, d in zip(r.epoch_seconds, r.deliveries, strict=True)] == (
+            pytest.approx([rest] * job.epochs)
+        )
+
+
+def test_more_epochs_cost_more_and_none_moves_nothing_after_the_placement(job):
+    net = network("shared", "400mbit", None, 1500, job)
+    short = {r.option: r.seconds for r in predict_job(replace(job, epochs=2), net)}
+    long = {r.option: r.seconds for r in predict_job(job, net)}
+    assert all(long[o] > short[o] for o in short)
+    none = next(r for r in predict_job(job, net) if r.option.shuffle == "none")
+    # no byte after the placement: the fixed cost of a delivery, and the batches' digests
+    assert all(d.network == net.overhead_seconds for d in none.deliveries[1:])
+    assert none.deliveries[1].cpu == pytest.approx(digest_seconds(job.training, job.compute))
+
+
+def test_a_shared_medium_carries_every_workers_ring_share():
+    switch = Network("switch", 4e6, 4e6)
+    shared = Network("shared", 4e6, 4e6)
+    payload = 1e6
+    ratio = allreduce_seconds(payload, 4, shared) / allreduce_seconds(payload, 4, switch)
+    assert ratio == pytest.approx(4, rel=0.02)
+    assert allreduce_seconds(payload, 1, shared) == 0
+
+
+def test_local_sgd_averages_every_h_steps_and_at_the_epochs_end():
+    net = Network("switch", 1e8, 1e8)
+    c = Compute(0.0, 0.0, 0.5, 2)
+    every_step = training(Training(4, 4000, 100, 10, 1000, True, 10, 0), net, c)  # 100 steps
+    local = training(Training(4, 4000, 100, 10, 1000, True, 10, 30), net, c)  # 30, 60, 90, 100
+    one = allreduce_seconds(4 * 1000, 4, net)
+    assert every_step.network == pytest.approx(100 * one)
+    assert local.network == pytest.approx(4 * allreduce_seconds(8 * 1000, 4, net))
+
+
+def test_a_cpu_bound_delivery_takes_its_cpu_seconds_and_the_rest_of_the_network(job):
+    c = Compute(0.0, 0.0, 0.0, 2)  # no digests
+    part = delivery(1.0, 2e9, "unicast", job.training, c)  # 2 GB through NICs, 2 cores
+    cpu = CPU_SECONDS_PER_GB["unicast"] * 2 / 2
+    assert cpu > 1.0  # CPU-bound
+    assert part.cpu == pytest.approx(cpu)
+    assert part.seconds == pytest.approx(cpu + (1 - CPU_OVERLAP) * 1.0)
+
+
+@pytest.mark.parametrize(
+    ("shuffle", "q", "expected"),
+    [
+        ("full", 1.0, 1 - 0.75**6),  # docs/benchmarks.md measured 0.821
+        ("partial", 0.25, 1 - 0.75 * (1 - 0.25 / 4) ** 5),  # measured 0.457
+        ("none", 1.0, 0.25),  # measured 0.250
+    ],
+)
+def test_the_expected_coverage_is_what_the_runs_measured(shuffle, q, expected):
+    got = coverage_min(Option("cycles", "multicast", shuffle, q), 4, 6)
+    assert got == pytest.approx(expected)
+    assert math.isclose(round(got, 3), {"full": 0.822, "partial": 0.457, "none": 0.25}[shuffle])
+
+
+def test_storage_above_one_adds_the_workers_own_delivery(job):
+    stored = replace(job, storage=2.0, scheme="uncoded", transport="tree", points=12_000)
+    found = options(stored)
+    assert Option("decentralized", "peer-multicast", "full") in found
+    assert Option("decentralized", "peer-unicast", "full") in found
+    assert found[0] == Option("uncoded", "tree", "full")  # the job's own, first when not listed
+    net = network("shared", "200mbit", "50mbit", 1500, stored)
+    runs = {r.option: r for r in predict_job(stored, net)}
+    peer = runs[Option("decentralized", "peer-multicast", "full")]
+    exchange = runs[Option("decentralized", "peer-unicast", "full")]
+    assert peer.deliveries[1].network < 0.7 * exchange.deliveries[1].network
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "4"], "--workers does not go with --job"),
+        (["--medium", "ring"], "--medium 'ring' unknown; valid: switch, shared"),
+        (["--", "epochs=0"], "epochs=0 out of range"),
+        (["--", "scheme=nope"], "unknown scheme 'nope'"),
+    ],
+)
+def test_bad_input_is_one_line(args, message, capsys):
+    head = ["predict", "--job", "--rate", "4mbit"]
+    rest = args if "--" in args else [*args, "--", *DIGITS_JOB]
+    assert main([*head, *rest]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_predict_without_job_still_needs_the_cluster_sizes(capsys):
+    assert main(["predict", "--rate", "4mbit", "--workers", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "predict needs --points, --point-bytes (or --job -- OVERRIDES" in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "paced"),
+    [
+        (["dist.transport=chain"], []),
+        (["dist.transport=multicast"], ["dist.multicast.rate=49.5mbit"]),
+        (["dist.transport=multicast", "dist.multicast.rate=30mbit"], []),
+        (
+            ["dist.transport=peer-multicast"],
+            ["dist.multicast.rate=198mbit", "dist.multicast.master_rate=49.5mbit"],
+        ),
+    ],
+)
+def test_multicast_is_paced_as_the_cluster_command_paces_it(overrides, paced):
+    """predict --job and the cluster command add the same pacing (the slowest sender's NIC
+    at 99%): the master's 50 Mbit/s for multicast, the workers' 200 for peer-multicast."""
+    from coded_shuffle.tools.cluster.run import pacing_overrides
+
+    assert pacing_overrides(overrides, 200_000_000, 50_000_000) == paced
