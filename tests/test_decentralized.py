@@ -92,7 +92,8 @@ def test_a_symbol_from_a_worker_that_lacks_a_term_is_caught():
 def test_worst_case_loads_against_the_converse(k):
     """Worst shuffle (every batch to the next worker): ``T = 1`` is the uncoded exchange,
     ``N``; ``K - 1 <= T`` meets the converse; every ``2 <= T <= K - 1`` is below the uncoded
-    decentralized load ``N (K - T) / (K - 1)``; ``K <= 6`` within 1.5x of the converse."""
+    decentralized load ``N (K - T) / (K - 1)``; ``K <= 6`` within 1.5x of the converse;
+    ``T = 2`` at 4/3 of the converse from ``K = 5`` (section 2b's triples from ``K = 6``)."""
     q = 1
     n = k * q
     old = np.repeat(np.arange(k), q)
@@ -108,6 +109,8 @@ def test_worst_case_loads_against_the_converse(k):
             assert load == pytest.approx(converse)
         if k <= 6:
             assert load <= 1.5 * converse + 1e-9
+        if m == 2 and k >= 5:
+            assert load == pytest.approx(4 / 3 * converse)
     assert decentralized_load(moves, k) == 0
 
 
@@ -142,6 +145,55 @@ def test_evaluate_moves_real_bytes_at_the_converse():
     )
 
 
+def test_aligned_triples_move_real_bytes_at_four_thirds_of_the_converse():
+    """``K = 7, T = 2``, worst shuffle, 3 epochs: lone pieces go in triples across two senders
+    (section 2b): ``4/3`` of the converse, every worker's bytes equal the master's."""
+    k, n = 7, 7 * 6 * 6
+    reports = list(run(Evaluation("decentralized", k, n, 2.0, epochs=3, shuffle="worst")))
+    converse = n * (k - 2) / (2 * (k - 1))
+    assert all(r.verified for r in reports)
+    assert [r.load_points for r in reports] == pytest.approx([4 / 3 * converse] * 3)
+    assert all(r.lower_bound_points == pytest.approx(converse) for r in reports)
+
+
+@given(
+    k=st.integers(6, 8),
+    q=st.integers(1, 3),
+    worst=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=12, deadline=None)
+def test_aligned_corners_decode_for_twenty_epochs(k, q, worst, seed):
+    """``T = 2`` from ``K = 6`` (triples across senders): every worker decodes from its own
+    storage, every sender holds its terms, the load is the closed form and at most what the
+    groups alone would send (eq. (1) with every lone piece uncoded)."""
+    rng = np.random.default_rng(seed)
+    scheme = get_scheme("decentralized")
+    old = random_assignment(k * q, k, rng)
+    state = scheme.initial_state(old, k, 2)
+    for _ in range(20):
+        new = worst_shuffle(old, k) if worst else random_assignment(k * q, k, rng)
+        plan = scheme.plan(state, new)
+        decode_plan(plan)
+        assert sender_holds(plan)
+        moves = shuffle_matrix(old, new, k)
+        assert plan.load_points == pytest.approx(decentralized_load(moves, 2))
+        assert plan.load_points <= groups_alone_load(moves) + 1e-9
+        state = scheme.next_state(state, plan, new)
+        old = new
+
+
+def groups_alone_load(moves: np.ndarray) -> float:
+    """Section 2's load at ``m = 2`` without alignment: eq. (1) summed over the 3-groups."""
+    k = moves.shape[0]
+    total = 0
+    for members in combinations(range(k), 3):
+        sub = moves[np.ix_(members, members)].copy()
+        np.fill_diagonal(sub, 0)
+        total += int(group_shares(sub.sum(axis=0), 2).sum())
+    return total / (2 * (k - 1))
+
+
 def test_fractional_storage_shares_memory_between_corners():
     """``T = 2.5`` runs the corners 2 and 3 on parts of every point, verified."""
     reports = list(run(Evaluation("decentralized", 4, 24, 2.5, epochs=2, point_bytes=120)))
@@ -169,11 +221,13 @@ def test_bad_sizes_are_refused_with_the_range(k, storage, match):
 
 
 def test_the_pieces_per_point_follow_the_construction():
-    """``C(K-1, m-1)`` pieces of ``m`` sub-pieces (one sub-piece where no group codes)."""
+    """``C(K-1, m-1)`` pieces of ``m`` sub-pieces (one sub-piece where no group codes; six at
+    ``m = 2`` from ``K = 6``, where lone pieces are aligned in three roles)."""
     scheme = get_scheme("decentralized")
     splits = {c[0]: c[2] for c in scheme.corners(6)}
-    assert splits == {1: 1, 2: 10, 3: 30, 4: 40, 5: 25, 6: 1}
-    assert all(splits[m] in (comb(5, m - 1) * m, comb(5, m - 1)) for m in splits)
+    assert splits == {1: 1, 2: 30, 3: 30, 4: 40, 5: 25, 6: 1}
+    assert all(splits[m] in (comb(5, m - 1) * m, comb(5, m - 1)) for m in splits if m != 2)
+    assert {c[0]: c[2] for c in scheme.corners(5)}[2] == 8  # no alignment below K = 6
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@ which every other member holds it. A group whose members need ``d_u`` pieces eac
 ``max(sum d, m max d)`` sub-pieces' worth of symbols, shared out among its members as senders:
 sender ``s`` XORs, per symbol, one sub-piece needed by each other member, all of which it holds
 (eq. (1) of the docs; optimal for the group on its own). Every symbol carries its sender.
+At ``m = 2`` (from ``K = 6``) what a group would send uncoded goes into triples across two
+senders instead, three pieces for two symbols (section 2b, :mod:`.peer_alignment`).
 
 Update (section 3): the new owner keeps the point whole; a piece whose holders missed it is
 now held by ``H - j + k`` (the old owner drops it); nothing is sent, and every worker again
@@ -30,6 +32,7 @@ import numpy as np
 
 from coded_shuffle.math.plan import DeliveryPlan, held_at
 from coded_shuffle.math.rate_memory import decentralized_converse
+from coded_shuffle.math.schemes import peer_alignment as alignment
 from coded_shuffle.math.schemes.base import batch_plan_fields
 from coded_shuffle.math.schemes.memory_sharing import CornerScheme
 from coded_shuffle.math.state import CacheState
@@ -46,8 +49,16 @@ class PeerLabels:
     holders: np.ndarray  # (N, C(K-1, m-1)) int64
 
 
+def aligned(num_workers: int, m: int) -> bool:
+    """Whether corner ``m`` aligns lone pieces across senders (section 2b: ``m = 2``)."""
+    return m == 2 and num_workers >= alignment.MIN_WORKERS
+
+
 def sub_pieces(num_workers: int, m: int) -> int:
-    """Sub-pieces per piece: ``m`` where groups code (``1 < m < K``), else 1."""
+    """Sub-pieces per piece: ``m`` where groups code (``1 < m < K``), six where lone pieces
+    are aligned too (their three roles), else 1."""
+    if aligned(num_workers, m):
+        return alignment.SUB_PIECES
     return m if 1 < m < num_workers else 1
 
 
@@ -130,7 +141,7 @@ def group_symbols(members: list[int], pieces: list[np.ndarray], m: int, r: int) 
 
     ``pieces[u]``: the piece ids (``p * C + i``) member ``u`` needs."""
     needs = np.array([p.size for p in pieces], dtype=np.int64)
-    shares = group_shares(needs, m)
+    shares = group_shares(needs * (r // m), m)  # in sub-pieces: r per piece
     width = len(members) - 1
     rows = {s: np.full((int(shares[s]), width), -1, dtype=np.int64) for s in range(len(members))}
     for u, ids in enumerate(pieces):
@@ -170,13 +181,19 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     new = np.asarray(new_assignment, dtype=np.int64)
     groups, receivers, ids = demanded_pieces(state, new)
     rows: list[tuple[int, np.ndarray]] = []
+    lone: dict[tuple[int, int, int], list[np.ndarray]] = {}
+    owners = state.assignment[ids // labels.holders.shape[1]]
     cuts = np.flatnonzero(np.diff(groups)) + 1
     starts = np.r_[0, cuts] if groups.size else cuts  # no group at all: nothing to send
-    splits = zip(np.split(receivers, cuts), np.split(ids, cuts), strict=True)
-    for mask, (g_rcv, g_ids) in zip(groups[starts], splits, strict=False):
+    splits = zip(*(np.split(a, cuts) for a in (receivers, ids, owners)), strict=True)
+    for mask, (g_rcv, g_ids, g_own) in zip(groups[starts], splits, strict=False):
         members = [w for w in range(k) if (int(mask) >> w) & 1]
         pieces = [g_ids[g_rcv == w] for w in members]
+        if aligned(k, m):
+            pieces = set_lone_apart(members, pieces, [g_own[g_rcv == w] for w in members], lone)
         rows.extend(group_symbols(members, pieces, m, r))
+    if lone:
+        rows.extend(lone_rows(lone, k))
     symbols, senders = sender_blocks(rows)
     return DeliveryPlan(
         scheme=scheme,
@@ -185,6 +202,40 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         breakdown={f"m={m}": int(sum(b.shape[0] for b in symbols))},
         **batch_plan_fields(state, new),
     )
+
+
+def set_lone_apart(
+    members: list[int],
+    pieces: list[np.ndarray],
+    owners: list[np.ndarray],
+    lone: dict[tuple[int, int, int], list[np.ndarray]],
+) -> list[np.ndarray]:
+    """A 3-group's pieces less its lone ones (section 2b: the excess of a member that needs
+    more than the other two together), which go to ``lone[(owner, receiver, partner)]``."""
+    needs = np.array([p.size for p in pieces], dtype=np.int64)
+    by_owner = np.array(
+        [[int(np.count_nonzero(owners[i] == o)) for o in members] for i in range(3)]
+    )
+    u, taken = alignment.excess(needs, by_owner)
+    if u < 0:
+        return pieces
+    keep = np.ones(pieces[u].size, dtype=bool)
+    for o in range(3):
+        if taken[o]:
+            mine = np.flatnonzero(owners[u] == members[o])[: int(taken[o])]
+            keep[mine] = False
+            partner = members[3 - u - o]
+            lone.setdefault((members[o], members[u], partner), []).append(pieces[u][mine])
+    return [p if i != u else p[keep] for i, p in enumerate(pieces)]
+
+
+def lone_rows(lone: dict[tuple[int, int, int], list[np.ndarray]], k: int) -> list:
+    """The lone pieces' symbols: triples across senders, the rest uncoded (section 2b)."""
+    pieces = {key: np.sort(np.concatenate(parts)) for key, parts in lone.items()}
+    counts = np.zeros((k, k, k), dtype=np.int64)
+    for (o, n, z), ids in pieces.items():
+        counts[o, n, z] = ids.size
+    return alignment.triple_rows(alignment.match_triples(counts), pieces)
 
 
 def sender_blocks(rows: list[tuple[int, np.ndarray]]) -> tuple[tuple, tuple]:
@@ -210,28 +261,41 @@ def sender_blocks(rows: list[tuple[int, np.ndarray]]) -> tuple[tuple, tuple]:
     return tuple(blocks), tuple(senders)
 
 
-def group_needs(moves: np.ndarray, m: int) -> list[np.ndarray]:
-    """Per group ``J`` of ``m + 1`` workers, every member's need in pieces, from the shuffle
-    matrix alone (the placement's invariant fixes every point's holder sets): member ``u``
-    needs one piece of each point that moves to it from another member."""
+def group_moves(moves: np.ndarray, m: int) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """Per group ``J`` of ``m + 1`` workers, the points moving between its members (``sub[o,
+    u]``: from ``o`` to ``u``), from the shuffle matrix alone (the placement's invariant fixes
+    every point's holder sets): member ``u`` needs one piece of each point that moves to it
+    from another member, held by the group's other members."""
     k = moves.shape[0]
     out = []
     for members in combinations(range(k), m + 1):
         idx = np.array(members)
         sub = moves[np.ix_(idx, idx)].copy()
         np.fill_diagonal(sub, 0)
-        out.append(sub.sum(axis=0))
+        out.append((members, sub))
     return out
 
 
 def decentralized_load(moves: np.ndarray, m: int) -> float:
     """The delivery's load in points for shuffle matrix ``moves`` at corner ``m``: eq. (1) summed
-    over the groups, in pieces of ``1/C(K-1, m-1)`` point (section 2)."""
+    over the groups, in pieces of ``1/C(K-1, m-1)`` point (section 2), and at ``m = 2`` the
+    lone pieces' triples (section 2b)."""
     k = moves.shape[0]
     if m >= k:
         return 0.0
     r = sub_pieces(k, m)
-    total = sum(int(group_shares(d, m).sum()) for d in group_needs(moves, m))
+    total = 0
+    lone = np.zeros((k, k, k), dtype=np.int64)
+    for members, sub in group_moves(moves, m):
+        needs = sub.sum(axis=0)
+        if aligned(k, m):
+            u, taken = alignment.excess(needs, sub.T)
+            for o in np.flatnonzero(taken):
+                lone[members[o], members[u], members[3 - u - o]] += taken[o]
+                needs[u] -= taken[o]
+        total += int(group_shares(needs * (r // m), m).sum())
+    if aligned(k, m):
+        total += alignment.match_triples(lone).symbols
     return total / (comb(k - 1, m - 1) * r)
 
 
