@@ -70,7 +70,7 @@ TABLES = (
         None,
         (*DIGITS, "optim.average_every=0"),
         digits_runs(
-            [32.70, 27.93, 28.81, 30.39, 23.49, 20.65, 20.78, 20.90, 26.98],
+            [30.14, 27.82, 29.22, 29.47, 20.99, 20.56, 20.70, 20.88, 26.87],
             [4, 4, 4, 4, 3, 3, 3, 3, 4],
         ),
     ),
@@ -81,7 +81,7 @@ TABLES = (
         None,
         (*DIGITS, "optim.average_every=1000"),
         digits_runs(
-            [9.24, 4.55, 5.40, 7.45, 6.86, 3.87, 4.02, 4.18, 4.90], [4, 4, 4, 4, 4, 4, 4, 4, 6]
+            [6.71, 4.53, 5.29, 6.30, 4.35, 3.97, 3.94, 4.12, 4.87], [4, 4, 4, 4, 4, 4, 4, 4, 6]
         ),
     ),
     Table(
@@ -154,6 +154,53 @@ TABLES = (
                 ("full/uncoded/p2p", 14.1),
                 ("full/cycles/multicast", 20.7),
                 ("full/uncoded/unicast", 32.8),
+            )
+        ),
+    ),
+    Table(
+        "0.5 GB, switch 400 Mbit/s (docs/benchmarks.md, Predicting a run: not calibrated on)",
+        "switch",
+        "400mbit",
+        None,
+        (
+            "data=synthetic",
+            "data.points=62500",
+            "data.features=2000",
+            "model=logreg",
+            "epochs=4",
+            "optim.batch_size=512",
+            "optim.lr=0.01",
+            "dist.multicast.rate=396mbit",
+        ),
+        tuple(
+            Measured(a, 4, s)
+            for a, s in (
+                ("full/cycles/multicast", 33.52),
+                ("full/uncoded/unicast", 43.36),
+                ("full/uncoded/p2p", 24.29),
+            )
+        ),
+    ),
+    Table(
+        "MLP, local SGD H = 20, shared 100 Mbit/s (Predicting a run: not calibrated on)",
+        "shared",
+        "100mbit",
+        None,
+        (
+            "data=synthetic",
+            "data.points=20000",
+            "data.features=500",
+            "model=mlp",
+            "epochs=5",
+            "optim.average_every=20",
+            "dist.multicast.rate=99mbit",
+        ),
+        tuple(
+            Measured(a, 5, s)
+            for a, s in (
+                ("full/cycles/multicast", 21.54),
+                ("full/uncoded/unicast", 26.28),
+                ("partial0.25/cycles/multicast", 17.58),
             )
         ),
     ),

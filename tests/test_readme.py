@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import runpy
 import shlex
 import signal
 import subprocess
@@ -394,11 +395,41 @@ def test_the_predict_example_prints_what_the_docs_show(capsys):
     from coded_shuffle.tools import cli
 
     (body,) = [b for _, b in re.findall(r"```(\w*)\n(.*?)```", DOCS, re.S)
-               if "$ coded-shuffle predict" in b]  # fmt: skip
+               if "$ coded-shuffle predict" in b and "--job" not in b]  # fmt: skip
     lines = textwrap.dedent(body).strip().splitlines()
     assert lines[0].startswith("$ coded-shuffle predict")
     assert cli.main(shlex.split(lines[0][2:])[1:]) == 0
     assert capsys.readouterr().out.strip().splitlines() == lines[1:]
+
+
+def test_the_predict_job_example_prices_the_runs_the_docs_show(capsys):
+    """docs/command.md's ``predict --job`` example: the same options in the same order, the
+    same one marked as the job and the same fastest (the seconds depend on the step time
+    measured on the machine that runs it)."""
+    from coded_shuffle.tools import cli
+
+    found = re.findall(r"```(\w*)\n(.*?)```", DOCS, re.S)
+    (body,) = [b for _, b in found if "$ coded-shuffle predict --job" in b]
+    lines = textwrap.dedent(body).strip().splitlines()
+    assert cli.main(shlex.split(lines[0][2:])[1:]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+
+    def runs(text: list[str]) -> list[tuple[str, str]]:
+        rows = [ln.split() for ln in text if re.match(r"(full|partial|none)", ln)]
+        return [(r[0], r[-1] if r[-1] in ("*", "<", "*<") else "") for r in rows]
+
+    assert runs(out) == runs(lines[1:]) and len(runs(out)) >= 10
+
+
+def test_the_prediction_check_compares_with_the_seconds_the_docs_show():
+    """``scripts/predict_job_check.py``'s measured seconds are the docs' tables' (each one
+    printed there as measured), and its labels name options ``predict --job`` prices."""
+    script = runpy.run_path(str(REPO / "scripts" / "predict_job_check.py"))
+    for table in script["TABLES"]:
+        for m in table.runs:
+            assert f"{m.seconds:.2f}" in DOCS or f"{m.seconds:.1f} s" in DOCS, (table.title, m)
+            option, storage = script["option_of"](m.label)
+            assert option.shuffle in ("full", "partial", "none") and storage >= 1
 
 
 def test_the_predicted_table_is_what_the_script_prints(workdir):

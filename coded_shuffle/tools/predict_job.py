@@ -317,11 +317,12 @@ def render(job: JobRun, net: Network, runs: list[PricedRun]) -> list[str]:
     for r in runs:
         mark = ("*" if r.job else " ") + ("<" if r.fastest else " ")
         later = r.deliveries[1].seconds if len(r.deliveries) > 1 else float("nan")
-        lines.append(
+        row = (
             f"{r.option.label:34s} {r.deliveries[0].seconds:8.2f} {later:8.2f} "
             f"{r.epoch_seconds[-1]:8.2f} {r.seconds:8.2f} {r.network_seconds:8.2f} "
             f"{r.cpu_seconds:8.2f} {r.seconds / mine.seconds:7.2f} {r.coverage_min:8.3f} {mark}"
         )
+        lines.append(row.rstrip())
     lines += verdict(job, runs, mine)
     lines.append(
         "(a prediction: the transports' and the run's cost models, calibrated on the emulated "
