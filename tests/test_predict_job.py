@@ -205,6 +205,7 @@ def test_storage_above_one_adds_the_workers_own_delivery(job):
         (["--medium", "ring"], "--medium 'ring' unknown; valid: switch, shared"),
         (["--", "epochs=0"], "epochs=0 out of range"),
         (["--", "scheme=nope"], "unknown scheme 'nope'"),
+        (["--", "job=elastic_gd"], "job=elastic_gd: only the shuffle_sgd job's runs are priced"),
     ],
 )
 def test_bad_input_is_one_line(args, message, capsys):

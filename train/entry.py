@@ -127,12 +127,13 @@ def check_main(argv: list[str]) -> None:
 def profile_main(argv: list[str]) -> None:
     """``python -m train --profile [overrides]``: the validated job's profile as one JSON
     line (:mod:`train.profile`)."""
-    from .profile import as_dict, profile
+    from .profile import as_dict, check_priced, profile
 
     try:
         check_group_overrides(argv)
         composed, _ = compose_argv(argv)
         cfg = typed(composed)
+        check_priced(cfg)
         validate(cfg)
         print(json.dumps(as_dict(profile(cfg))), flush=True)
     except UsageError as exc:

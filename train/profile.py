@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from coded_shuffle.errors import UsageError
+
 from . import data, models
 from .config import Config
 
@@ -99,7 +101,9 @@ def sha256_seconds_per_gb() -> float:
 
 
 def test_points(cfg: Config, info: data.DataInfo) -> int:
-    """The test split's size: the source's own count where it has one, else its fraction."""
+    """The test split's size: the source's own count where it has one (synthetic), else what
+    its test fraction holds out (also for a packed directory with a test split of its own: an
+    estimate, the test forward being a small part of an epoch)."""
     own = getattr(cfg.data, "test_points", None)
     if own is not None:
         return int(own)
@@ -107,8 +111,18 @@ def test_points(cfg: Config, info: data.DataInfo) -> int:
     return max(1, round(info.train_points * fraction / max(1e-9, 1 - fraction)))
 
 
+def check_priced(cfg: Config) -> None:
+    """Only ``shuffle_sgd``'s runs are priced: its epochs are what moves the data set."""
+    if str(cfg.job.name) != "shuffle_sgd":
+        raise UsageError(
+            f"job={cfg.job.name}: only the shuffle_sgd job's runs are priced (its epochs move "
+            "the data set); leave job out"
+        )
+
+
 def profile(cfg: Config) -> JobProfile:
-    """The validated job's profile (``cfg`` already passed the job's checks)."""
+    """The validated job's profile (``cfg`` passed :func:`check_priced` and the job's own
+    checks)."""
     torch.set_num_threads(int(cfg.threads))
     info = data.describe(cfg.data)
     k = int(cfg.workers)

@@ -32,9 +32,11 @@ from dataclasses import dataclass
 
 from coded_shuffle.costs.model import Network
 
-# CPU seconds per GB (10^9 bytes) through a host's NIC, summed over the hosts' both ways, of
-# each transport's data path (framing, digests, copies; multicast's datagrams, parity and
-# reports): calibrated on the emulated cluster at MTU 1500 (docs/benchmarks.md)
+# CPU seconds per GB (10^9 bytes) through a host's NIC, both ways, of each transport's data
+# path (framing, checks, copies; multicast's datagrams, parity and reports), charged for every
+# host: rounded from the per-host figures the cluster measured at MTU 1500 (`cpu s/GB`,
+# docs/benchmarks.md: 4.8-8.4 on the costliest host), not fitted; the run checks of
+# docs/benchmarks.md ("Predicting a run") hold with them
 CPU_SECONDS_PER_GB = {
     "unicast": 4.0,
     "p2p": 4.0,
