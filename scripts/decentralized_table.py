@@ -3,8 +3,9 @@
     python scripts/decentralized_table.py --max-workers 16 [--measure 8]
 
 For every ``K`` up to ``--max-workers`` and integer storage ``T = 2 .. K-1``, on the worst
-shuffle (every batch moves to the next worker): the scheme's load (the closed form of its
-plan, eq. (1) summed over the groups), the decentralized converse ``N (K-T) / (T (K-1))``,
+shuffle (every batch moves to the next worker) of ``N = K C(K-1, T-1) T`` points: the
+scheme's load (the closed form of its plan: eq. (1) summed over the groups, and at ``T = 2``
+the triples across senders), the decentralized converse ``N (K-T) / (T (K-1))``,
 the uncoded exchange with the same storage ``N (K-T) / (K-1)``, and the centralized optimum
 under uncoded placement (a master that holds everything: Elmahdy & Mohajer 2018). Loads in
 units of ``N``. ``--measure K``: the closed form is checked against plans really encoded,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from math import comb
 
 import numpy as np
 
@@ -29,17 +31,23 @@ from coded_shuffle.math.schemes.decentralized import (
 from coded_shuffle.tools.evaluate import Evaluation, run
 
 
+def batch_points(num_workers: int, storage: int) -> int:
+    """Points per batch: ``C(K-1, T-1) T``, so that ``N`` is the issue's multiple of
+    ``K C(K-1, T-1) T`` (the groups' load is linear in the shuffle matrix; the triples of
+    section 2b deal every bucket's pieces to three roles, so the batch size matters there)."""
+    return comb(num_workers - 1, storage - 1) * storage
+
+
 def worst_load(num_workers: int, storage: int) -> float:
-    """The scheme's worst-shuffle load in units of ``N`` (one point per worker suffices: the
-    load is linear in the shuffle matrix)."""
-    old = np.arange(num_workers)
+    """The scheme's worst-shuffle load in units of ``N``."""
+    old = np.repeat(np.arange(num_workers), batch_points(num_workers, storage))
     moves = shuffle_matrix(old, worst_shuffle(old, num_workers), num_workers)
-    return decentralized_load(moves, storage) / num_workers
+    return decentralized_load(moves, storage) / old.size
 
 
 def measured_load(num_workers: int, storage: int) -> float:
     """The load of 2 worst-shuffle epochs really delivered, in units of ``N``."""
-    n = num_workers * 2
+    n = num_workers * batch_points(num_workers, storage)
     size = 8 * corner_splits(num_workers, storage)  # sub-points of 8 bytes, none padded
     ev = Evaluation("decentralized", num_workers, n, storage, 2, shuffle="worst", point_bytes=size)
     reports = list(run(ev))

@@ -55,10 +55,7 @@ def aligned(num_workers: int, m: int) -> bool:
 
 
 def sub_pieces(num_workers: int, m: int) -> int:
-    """Sub-pieces per piece: ``m`` where groups code (``1 < m < K``), six where lone pieces
-    are aligned too (their three roles), else 1."""
-    if aligned(num_workers, m):
-        return alignment.SUB_PIECES
+    """Sub-pieces per piece: ``m`` where groups code (``1 < m < K``), else 1."""
     return m if 1 < m < num_workers else 1
 
 
@@ -141,7 +138,7 @@ def group_symbols(members: list[int], pieces: list[np.ndarray], m: int, r: int) 
 
     ``pieces[u]``: the piece ids (``p * C + i``) member ``u`` needs."""
     needs = np.array([p.size for p in pieces], dtype=np.int64)
-    shares = group_shares(needs * (r // m), m)  # in sub-pieces: r per piece
+    shares = group_shares(needs, m)
     width = len(members) - 1
     rows = {s: np.full((int(shares[s]), width), -1, dtype=np.int64) for s in range(len(members))}
     for u, ids in enumerate(pieces):
@@ -293,7 +290,7 @@ def decentralized_load(moves: np.ndarray, m: int) -> float:
             for o in np.flatnonzero(taken):
                 lone[members[o], members[u], members[3 - u - o]] += taken[o]
                 needs[u] -= taken[o]
-        total += int(group_shares(needs * (r // m), m).sum())
+        total += int(group_shares(needs, m).sum())
     if aligned(k, m):
         total += alignment.match_triples(lone).symbols
     return total / (comb(k - 1, m - 1) * r)

@@ -12,10 +12,11 @@ different, with points moving ``j -> r`` and ``x -> y``,
 * ``r`` holds ``B`` (its holders are ``x`` and ``r``): it takes ``A``, then ``C``;
   ``y`` holds ``C``: it takes ``A`` from ``j``'s symbol, then ``B`` from ``x``'s.
 
-Every lone piece is cut into three *roles* (``A``, ``C``, ``B``: two of its six sub-pieces
-each) and a triple takes one role of each of its three pieces; matched greedily on counts
-(:func:`match_triples`, shared by the plan and the closed form), what is left is sent uncoded.
-On the cyclic shift this makes the load 4/3 of the converse at ``T = 2`` for every ``K``.
+The lone pieces of every bucket ``(o, n, z)`` are dealt to three *roles* (``A``, ``C``, ``B``:
+a third of them each, in order) and a triple takes one piece in each of its roles; matched
+greedily on counts (:func:`match_triples`, shared by the plan and the closed form), what is
+left is sent uncoded. On the cyclic shift this makes the load 4/3 of the converse at ``T = 2``
+for every ``K`` once the batches are multiples of three points.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SUB_PIECES = 6  # per piece: two per role
+SUB_PIECES = 2  # per piece: the corner's own (a triple sends each piece's two halves)
 MIN_WORKERS = 6  # below it the cyclic shift has no triple (x outside j - 2 .. j + 2)
 ROLES = 3  # A, C, B
-UNITS = SUB_PIECES // ROLES  # sub-pieces per role
 
 
 def excess(needs: np.ndarray, owners_counts: np.ndarray) -> tuple[int, np.ndarray]:
@@ -56,18 +56,26 @@ class Triples:
 
     types: list[tuple[int, int, int, int]]
     counts: list[int]
-    left: np.ndarray  # (K, K, K, ROLES) role units not in a triple
+    left: np.ndarray  # (K, K, K, ROLES) pieces of each role not in a triple
 
     @property
     def symbols(self) -> int:
-        """Sub-piece symbols: two per triple role unit pair, one per leftover sub-piece."""
-        return 2 * UNITS * sum(self.counts) + UNITS * int(self.left.sum())
+        """Sub-piece symbols: four per triple (two halves each way), two per leftover piece
+        (its halves, uncoded)."""
+        return 2 * SUB_PIECES * sum(self.counts) + SUB_PIECES * int(self.left.sum())
+
+
+def role_counts(count: np.ndarray) -> np.ndarray:
+    """A bucket's ``count`` pieces dealt to the roles ``A``, ``C``, ``B`` in order: a third
+    each, the first roles one more where ``count`` is not a multiple of three."""
+    count = np.asarray(count, dtype=np.int64)
+    return np.stack([(count + 2) // 3, (count + 1) // 3, count // 3], axis=-1)
 
 
 def match_triples(lone: np.ndarray) -> Triples:
     """Greedy triples over lone bucket counts ``lone[o, n, z]`` (every type ``(j, r, x, y)``
     in lexicographic order takes as many as its three buckets' roles allow)."""
-    left = np.repeat(lone[..., None], ROLES, axis=-1).astype(np.int64)
+    left = role_counts(lone)
     types, counts = [], []
     flows = np.argwhere(lone.sum(axis=2) > 0)  # (owner, receiver) with lone pieces
     for j, r in flows.tolist():
@@ -87,17 +95,18 @@ def match_triples(lone: np.ndarray) -> Triples:
 def triple_rows(
     triples: Triples, pieces: dict[tuple[int, int, int], np.ndarray]
 ) -> list[tuple[int, np.ndarray]]:
-    """``[(sender, rows)]``: every triple's four symbols (two role sub-pieces each way) and
-    every leftover role's sub-pieces uncoded from the piece's partner. ``pieces[(o, n, z)]``:
-    the lone piece ids of that bucket, in order; each role takes them from the front."""
+    """``[(sender, rows)]``: every triple's four symbols (the pieces' halves each way) and
+    every leftover piece's halves uncoded from its partner. ``pieces[(o, n, z)]``: the lone
+    piece ids of that bucket, in order, dealt to the roles by :func:`role_counts`."""
+    starts = {key: np.r_[0, np.cumsum(role_counts(ids.size))[:-1]] for key, ids in pieces.items()}
     taken = {key: np.zeros(ROLES, dtype=np.int64) for key in pieces}
     rows: list[tuple[int, np.ndarray]] = []
 
     def take(key: tuple[int, int, int], role: int, count: int) -> np.ndarray:
-        start = int(taken[key][role])
+        start = int(starts[key][role] + taken[key][role])
         taken[key][role] += count
         ids = pieces[key][start : start + count]
-        return (ids[:, None] * SUB_PIECES + role * UNITS + np.arange(UNITS)).reshape(-1)
+        return (ids[:, None] * SUB_PIECES + np.arange(SUB_PIECES)).reshape(-1)
 
     for (j, r, x, y), t in zip(triples.types, triples.counts, strict=True):
         a = take((j, r, x), 0, t)
@@ -106,8 +115,8 @@ def triple_rows(
         rows.append((x, np.stack([a, b], axis=1)))
         rows.append((j, np.stack([a, c], axis=1)))
     for key, ids in pieces.items():
-        for role in range(ROLES):
-            rest = ids.size - int(taken[key][role])
+        for role, dealt in enumerate(role_counts(ids.size).tolist()):
+            rest = dealt - int(taken[key][role])
             if rest:
                 rows.append((key[2], take(key, role, rest)[:, None]))
     return rows
