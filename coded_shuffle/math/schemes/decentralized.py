@@ -189,14 +189,18 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         if aligned(k, m):
             pieces = set_lone_apart(members, pieces, [g_own[g_rcv == w] for w in members], lone)
         rows.extend(group_symbols(members, pieces, m, r))
+    breakdown = {f"m={m}": int(sum(r.shape[0] for _, r in rows))}
     if lone:
-        rows.extend(lone_rows(lone, k))
+        aligned_rows = lone_rows(lone, k)
+        rows.extend(aligned_rows)
+        for name, width in (("aligned", 2), ("lone uncoded", 1)):
+            breakdown[name] = int(sum(r.shape[0] for _, r in aligned_rows if r.shape[1] == width))
     symbols, senders = sender_blocks(rows)
     return DeliveryPlan(
         scheme=scheme,
         symbols=symbols,
         senders=senders,
-        breakdown={f"m={m}": int(sum(b.shape[0] for b in symbols))},
+        breakdown=breakdown,
         **batch_plan_fields(state, new),
     )
 
