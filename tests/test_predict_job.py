@@ -202,6 +202,8 @@ def test_storage_above_one_adds_the_workers_own_delivery(job):
     ("args", "message"),
     [
         (["--workers", "4"], "--workers does not go with --job"),
+        (["--storage", "2"], "--storage does not go with --job: the job's overrides give it"),
+        (["--topology", "uplink"], "--topology does not go with --job: --medium and --master-rate"),
         (["--medium", "ring"], "--medium 'ring' unknown; valid: switch, shared"),
         (["--", "epochs=0"], "epochs=0 out of range"),
         (["--", "scheme=nope"], "unknown scheme 'nope'"),
@@ -214,6 +216,12 @@ def test_bad_input_is_one_line(args, message, capsys):
     assert main([*head, *rest]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_medium_goes_with_job_only(capsys):
+    args = ["predict", "-K", "4", "-N", "400", "-B", "64", "--rate", "1gbit", "--medium", "shared"]
+    assert main(args) == 2
+    assert "--medium goes with --job" in capsys.readouterr().err
 
 
 def test_predict_without_job_still_needs_the_cluster_sizes(capsys):

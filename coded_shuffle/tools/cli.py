@@ -319,8 +319,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# predict's cluster flags and their defaults: --job takes the job's overrides instead
+NOT_WITH_JOB = {
+    "workers": None,
+    "points": None,
+    "point_bytes": None,
+    "storage": 1.0,
+    "scheme": "cycles",
+    "fraction": 1.0,
+    "topology": "switch",
+    "peer_seconds": None,
+    "chunk_bytes": 256 << 10,
+    "seed": 0,
+}
+
+
 def cmd_predict_job(args: argparse.Namespace) -> int:
     """``predict --job -- OVERRIDES``: the run's seconds and its alternatives'."""
+    from coded_shuffle.tools.cluster.run import pacing_overrides
     from coded_shuffle.tools.predict_job import (
         as_json,
         check_cluster,
@@ -330,12 +346,11 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
         render,
     )
 
-    for flag in ("workers", "points", "point_bytes"):
-        if getattr(args, flag) is not None:
+    for flag, default in NOT_WITH_JOB.items():
+        if getattr(args, flag) != default:
             name = flag.replace("_", "-")
-            raise UsageError(f"--{name} does not go with --job: the job's overrides give it")
-    from coded_shuffle.tools.cluster.run import pacing_overrides
-
+            why = "--medium and --master-rate" if flag == "topology" else "the job's overrides"
+            raise UsageError(f"--{name} does not go with --job: {why} give it")
     cluster = check_cluster(args.medium, args.rate, args.master_rate, args.mtu)
     rest = list(args.args)
     overrides = rest[1:] if rest[:1] == ["--"] else rest
@@ -361,6 +376,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"predict needs {names} (or --job -- OVERRIDES: a training job)")
     if args.args:
         raise UsageError(f"unexpected arguments {' '.join(args.args)!r} (overrides go with --job)")
+    if args.medium != "switch":
+        raise UsageError("--medium goes with --job; without it the cluster is --topology")
     from coded_shuffle.costs.model import Network
     from coded_shuffle.costs.rates import parse_rate
     from coded_shuffle.tools.predict import (
