@@ -93,8 +93,8 @@ def test_worst_case_loads_against_the_converse(k):
     """Worst shuffle (every batch to the next worker): ``T = 1`` is the uncoded exchange,
     ``N``; ``K - 1 <= T`` meets the converse; every ``2 <= T <= K - 1`` is below the uncoded
     decentralized load ``N (K - T) / (K - 1)``; ``K <= 6`` within 1.5x of the converse;
-    ``T = 2`` at 4/3 of the converse from ``K = 5`` (section 2b's triples from ``K = 6``, on
-    batches of a multiple of three points)."""
+    ``T = 2`` at 4/3 of the converse from ``K = 7`` (5/4 at ``K = 6``: section 2b's triples,
+    on batches of three points)."""
     q = 3
     n = k * q
     old = np.repeat(np.arange(k), q)
@@ -110,9 +110,19 @@ def test_worst_case_loads_against_the_converse(k):
             assert load == pytest.approx(converse)
         if k <= 6:
             assert load <= 1.5 * converse + 1e-9
-        if m == 2 and k >= 5:
-            assert load == pytest.approx(4 / 3 * converse)
+        if m == 2 and k >= 5:  # section 2b: 4/3 from K = 7, 5/4 at K = 6
+            assert load == pytest.approx((5 / 4 if k == 6 else 4 / 3) * converse)
     assert decentralized_load(moves, k) == 0
+
+
+@pytest.mark.parametrize("k", range(5, 17))
+def test_two_batches_stored_stay_within_one_and_a_half_of_the_converse_for_any_batch(k):
+    """``T = 2``, worst shuffle, batches of 1 to 4 points (the triples' buckets hold as many
+    pieces): never above 1.5x the converse."""
+    for q in range(1, 5):
+        old = np.repeat(np.arange(k), q)
+        load = decentralized_load(shuffle_matrix(old, worst_shuffle(old, k), k), 2)
+        assert load <= 1.5 * float(decentralized_converse(k, k * q, 2)) + 1e-9
 
 
 def test_the_group_shares_cover_every_need_at_the_least_cost():

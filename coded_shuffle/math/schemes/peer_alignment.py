@@ -12,11 +12,11 @@ different, with points moving ``j -> r`` and ``x -> y``,
 * ``r`` holds ``B`` (its holders are ``x`` and ``r``): it takes ``A``, then ``C``;
   ``y`` holds ``C``: it takes ``A`` from ``j``'s symbol, then ``B`` from ``x``'s.
 
-The lone pieces of every bucket ``(o, n, z)`` are dealt to three *roles* (``A``, ``C``, ``B``:
-a third of them each, in order) and a triple takes one piece in each of its roles; matched
-greedily on counts (:func:`match_triples`, shared by the plan and the closed form), what is
-left is sent uncoded. On the cyclic shift this makes the load 4/3 of the converse at ``T = 2``
-for every ``K`` once the batches are multiples of three points.
+A bucket ``(o, n, z)`` of lone pieces can be ``A`` of one triple type, ``C`` of another and
+``B`` of a third; the triples are matched greedily on counts (:func:`match_triples`, shared by
+the plan and the closed form: first a third of every bucket for each of its roles, then what is
+left), and what no triple takes is sent uncoded. On the cyclic shift this makes the load 4/3 of
+the converse at ``T = 2`` for every ``K``.
 """
 
 from __future__ import annotations
@@ -52,11 +52,11 @@ def excess(needs: np.ndarray, owners_counts: np.ndarray) -> tuple[int, np.ndarra
 @dataclass(frozen=True)
 class Triples:
     """Matched triples by type: ``types[t] = (j, r, x, y)`` and ``counts[t]`` of them; what
-    is left of every lone bucket ``(o, n, z)`` per role."""
+    is left of every lone bucket ``(o, n, z)``."""
 
     types: list[tuple[int, int, int, int]]
     counts: list[int]
-    left: np.ndarray  # (K, K, K, ROLES) pieces of each role not in a triple
+    left: np.ndarray  # (K, K, K) lone pieces not in a triple
 
     @property
     def symbols(self) -> int:
@@ -65,30 +65,40 @@ class Triples:
         return 2 * SUB_PIECES * sum(self.counts) + SUB_PIECES * int(self.left.sum())
 
 
-def role_counts(count: np.ndarray) -> np.ndarray:
-    """A bucket's ``count`` pieces dealt to the roles ``A``, ``C``, ``B`` in order: a third
-    each, the first roles one more where ``count`` is not a multiple of three."""
-    count = np.asarray(count, dtype=np.int64)
-    return np.stack([(count + 2) // 3, (count + 1) // 3, count // 3], axis=-1)
+def triple_types(lone: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Every ``(j, r, x, y)`` of four different workers whose three buckets hold lone pieces,
+    in lexicographic order."""
+    flows = np.argwhere(lone.sum(axis=2) > 0).tolist()  # (owner, receiver) with lone pieces
+    return [
+        (j, r, x, y)
+        for j, r in flows
+        for x, y in flows
+        if len({j, r, x, y}) == 4 and lone[j, r, x] and lone[j, r, y] and lone[x, y, r]
+    ]
 
 
 def match_triples(lone: np.ndarray) -> Triples:
-    """Greedy triples over lone bucket counts ``lone[o, n, z]`` (every type ``(j, r, x, y)``
-    in lexicographic order takes as many as its three buckets' roles allow)."""
-    left = role_counts(lone)
+    """Greedy triples over lone bucket counts ``lone[o, n, z]``, in two passes over the types
+    in lexicographic order: first every type takes what a third of each of its buckets allows
+    in its role (``A``, ``C``, ``B``: so that a bucket serves all three of its types alike),
+    then what is left of the buckets, whatever the role."""
+    left = lone.astype(np.int64).copy()
+    roles = np.repeat((lone // ROLES)[..., None], ROLES, axis=-1)
     types, counts = [], []
-    flows = np.argwhere(lone.sum(axis=2) > 0)  # (owner, receiver) with lone pieces
-    for j, r in flows.tolist():
-        for x, y in flows.tolist():
-            if len({j, r, x, y}) < 4:
+    candidates = triple_types(lone)
+    for balanced in (True, False):
+        for j, r, x, y in candidates:
+            buckets = ((j, r, x), (j, r, y), (x, y, r))  # A, C, B
+            t = min(int(left[b]) for b in buckets)
+            if balanced:
+                t = min(t, *(int(roles[b][i]) for i, b in enumerate(buckets)))
+            if t <= 0:
                 continue
-            t = min(left[j, r, x, 0], left[j, r, y, 1], left[x, y, r, 2])
-            if t > 0:
-                left[j, r, x, 0] -= t
-                left[j, r, y, 1] -= t
-                left[x, y, r, 2] -= t
-                types.append((j, r, x, y))
-                counts.append(int(t))
+            for i, b in enumerate(buckets):
+                left[b] -= t
+                roles[b][i] -= t if balanced else 0
+            types.append((j, r, x, y))
+            counts.append(t)
     return Triples(types, counts, left)
 
 
@@ -97,26 +107,21 @@ def triple_rows(
 ) -> list[tuple[int, np.ndarray]]:
     """``[(sender, rows)]``: every triple's four symbols (the pieces' halves each way) and
     every leftover piece's halves uncoded from its partner. ``pieces[(o, n, z)]``: the lone
-    piece ids of that bucket, in order, dealt to the roles by :func:`role_counts`."""
-    starts = {key: np.r_[0, np.cumsum(role_counts(ids.size))[:-1]] for key, ids in pieces.items()}
-    taken = {key: np.zeros(ROLES, dtype=np.int64) for key in pieces}
+    piece ids of that bucket, taken from the front, whatever the role."""
+    taken = dict.fromkeys(pieces, 0)
     rows: list[tuple[int, np.ndarray]] = []
 
-    def take(key: tuple[int, int, int], role: int, count: int) -> np.ndarray:
-        start = int(starts[key][role] + taken[key][role])
-        taken[key][role] += count
+    def take(key: tuple[int, int, int], count: int) -> np.ndarray:
+        start = taken[key]
+        taken[key] += count
         ids = pieces[key][start : start + count]
         return (ids[:, None] * SUB_PIECES + np.arange(SUB_PIECES)).reshape(-1)
 
     for (j, r, x, y), t in zip(triples.types, triples.counts, strict=True):
-        a = take((j, r, x), 0, t)
-        c = take((j, r, y), 1, t)
-        b = take((x, y, r), 2, t)
+        a, c, b = take((j, r, x), t), take((j, r, y), t), take((x, y, r), t)
         rows.append((x, np.stack([a, b], axis=1)))
         rows.append((j, np.stack([a, c], axis=1)))
     for key, ids in pieces.items():
-        for role, dealt in enumerate(role_counts(ids.size).tolist()):
-            rest = dealt - int(taken[key][role])
-            if rest:
-                rows.append((key[2], take(key, role, rest)[:, None]))
+        if ids.size > taken[key]:
+            rows.append((key[2], take(key, ids.size - taken[key])[:, None]))
     return rows
