@@ -22,6 +22,8 @@ from coded_shuffle.costs.run import (
     digest_seconds,
     training,
 )
+from coded_shuffle.math.mixing import expected_mixing
+from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.tools.cli import main
 from coded_shuffle.tools.predict_job import (
     JobRun,
@@ -82,6 +84,7 @@ def test_every_row_has_the_promised_keys_and_one_fastest(digits_rows):
     assert len(digits_rows) >= 10
     for row in digits_rows:
         assert {"scheme", "transport", "shuffle", "seconds", "epoch_seconds", "fastest"} <= set(row)
+        assert 0 < row["coverage_min"] <= 1 and 0 <= row["label_tv_max"] <= 1
         assert row["shuffle"] in ("full", "partial", "none")
         assert len(row["epoch_seconds"]) == 3
         assert row["seconds"] == pytest.approx(sum(row["epoch_seconds"]))
@@ -183,6 +186,35 @@ def test_the_expected_coverage_is_what_the_runs_measured(shuffle, q, expected):
     got = coverage_min(Option("cycles", "multicast", shuffle, q), 4, 6)
     assert got == pytest.approx(expected)
     assert math.isclose(round(got, 3), {"full": 0.822, "partial": 0.457, "none": 0.25}[shuffle])
+
+
+@pytest.mark.parametrize(
+    ("shuffle", "q", "placement", "coverage", "tv"),
+    [  # measured: docs/benchmarks.md (1 GB, random placement) and the digits runs (by_label)
+        ("full", 1.0, "random", 0.821, 0.006),
+        ("partial", 0.25, "random", 0.457, 0.009),
+        ("none", 1.0, "random", 0.250, 0.010),
+    ],
+)
+def test_the_simulated_mixing_is_what_the_runs_measured(shuffle, q, placement, coverage, tv):
+    """The reshuffle-bound runs (``K = 4``, 124,936 points, ten classes, 6 epochs): the job's
+    own assignments on labels in the classes' shares give the measured figures."""
+    got = expected_mixing([0.1] * 10, 124_936, 4, ShufflePolicy(shuffle, q), placement, 6)
+    assert got["coverage_min"] == pytest.approx(coverage, abs=0.005)
+    assert got["label_tv_max"] == pytest.approx(tv, abs=0.01)
+
+
+def test_skewed_shards_stay_skewed_without_a_reshuffle_and_mix_with_one():
+    """``data.placement=by_label`` (the digits runs: 0.710 at every epoch under ``none``,
+    0.312 after 4 epochs of ``partial`` 0.25, 0.05-0.08 under ``full``)."""
+    shares = [0.1] * 10
+
+    def tv(policy: ShufflePolicy, epochs: int) -> float:
+        return expected_mixing(shares, 1436, 4, policy, "by_label", epochs)["label_tv_max"]
+
+    assert tv(ShufflePolicy("none"), 4) == pytest.approx(0.71, abs=0.02)
+    assert tv(ShufflePolicy("partial", 0.25), 4) == pytest.approx(0.312, abs=0.03)
+    assert tv(ShufflePolicy("full"), 4) < 0.1
 
 
 def test_storage_above_one_adds_the_workers_own_delivery(job):

@@ -13,8 +13,10 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,6 +53,9 @@ class JobProfile:
     eval_seconds_per_point: float  # the master's test forward, per test point
     sha256_seconds_per_gb: float  # the digests' hash
     cores: int  # this machine's CPUs (the emulated cluster's hosts share them)
+    seed: int
+    placement: str  # data.placement: random | by_label
+    label_shares: list[float]  # every class's share of the training points
 
 
 def _median_seconds(fn: Any) -> float:
@@ -120,6 +125,22 @@ def check_priced(cfg: Config) -> None:
         )
 
 
+def label_shares(cfg: Config) -> list[float]:
+    """Every class's share of the training labels: the synthetic source's classes are drawn
+    uniformly; a packed directory's from its ``y.npy`` (memory-mapped); any other source's
+    from its labels (loaded: digits, a user's data set)."""
+    source = data.source_of(cfg.data)
+    if str(cfg.data.source) == "synthetic":
+        classes = int(cfg.data.classes)
+        return [1.0 / classes] * classes
+    if str(cfg.data.source) == "file" and Path(str(cfg.data.path)).is_dir():
+        labels = np.load(Path(str(cfg.data.path)) / "y.npy", mmap_mode="r")
+    else:
+        labels = source.raw(int(cfg.seed))[1]
+    counts = np.bincount(np.asarray(labels, dtype=np.int64))
+    return (counts / max(1, counts.sum())).tolist()
+
+
 def profile(cfg: Config) -> JobProfile:
     """The validated job's profile (``cfg`` passed :func:`check_priced` and the job's own
     checks)."""
@@ -151,6 +172,9 @@ def profile(cfg: Config) -> JobProfile:
         eval_seconds_per_point=eval_seconds_per_point(model, features),
         sha256_seconds_per_gb=sha256_seconds_per_gb(),
         cores=os.cpu_count() or 1,
+        seed=int(cfg.seed),
+        placement=str(cfg.data.placement),
+        label_shares=label_shares(cfg),
     )
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from coded_shuffle.math.policies import ShufflePolicy, by_label_assignment, full_assignment
+
 POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
 
 
@@ -55,3 +57,44 @@ class Mixing:
             "coverage_min": float(covered.min() / self.num_points),
             "label_tv_max": float(tv.max()),
         }
+
+
+SIMULATED_POINTS = 1 << 17  # the most points :func:`expected_mixing` simulates
+
+
+def labels_of(shares: list[float] | np.ndarray, num_points: int, seed: int) -> np.ndarray:
+    """``num_points`` labels in the classes' ``shares`` (rounded; in a random order)."""
+    shares = np.asarray(shares, dtype=np.float64)
+    counts = np.floor(shares / max(shares.sum(), 1e-12) * num_points).astype(np.int64)
+    counts[np.argmax(shares)] += num_points - int(counts.sum())
+    labels = np.repeat(np.arange(shares.size), counts)
+    return np.random.default_rng([seed, 9]).permutation(labels)
+
+
+def expected_mixing(
+    shares: list[float] | np.ndarray,
+    num_points: int,
+    num_workers: int,
+    policy: ShufflePolicy,
+    placement: str,
+    epochs: int,
+    seed: int = 0,
+) -> dict[str, float]:
+    """``coverage_min`` and ``label_tv_max`` after ``epochs``, from a run of the policy's
+    assignments (the job's own: the placement, then every epoch's from the seed) on labels in
+    the classes' ``shares``; on at most :data:`SIMULATED_POINTS` points (a set of more points
+    is simulated with fewer per worker: its sampling noise in ``label_tv_max`` is then an
+    overestimate)."""
+    n = min(num_points, SIMULATED_POINTS)
+    n -= n % num_workers
+    labels = labels_of(shares, n, seed)
+    if placement == "by_label":
+        current = by_label_assignment(labels, num_workers)
+    else:
+        current = full_assignment(seed, 1, n, num_workers)
+    mixing = Mixing(labels, num_workers)
+    figures = mixing.add(current)
+    for epoch in range(2, epochs + 1):
+        current = policy.next_assignment(current, seed, epoch, num_workers)
+        figures = mixing.add(current)
+    return figures

@@ -23,6 +23,8 @@ from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.costs.run import Compute, Part, Training, delivery, epoch_end, training
 from coded_shuffle.costs.wire import framed_bytes
 from coded_shuffle.errors import UsageError
+from coded_shuffle.math.mixing import expected_mixing
+from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.tools.predict import Load, Workload, planned_load
 
 MEDIA = ("switch", "shared")
@@ -54,6 +56,7 @@ class PricedRun:
     train: Part
     end: Part
     coverage_min: float
+    label_tv_max: float
     job: bool = False
     fastest: bool = False
     epoch_seconds: list[float] = field(default_factory=list)
@@ -94,6 +97,9 @@ class JobRun:
     multicast_rate: str | None
     training: Training
     compute: Compute
+    seed: int = 0
+    placement: str = "random"
+    label_shares: tuple[float, ...] = (1.0,)
 
     @property
     def option(self) -> Option:
@@ -137,6 +143,9 @@ def profile_job(overrides: Sequence[str]) -> JobRun:
             sha256_seconds_per_gb=p["sha256_seconds_per_gb"],
             cores=p["cores"],
         ),
+        seed=p["seed"],
+        placement=p["placement"],
+        label_shares=tuple(p["label_shares"]),
     )
 
 
@@ -265,6 +274,15 @@ def _coded(job: JobRun) -> str:
     return job.scheme if job.scheme not in ("uncoded", "decentralized") else "uncoded"
 
 
+def mixing(option: Option, job: JobRun) -> dict[str, float]:
+    """``coverage_min`` and ``label_tv_max`` after the last epoch, from the job's own
+    assignments on labels in its classes' shares (:func:`expected_mixing`)."""
+    policy = ShufflePolicy(option.shuffle, option.fraction)
+    return expected_mixing(
+        job.label_shares, job.points, job.workers, policy, job.placement, job.epochs, job.seed
+    )
+
+
 def coverage_min(option: Option, workers: int, epochs: int) -> float:
     """The expected share of the set every worker has trained on after ``epochs``: a point a
     worker has not seen comes to it in a reshuffle with probability ``Q / K`` (``Q = 1``:
@@ -273,8 +291,11 @@ def coverage_min(option: Option, workers: int, epochs: int) -> float:
     return 1 - (1 - 1 / workers) * (1 - q / workers) ** (epochs - 1)
 
 
-def price(option: Option, job: JobRun, net: Network, loads: Loads) -> PricedRun:
-    """One option's run: the placement, then the same priced reshuffle every epoch after."""
+def price(
+    option: Option, job: JobRun, net: Network, loads: Loads, mixed: dict[str, float]
+) -> PricedRun:
+    """One option's run: the placement, then the same priced reshuffle every epoch after;
+    ``mixed``: its mixing after the last epoch (:func:`mixing`)."""
     deliveries = [placement(option, job, net)]
     if job.epochs > 1:
         deliveries += [reshuffle(option, job, net, loads)] * (job.epochs - 1)
@@ -283,15 +304,20 @@ def price(option: Option, job: JobRun, net: Network, loads: Loads) -> PricedRun:
         deliveries=deliveries,
         train=training(job.training, net, job.compute),
         end=epoch_end(job.training, net, job.compute),
-        coverage_min=coverage_min(option, job.workers, job.epochs),
+        coverage_min=mixed["coverage_min"],
+        label_tv_max=mixed["label_tv_max"],
         job=option == job.option,
     )
 
 
 def predict_job(job: JobRun, net: Network) -> list[PricedRun]:
-    """Every option priced; the fastest marked."""
+    """Every option priced; the fastest marked. The mixing depends on the shuffle alone:
+    one simulation per policy."""
     loads = Loads(job, net)
-    runs = [price(o, job, net, loads) for o in options(job)]
+    found = options(job)
+    policies = {(o.shuffle, o.fraction) for o in found}
+    mixed = {key: mixing(Option("", "", *key), job) for key in policies}
+    runs = [price(o, job, net, loads, mixed[(o.shuffle, o.fraction)]) for o in found]
     min(runs, key=lambda r: r.seconds).fastest = True
     return runs
 
@@ -311,7 +337,7 @@ def render(job: JobRun, net: Network, runs: list[PricedRun]) -> list[str]:
         f"(network {runs[0].train.network:.3f}, CPU {runs[0].train.cpu:.3f}), its end "
         f"{runs[0].end.seconds:.3f} s",
         f"{'run':34s} {'place s':>8s} {'reshuf s':>8s} {'epoch s':>8s} {'to end':>8s} "
-        f"{'network':>8s} {'cpu':>8s} {'vs job':>7s} {'coverage':>8s}",
+        f"{'network':>8s} {'cpu':>8s} {'vs job':>7s} {'coverage':>8s} {'label tv':>8s}",
     ]
     mine = next(r for r in runs if r.job)
     for r in runs:
@@ -320,7 +346,8 @@ def render(job: JobRun, net: Network, runs: list[PricedRun]) -> list[str]:
         row = (
             f"{r.option.label:34s} {r.deliveries[0].seconds:8.2f} {later:8.2f} "
             f"{r.epoch_seconds[-1]:8.2f} {r.seconds:8.2f} {r.network_seconds:8.2f} "
-            f"{r.cpu_seconds:8.2f} {r.seconds / mine.seconds:7.2f} {r.coverage_min:8.3f} {mark}"
+            f"{r.cpu_seconds:8.2f} {r.seconds / mine.seconds:7.2f} {r.coverage_min:8.3f} "
+            f"{r.label_tv_max:8.3f} {mark}"
         )
         lines.append(row.rstrip())
     lines += verdict(job, runs, mine)
@@ -338,7 +365,8 @@ def verdict(job: JobRun, runs: list[PricedRun], mine: PricedRun) -> list[str]:
     lines = [
         f"fastest: {best.option.label}, {best.seconds:.1f} s to the end of epoch {job.epochs} "
         f"({best.seconds / mine.seconds:.2f}x the job's {mine.seconds:.1f} s; * the job, < the "
-        "fastest; coverage: the expected coverage_min after the last epoch)"
+        "fastest; coverage, label tv: coverage_min and label_tv_max after the last epoch, "
+        "from the job's own assignments)"
     ]
     full = [r for r in runs if r.option.shuffle == "full"]
     uncoded = [r for r in full if r.option.scheme == "uncoded"]
@@ -367,6 +395,7 @@ def as_json(job: JobRun, runs: list[PricedRun]) -> list[dict]:
             "network_seconds": r.network_seconds,
             "cpu_seconds": r.cpu_seconds,
             "coverage_min": r.coverage_min,
+            "label_tv_max": r.label_tv_max,
             "job": r.job,
             "fastest": r.fastest,
         }
