@@ -185,7 +185,9 @@ def test_aligned_corners_decode_for_twenty_epochs(k, q, worst, seed):
     for _ in range(20):
         new = worst_shuffle(old, k) if worst else random_assignment(k * q, k, rng)
         plan = scheme.plan(state, new)
-        decode_plan(plan)
+        programs = decode_plan(plan)
+        needs, _ = peer_routes(plan)  # what the peer transports route: the decoders' symbols
+        assert all(np.array_equal(needs[w], programs[w].symbol_ids) for w in range(k))
         assert sender_holds(plan)
         moves = shuffle_matrix(old, new, k)
         assert plan.load_points == pytest.approx(decentralized_load(moves, 2))
@@ -253,25 +255,29 @@ def test_a_transport_that_cannot_carry_the_scheme_is_refused(scheme, transport, 
         settings.check_job(4, 24, 96)
 
 
-def test_peer_unicast_routes_every_symbol_from_its_sender_to_its_decoders():
+@pytest.mark.parametrize(("k", "n", "worst"), [(4, 24, False), (7, 126, True)])
+def test_peer_unicast_routes_every_symbol_from_its_sender_to_its_decoders(k, n, worst):
     """``peer_routes``: every worker needs exactly the symbols its decoder keeps, none from
-    itself; the rows a sender forms from its own cache are the master's encoded symbols."""
-    scheme = get_scheme("decentralized", 96)
+    itself; the rows a sender forms from its own cache are the master's encoded symbols (at
+    ``K = 7`` on the worst shuffle: section 2b's triples among them)."""
+    size = 96 if k == 4 else 8 * 12
+    scheme = get_scheme("decentralized", size)
     rng = np.random.default_rng(5)
-    old = random_assignment(24, 4, rng)
-    state = scheme.initial_state(old, 4, 2)
-    new = random_assignment(24, 4, rng)
+    old = random_assignment(n, k, rng)
+    state = scheme.initial_state(old, k, 2)
+    new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
     plan = scheme.plan(state, new)
+    assert plan.plans[0].breakdown.get("aligned", 0) > 0 if worst else True
     needs, senders = peer_routes(plan)
     programs = decode_plan(plan)
-    for k in range(4):
-        assert np.array_equal(needs[k], programs[k].symbol_ids)
-        assert np.all(senders[k] != k)
-    data = torch.randint(0, 256, (24, 96), dtype=torch.uint8, generator=torch.Generator())
-    delivery = Delivery.prepare(plan, 96)
+    for w in range(k):
+        assert np.array_equal(needs[w], programs[w].symbol_ids)
+        assert np.all(senders[w] != w)
+    data = torch.randint(0, 256, (n, size), dtype=torch.uint8, generator=torch.Generator())
+    delivery = Delivery.prepare(plan, size)
     (master,) = delivery.encode(data)
     routes = symbol_routes("peers", plan, {})
-    for k in range(4):
-        store = WorkerStore.from_master(data, delivery, k)
-        ids, rows = outgoing_rows(routes, plan, k, store.caches[0])
+    for w in range(k):
+        store = WorkerStore.from_master(data, delivery, w)
+        ids, rows = outgoing_rows(routes, plan, w, store.caches[0])
         assert ids.size and torch.equal(rows, master[torch.from_numpy(ids)])

@@ -156,25 +156,28 @@ def peer_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.nd
     worker, the symbols it needs and the worker that sends each.
 
     Worker ``k`` needs every symbol with a term it demands (a sub-point of its new batch that
-    it does not cache), the symbols its decoder keeps. Returns ``(needs, senders)`` (sorted
-    symbol ids; 0-based workers)."""
+    it does not cache), and then every symbol with a term it must learn on the way (one of
+    those symbols' terms it neither caches nor demands: a triple's ``A``, docs/decentralized.md
+    section 2b), until nothing is added: the symbols its decoder keeps. Returns ``(needs,
+    senders)`` (sorted symbol ids; 0-based workers)."""
     owner = new_owners(plan)
-    wanted: list[list[np.ndarray]] = [[] for _ in range(plan.num_workers)]
-    start = 0
-    for block in plan.symbols:
-        receiver = owner[block // plan.splits]
-        for k in range(plan.num_workers):
-            mine = receiver == k
-            terms = block[mine]
-            cached = np.isin(terms, plan.caches[k], assume_unique=False)
-            rows = np.nonzero(mine)[0][~cached]
-            wanted[k].append(np.unique(rows) + start)
-        start += block.shape[0]
+    offsets, symbol_of_term, terms = plan.symbol_terms()
+    receiver = owner[terms // plan.splits]
     who = np.concatenate(plan.senders) if plan.senders else np.zeros(0, dtype=np.int64)
-    needs = tuple(
-        np.unique(np.concatenate(w)) if w else np.zeros(0, dtype=np.int64) for w in wanted
-    )
-    return needs, tuple(who[n] for n in needs)
+    needs = []
+    for k in range(plan.num_workers):
+        unknown = ~np.isin(terms, plan.caches[k])
+        needed = np.zeros(offsets.size - 1, dtype=bool)
+        needed[symbol_of_term[unknown & (receiver == k)]] = True
+        while True:  # the terms to learn pull in the symbols that carry them
+            learn = np.unique(terms[unknown & needed[symbol_of_term]])
+            more = needed.copy()
+            more[symbol_of_term[np.isin(terms, learn)]] = True
+            if np.array_equal(more, needed):
+                break
+            needed = more
+        needs.append(np.flatnonzero(needed))
+    return tuple(needs), tuple(who[n] for n in needs)
 
 
 @dataclass(frozen=True)
