@@ -11,6 +11,7 @@ transports' cost models (:mod:`coded_shuffle.costs.model`) and the run's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -115,38 +116,16 @@ def profile_job(overrides: Sequence[str]) -> JobRun:
         lines = (out.stderr.strip() or out.stdout.strip() or "invalid config").splitlines()
         raise UsageError(lines[-1].removeprefix("python -m train: error: "))
     p = json.loads(out.stdout.strip().splitlines()[-1])
-    return JobRun(
-        workers=p["workers"],
-        epochs=p["epochs"],
-        scheme=p["scheme"],
-        storage=p["storage"],
-        transport=p["transport"],
-        shuffle=p["shuffle"],
-        fraction=p["fraction"],
-        points=p["points"],
-        point_bytes=p["point_bytes"],
-        chunk_bytes=p["chunk_bytes"],
-        multicast_rate=p["multicast_rate"],
-        training=Training(
-            workers=p["workers"],
-            points=p["points"],
-            point_bytes=p["point_bytes"],
-            test_points=p["test_points"],
-            params=p["params"],
-            momentum=p["momentum"],
-            batch_size=p["batch_size"],
-            average_every=p["average_every"],
-        ),
-        compute=Compute(
-            step_seconds=p["step_seconds"],
-            eval_seconds_per_point=p["eval_seconds_per_point"],
-            sha256_seconds_per_gb=p["sha256_seconds_per_gb"],
-            cores=p["cores"],
-        ),
-        seed=p["seed"],
-        placement=p["placement"],
-        label_shares=tuple(p["label_shares"]),
-    )
+    p["label_shares"] = tuple(p["label_shares"])
+    training = Training(**fields_of(Training, p))
+    compute = Compute(**fields_of(Compute, p))
+    return JobRun(**fields_of(JobRun, p), training=training, compute=compute)
+
+
+def fields_of(cls: type, profile: dict) -> dict:
+    """The profile's values of ``cls``'s fields (those a dataclass nests are built apart)."""
+    nested = {"training", "compute"}
+    return {f.name: profile[f.name] for f in dataclasses.fields(cls) if f.name not in nested}
 
 
 def check_cluster(medium: str, rate: str, master_rate: str | None, mtu: int) -> Network:
