@@ -16,7 +16,8 @@ A bucket ``(o, n, z)`` of lone pieces can be ``A`` of one triple type, ``C`` of 
 ``B`` of a third; the triples are matched greedily on counts (:func:`match_triples`, shared by
 the plan and the closed form: first a third of every bucket for each of its roles, then what is
 left), and what no triple takes is sent uncoded. On the cyclic shift this makes the load 4/3 of
-the converse at ``T = 2`` for every ``K``.
+the converse at ``T = 2`` from ``K = 7`` (batches of a multiple of three points; 5/4 at
+``K = 6``).
 """
 
 from __future__ import annotations
