@@ -340,7 +340,7 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     from coded_shuffle.tools.predict_job import (
         as_json,
         check_cluster,
-        network,
+        paced,
         predict_job,
         profile_job,
         render,
@@ -357,7 +357,7 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     # multicast paced as the cluster command paces it where the overrides do not say
     overrides += pacing_overrides(overrides, int(cluster.rate), int(cluster.master_rate))
     job = profile_job(overrides)
-    net = network(args.medium, args.rate, args.master_rate, args.mtu, job)
+    net = paced(cluster, job)
     runs = predict_job(job, net)
     if args.json:
         for obj in as_json(job, runs):

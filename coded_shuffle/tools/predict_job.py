@@ -142,9 +142,13 @@ def check_cluster(medium: str, rate: str, master_rate: str | None, mtu: int) -> 
 
 
 def network(medium: str, rate: str, master_rate: str | None, mtu: int, job: JobRun) -> Network:
-    """:func:`check_cluster`'s network, multicast paced as the job's ``dist.multicast.rate``
-    says where it says so."""
-    net = check_cluster(medium, rate, master_rate, mtu)
+    """:func:`check_cluster`'s network, :func:`paced` for the job."""
+    return paced(check_cluster(medium, rate, master_rate, mtu), job)
+
+
+def paced(net: Network, job: JobRun) -> Network:
+    """``net`` with multicast paced as the job's ``dist.multicast.rate`` says, where it says
+    so."""
     if not job.multicast_rate:
         return net
     pace = parse_rate(job.multicast_rate, "dist.multicast.rate")
@@ -382,4 +386,13 @@ def as_json(job: JobRun, runs: list[PricedRun]) -> list[dict]:
     ]
 
 
-__all__ = ["Option", "PricedRun", "as_json", "network", "predict_job", "profile_job", "render"]
+__all__ = [
+    "Option",
+    "PricedRun",
+    "as_json",
+    "network",
+    "paced",
+    "predict_job",
+    "profile_job",
+    "render",
+]
