@@ -24,6 +24,8 @@ from coded_shuffle.errors import UsageError
 
 from . import data, models
 from .config import Config
+from .packed import Packed
+from .sources import File, Synthetic
 
 TIMED_SECONDS = 0.3  # how long each measurement runs (after its warm-up)
 HASHED_BYTES = 32 << 20  # bytes hashed to time SHA-256
@@ -130,11 +132,10 @@ def label_shares(cfg: Config) -> list[float]:
     uniformly; a packed directory's from its ``y.npy`` (memory-mapped); any other source's
     from its labels (loaded: digits, a user's data set)."""
     source = data.source_of(cfg.data)
-    if str(cfg.data.source) == "synthetic":
-        classes = int(cfg.data.classes)
-        return [1.0 / classes] * classes
-    if str(cfg.data.source) == "file" and Path(str(cfg.data.path)).is_dir():
-        labels = np.load(Path(str(cfg.data.path)) / "y.npy", mmap_mode="r")
+    if isinstance(source, Synthetic):
+        return [1.0 / source.classes] * source.classes
+    if isinstance(source, File) and source.directory:
+        labels = Packed.open(Path(source.path)).y
     else:
         labels = source.raw(int(cfg.seed))[1]
     counts = np.bincount(np.asarray(labels, dtype=np.int64))
