@@ -82,6 +82,22 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", action="store_true", help="one JSON object per line per transition")
 
 
+# predict's cluster flags and their defaults (one source for the parser and the check that
+# --job refuses them: the job's overrides give them instead)
+NOT_WITH_JOB = {
+    "workers": None,
+    "points": None,
+    "point_bytes": None,
+    "storage": 1.0,
+    "scheme": "cycles",
+    "fraction": 1.0,
+    "topology": "switch",
+    "peer_seconds": None,
+    "chunk_bytes": 256 << 10,
+    "seed": 0,
+}
+
+
 def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser(
         "predict",
@@ -103,19 +119,25 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--rate", required=True, help="every worker's NIC rate, e.g. 10gbit")
     pr.add_argument("--master-rate", help="the master's NIC rate (default: --rate)")
     pr.add_argument(
-        "--storage", "-T", type=float, default=1.0, help="storage per worker in batches, 1..K"
+        "--storage",
+        "-T",
+        type=float,
+        default=NOT_WITH_JOB["storage"],
+        help="storage per worker in batches, 1..K",
     )
-    pr.add_argument("--scheme", default="cycles", help="the coded scheme (default cycles)")
+    pr.add_argument(
+        "--scheme", default=NOT_WITH_JOB["scheme"], help="the coded scheme (default cycles)"
+    )
     pr.add_argument(
         "--fraction",
         type=float,
-        default=1.0,
+        default=NOT_WITH_JOB["fraction"],
         help="a partial reshuffle: every worker gives up this share of its batch (0, 1]; "
         "default 1, a full one",
     )
     pr.add_argument(
         "--topology",
-        default="switch",
+        default=NOT_WITH_JOB["topology"],
         help="switch (full bisection, default) | shared (one medium of --rate) | uplink (a "
         "master behind a slower link: --master-rate below --rate)",
     )
@@ -132,8 +154,10 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         help="p2p: seconds per peer a worker exchanges with (default: calibrated on the "
         "emulated cluster)",
     )
-    pr.add_argument("--chunk-bytes", type=int, default=256 << 10, help="payload per message")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument(
+        "--chunk-bytes", type=int, default=NOT_WITH_JOB["chunk_bytes"], help="payload per message"
+    )
+    pr.add_argument("--seed", type=int, default=NOT_WITH_JOB["seed"])
     pr.add_argument("--json", action="store_true", help="one JSON object per row")
     pr.add_argument("args", nargs=argparse.REMAINDER, help="--job: -- then the job's overrides")
 
@@ -317,21 +341,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-# predict's cluster flags and their defaults: --job takes the job's overrides instead
-NOT_WITH_JOB = {
-    "workers": None,
-    "points": None,
-    "point_bytes": None,
-    "storage": 1.0,
-    "scheme": "cycles",
-    "fraction": 1.0,
-    "topology": "switch",
-    "peer_seconds": None,
-    "chunk_bytes": 256 << 10,
-    "seed": 0,
-}
 
 
 def cmd_predict_job(args: argparse.Namespace) -> int:
