@@ -4,13 +4,13 @@
 
 For every ``K`` up to ``--max-workers`` and integer storage ``T = 2 .. K-1``, on the worst
 shuffle (every batch moves to the next worker) of ``N = K C(K-1, T-1) T`` points: the
-scheme's load (the closed form of its plan: eq. (1) summed over the groups, and at ``T = 2``
-the triples across senders), the decentralized converse ``N (K-T) / (T (K-1))``,
-the uncoded exchange with the same storage ``N (K-T) / (K-1)``, and the centralized optimum
-under uncoded placement (a master that holds everything: Elmahdy & Mohajer 2018). Loads in
-units of ``N``. ``--measure K``: the closed form is checked against plans really encoded,
-decoded at every worker and compared with the master's bytes (``coded-shuffle evaluate``) for
-every ``K`` up to that one.
+scheme's load (the closed form of its plan: eq. (1) summed over the groups, at ``T = 2`` the
+triples across senders, from ``T = 3`` the cliques across groups where they cost less), the
+decentralized converse ``N (K-T) / (T (K-1))``, the uncoded exchange with the same storage
+``N (K-T) / (K-1)``, and the centralized optimum under uncoded placement (a master that holds
+everything: Elmahdy & Mohajer 2018). Loads in units of ``N``. ``--measure K``: the closed form
+is checked against plans really encoded, decoded at every worker and compared with the
+master's bytes (``coded-shuffle evaluate``) for every ``K`` up to that one.
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ which every other member holds it. A group whose members need ``d_u`` pieces eac
 sender ``s`` XORs, per symbol, one sub-piece needed by each other member, all of which it holds
 (eq. (1) of the docs; optimal for the group on its own). Every symbol carries its sender.
 At ``m = 2`` (from ``K = 6``) what a group would send uncoded goes into triples across two
-senders instead, three pieces for two symbols (section 2b, :mod:`.peer_alignment`).
+senders instead, three pieces for two symbols (section 2b, :mod:`.peer_alignment`); at
+``3 <= m <= K - 3`` a group keeps what it codes at a gain of ``m - 1`` or more and deals the
+rest to cliques of ``m`` workers across groups where that costs fewer symbols (section 2c,
+:mod:`.peer_cliques`).
 
 Update (section 3): the new owner keeps the point whole; a piece whose holders missed it is
 now held by ``H - j + k`` (the old owner drops it); nothing is sent, and every worker again
@@ -30,9 +33,11 @@ from math import comb
 
 import numpy as np
 
+from coded_shuffle.math.assignment import shuffle_matrix
 from coded_shuffle.math.plan import DeliveryPlan, held_at
 from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes import peer_alignment as alignment
+from coded_shuffle.math.schemes import peer_cliques as cliques
 from coded_shuffle.math.schemes.base import batch_plan_fields
 from coded_shuffle.math.schemes.memory_sharing import CornerScheme
 from coded_shuffle.math.state import CacheState
@@ -54,8 +59,17 @@ def aligned(num_workers: int, m: int) -> bool:
     return m == 2 and num_workers >= alignment.MIN_WORKERS
 
 
+def cliqued(num_workers: int, m: int) -> bool:
+    """Whether corner ``m`` may deal groups' excess to cliques across groups (section 2c)."""
+    return cliques.MIN_CORNER <= m <= num_workers - 3
+
+
 def sub_pieces(num_workers: int, m: int) -> int:
-    """Sub-pieces per piece: ``m`` where groups code (``1 < m < K``), else 1."""
+    """Sub-pieces per piece: ``m`` where groups code (``1 < m < K``), else 1; ``2 m`` at
+    ``m = 3`` where cliques of two receivers code (section 2c: each set pays ``ceil(sum /
+    2)``, and halves keep every sum even)."""
+    if cliqued(num_workers, m) and m == cliques.MIN_CORNER:
+        return m * (m - 1)
     return m if 1 < m < num_workers else 1
 
 
@@ -113,45 +127,20 @@ def peer_next_state(state: CacheState, new_assignment: np.ndarray) -> CacheState
     return peer_state(new, holders, state.num_workers, labels.m)
 
 
-def group_shares(needs: np.ndarray, m: int) -> np.ndarray:
-    """Sub-pieces each member sends in a group whose members need ``needs`` pieces (eq. (1)).
+def group_shares(needs: np.ndarray, m: int, r: int) -> np.ndarray:
+    """Sub-pieces each member sends in a group whose members need ``needs`` pieces of ``r``
+    sub-pieces (eq. (1)).
 
-    The group sends ``S = max(sum d, m max d)`` sub-pieces' worth: member ``u``'s ``m d_u``
-    sub-pieces must be covered by the others' shares, so ``L_u <= S - m d_u``, and the shares
-    sum to ``S``; filled greedily in member order."""
-    needs = np.asarray(needs, dtype=np.int64)
-    if m == 1:  # no sub-pieces: each member sends what the other needs
-        return needs[::-1].copy()
-    total = max(int(needs.sum()), m * int(needs.max(initial=0)))
-    caps = total - m * needs
-    shares = np.zeros_like(needs)
-    left = total
-    for u in range(needs.size):
-        shares[u] = min(int(caps[u]), left)
-        left -= int(shares[u])
-    return shares
+    With ``r = m`` the group sends ``S = max(sum d, m max d)`` sub-pieces' worth: member
+    ``u``'s ``m d_u`` sub-pieces must be covered by the others' shares, so ``L_u <= S - m
+    d_u``, and the shares sum to ``S``; filled greedily in member order (at ``m = 1``, ``r =
+    1``: each member sends what the other needs)."""
+    return cliques.clique_shares(np.asarray(needs, dtype=np.int64) * r, m)
 
 
-def group_symbols(members: list[int], pieces: list[np.ndarray], m: int, r: int) -> list:
-    """``[(sender, rows)]`` of one group: ``rows[i, c]`` the sub-piece of receiver ``c``
-    (members other than the sender, in order) XORed in the sender's ``i``-th symbol (-1 none).
-
-    ``pieces[u]``: the piece ids (``p * C + i``) member ``u`` needs."""
-    needs = np.array([p.size for p in pieces], dtype=np.int64)
-    shares = group_shares(needs, m)
-    width = len(members) - 1
-    rows = {s: np.full((int(shares[s]), width), -1, dtype=np.int64) for s in range(len(members))}
-    for u, ids in enumerate(pieces):
-        subs = (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
-        start = 0
-        for s in range(len(members)):
-            if s == u or start == subs.size:
-                continue
-            take = min(int(shares[s]), subs.size - start)
-            rows[s][:take, u if u < s else u - 1] = subs[start : start + take]
-            start += take
-        assert start == subs.size, "a group's shares must cover every member's needs"
-    return [(members[s], rows[s]) for s in range(len(members)) if rows[s].shape[0]]
+def sub_ids(ids: np.ndarray, r: int) -> np.ndarray:
+    """The ``r`` sub-pieces of every piece in ``ids``, piece by piece."""
+    return (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
 
 
 def demanded_pieces(state: CacheState, new: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -171,7 +160,9 @@ def demanded_pieces(state: CacheState, new: np.ndarray) -> tuple[np.ndarray, ...
 
 
 def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
-    """Section 2: every group's symbols, each with the member that sends it."""
+    """Section 2: every group's symbols, each with the member that sends it; at ``m = 2`` the
+    lone pieces' triples (section 2b), at ``3 <= m <= K - 3`` the groups' excess in cliques
+    where they cost fewer symbols (section 2c)."""
     labels: PeerLabels = state.labels
     k, m = state.num_workers, labels.m
     r = sub_pieces(k, m)
@@ -179,6 +170,9 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     groups, receivers, ids = demanded_pieces(state, new)
     rows: list[tuple[int, np.ndarray]] = []
     lone: dict[tuple[int, int, int], list[np.ndarray]] = {}
+    excess: dict[cliques.Bucket, np.ndarray] = {}
+    costs = group_costs(shuffle_matrix(state.assignment, new, k), m) if cliqued(k, m) else None
+    deals = costs is not None and costs.cliques_pay
     owners = state.assignment[ids // labels.holders.shape[1]]
     cuts = np.flatnonzero(np.diff(groups)) + 1
     starts = np.r_[0, cuts] if groups.size else cuts  # no group at all: nothing to send
@@ -186,15 +180,24 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     for mask, (g_rcv, g_ids, g_own) in zip(groups[starts], splits, strict=False):
         members = [w for w in range(k) if (int(mask) >> w) & 1]
         pieces = [g_ids[g_rcv == w] for w in members]
+        mine = [g_own[g_rcv == w] for w in members]
         if aligned(k, m):
-            pieces = set_lone_apart(members, pieces, [g_own[g_rcv == w] for w in members], lone)
-        rows.extend(group_symbols(members, pieces, m, r))
+            pieces = set_lone_apart(members, pieces, mine, lone)
+        elif deals:
+            pieces = set_excess_apart(int(mask), members, pieces, mine, excess, r)
+        rows.extend(cliques.clique_symbols(members, [sub_ids(p, r) for p in pieces]))
     breakdown = {f"m={m}": int(sum(r.shape[0] for _, r in rows))}
     if lone:
         aligned_rows = lone_rows(lone, k)
         rows.extend(aligned_rows)
         for name, width in (("aligned", 2), ("lone uncoded", 1)):
             breakdown[name] = int(sum(r.shape[0] for _, r in aligned_rows if r.shape[1] == width))
+    if excess:
+        buckets = sorted(excess)
+        assert tuple(buckets) == costs.buckets, "the plan's excess must be the closed form's"
+        dealt_rows = cliques.clique_rows(buckets, [excess[b] for b in buckets], costs.deal, r)
+        rows.extend(dealt_rows)
+        breakdown["cliques"] = int(sum(r.shape[0] for _, r in dealt_rows))
     symbols, senders = sender_blocks(rows)
     return DeliveryPlan(
         scheme=scheme,
@@ -203,6 +206,46 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         breakdown=breakdown,
         **batch_plan_fields(state, new),
     )
+
+
+def owner_counts(members: list[int], owners: list[np.ndarray]) -> np.ndarray:
+    """``counts[u, o]``: member ``u``'s pieces of member ``o``'s points."""
+    return np.array([[int(np.count_nonzero(own == o)) for o in members] for own in owners])
+
+
+def set_apart(
+    pieces: list[np.ndarray], owners: list[np.ndarray], members: list[int], taken: np.ndarray
+) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]]]:
+    """The members' pieces less ``taken[u, o]`` of member ``o``'s points (the first by id), and
+    ``(u, o, ids)`` of those set apart."""
+    rest, apart = [], []
+    for u, (ids, own) in enumerate(zip(pieces, owners, strict=True)):
+        keep = np.ones(ids.size, dtype=bool)
+        for o in np.flatnonzero(taken[u]):
+            first = np.flatnonzero(own == members[o])[: int(taken[u, o])]
+            keep[first] = False
+            apart.append((u, int(o), ids[first]))
+        rest.append(ids[keep])
+    return rest, apart
+
+
+def set_excess_apart(
+    group: int,
+    members: list[int],
+    pieces: list[np.ndarray],
+    owners: list[np.ndarray],
+    excess: dict[cliques.Bucket, np.ndarray],
+    r: int,
+) -> list[np.ndarray]:
+    """A group's pieces less its excess (section 2c: what it codes at a gain below
+    ``m - 1``), which goes to ``excess`` by bucket in sub-pieces (``r`` a piece)."""
+    needs = np.array([p.size for p in pieces], dtype=np.int64)
+    keep = cliques.kept(needs, len(members) - 1)
+    taken = cliques.taken_by_owner(needs - keep, owner_counts(members, owners))
+    rest, apart = set_apart(pieces, owners, members, taken)
+    for u, o, ids in apart:
+        excess[cliques.Bucket(group, members[u], members[o], ids.size * r)] = ids
+    return rest
 
 
 def set_lone_apart(
@@ -214,20 +257,15 @@ def set_lone_apart(
     """A 3-group's pieces less its lone ones (section 2b: the excess of a member that needs
     more than the other two together), which go to ``lone[(owner, receiver, partner)]``."""
     needs = np.array([p.size for p in pieces], dtype=np.int64)
-    by_owner = np.array(
-        [[int(np.count_nonzero(owners[i] == o)) for o in members] for i in range(3)]
-    )
-    u, taken = alignment.excess(needs, by_owner)
+    u, taken = alignment.excess(needs, owner_counts(members, owners))
     if u < 0:
         return pieces
-    keep = np.ones(pieces[u].size, dtype=bool)
-    for o in range(3):
-        if taken[o]:
-            mine = np.flatnonzero(owners[u] == members[o])[: int(taken[o])]
-            keep[mine] = False
-            partner = members[3 - u - o]
-            lone.setdefault((members[o], members[u], partner), []).append(pieces[u][mine])
-    return [p if i != u else p[keep] for i, p in enumerate(pieces)]
+    matrix = np.zeros((3, 3), dtype=np.int64)
+    matrix[u] = taken
+    rest, apart = set_apart(pieces, owners, members, matrix)
+    for _, o, ids in apart:
+        lone.setdefault((members[o], members[u], members[3 - u - o]), []).append(ids)
+    return rest
 
 
 def lone_rows(lone: dict[tuple[int, int, int], list[np.ndarray]], k: int) -> list:
@@ -247,10 +285,13 @@ def sender_blocks(rows: list[tuple[int, np.ndarray]]) -> tuple[tuple, tuple]:
     if not rows:
         return (), ()
     width = max(r.shape[1] for _, r in rows)
-    terms = np.concatenate(
-        [np.pad(r, ((0, 0), (0, width - r.shape[1])), constant_values=-1) for _, r in rows]
-    )
-    who = np.concatenate([np.full(r.shape[0], s, dtype=np.int64) for s, r in rows])
+    counts = [r.shape[0] for _, r in rows]
+    terms = np.full((sum(counts), width), -1, dtype=np.int64)
+    start = 0
+    for _, r in rows:
+        terms[start : start + r.shape[0], : r.shape[1]] = r
+        start += r.shape[0]
+    who = np.repeat(np.array([s for s, _ in rows], dtype=np.int64), counts)
     valid = terms >= 0
     degree = valid.sum(axis=1)
     blocks, senders = [], []
@@ -277,15 +318,44 @@ def group_moves(moves: np.ndarray, m: int) -> list[tuple[tuple[int, ...], np.nda
     return out
 
 
-def decentralized_load(moves: np.ndarray, m: int) -> float:
-    """The delivery's load in points for shuffle matrix ``moves`` at corner ``m``: eq. (1) summed
-    over the groups, in pieces of ``1/C(K-1, m-1)`` point (section 2), and at ``m = 2`` the
-    lone pieces' triples (section 2b)."""
+def excess_buckets(
+    group: int, members: tuple[int, ...], by_owner: np.ndarray, excess: np.ndarray, r: int
+) -> list[cliques.Bucket]:
+    """A group's excess (section 2c) by receiver and owner, in sub-pieces."""
+    taken = cliques.taken_by_owner(excess, by_owner)
+    return [
+        cliques.Bucket(group, members[u], members[o], int(taken[u, o]) * r)
+        for u, o in np.argwhere(taken > 0)
+    ]
+
+
+@dataclass(frozen=True)
+class GroupCosts:
+    """Symbols (sub-pieces' worth) of a delivery at corner ``m``: ``plain`` = eq. (1) summed
+    over the groups (section 2) with, at ``m = 2``, the lone pieces' triples (section 2b);
+    where corner ``m`` deals cliques (section 2c), ``dealt`` = the groups' kept pieces plus
+    the cliques' symbols, with the excess ``buckets`` (sorted) and their ``deal``."""
+
+    plain: int
+    dealt: int | None = None
+    buckets: tuple[cliques.Bucket, ...] = ()
+    deal: cliques.Deal | None = None
+
+    @property
+    def cliques_pay(self) -> bool:
+        return self.dealt is not None and self.dealt < self.plain
+
+    @property
+    def symbols(self) -> int:
+        return self.dealt if self.cliques_pay else self.plain
+
+
+def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
+    """:class:`GroupCosts` for shuffle matrix ``moves``, from the counts alone."""
     k = moves.shape[0]
-    if m >= k:
-        return 0.0
     r = sub_pieces(k, m)
-    total = 0
+    plain, kept = 0, 0
+    buckets: list[cliques.Bucket] = []
     lone = np.zeros((k, k, k), dtype=np.int64)
     for members, sub in group_moves(moves, m):
         needs = sub.sum(axis=0)
@@ -294,10 +364,28 @@ def decentralized_load(moves: np.ndarray, m: int) -> float:
             for o in np.flatnonzero(taken):
                 lone[members[o], members[u], members[3 - u - o]] += taken[o]
                 needs[u] -= taken[o]
-        total += int(group_shares(needs, m).sum())
+        plain += int(group_shares(needs, m, r).sum())
+        if cliqued(k, m):
+            keep = cliques.kept(needs, m)
+            kept += int(group_shares(keep, m, r).sum())
+            group = sum(1 << w for w in members)
+            buckets.extend(excess_buckets(group, members, sub.T, needs - keep, r))
     if aligned(k, m):
-        total += alignment.match_triples(lone).symbols
-    return total / (comb(k - 1, m - 1) * r)
+        plain += alignment.match_triples(lone).symbols  # r = 2: the triples' halves
+    if not cliqued(k, m):
+        return GroupCosts(plain)
+    ordered = tuple(sorted(buckets))
+    dealt = cliques.deal(list(ordered), m)
+    return GroupCosts(plain, kept + dealt.symbols, ordered, dealt)
+
+
+def decentralized_load(moves: np.ndarray, m: int) -> float:
+    """The delivery's load in points for shuffle matrix ``moves`` at corner ``m``: the fewer
+    symbols of :func:`group_costs`' two, in sub-pieces of ``1/(r C(K-1, m-1))`` point."""
+    k = moves.shape[0]
+    if m >= k:
+        return 0.0
+    return group_costs(moves, m).symbols / (comb(k - 1, m - 1) * sub_pieces(k, m))
 
 
 def sender_holds(plan: DeliveryPlan) -> bool:

@@ -1,0 +1,191 @@
+"""Cliques across groups at corners ``3 <= m <= K - 3`` of the decentralized scheme
+(docs/decentralized.md, section 2c).
+
+A group ``J`` of ``m + 1`` workers codes at the gain of its demanding members: with ``t`` of
+them balanced, each symbol serves ``t`` (eq. (1)). Under a shuffle that sends every batch to
+one worker most groups have few: their pieces would go at a gain below ``m - 1``. A piece
+``(u, H)`` (receiver ``u``, holders ``H``, ``|H| = m``) is also held by every member of each
+``m``-set ``V = H - y + u`` other than ``u`` (``y`` in ``H``): in ``V`` a sender ``s`` XORs one
+sub-piece for each of the other ``m - 1`` members, every one held by ``s`` (``V - w`` lies in
+the holders of the piece of ``w``) and by every other receiver. A set ``V`` whose members need
+``d_w`` sub-pieces sends ``max(ceil(sum d / (m - 1)), max d)`` symbols (eq. (1) with ``m``
+members).
+
+Each group keeps what it codes at a gain of ``m - 1`` or more (:func:`kept`); the rest of its
+pieces (the *excess*) are dealt to the sets ``V``, a sixth of every bucket at a time, each
+share to the set where it adds the fewest symbols, the set that drops the piece's owner first
+(:func:`deal`, on counts alone: the plan and the closed form run it alike).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ROUNDS = 6  # shares of every bucket dealt one round at a time
+MIN_CORNER = 3  # at m = 2 a set V is a pair: nothing to code (section 2b aligns instead)
+
+
+def clique_shares(slots: np.ndarray, width: int) -> np.ndarray:
+    """Symbols each member of a clique sends, each symbol carrying one sub-piece for each of
+    the ``width`` other members, member ``u`` needing ``slots[u]`` (eq. (1)): ``S =
+    max(ceil(sum / width), max slots)``; member ``u`` sends at most ``S - slots[u]``, filled
+    greedily in member order."""
+    slots = np.asarray(slots, dtype=np.int64)
+    total = max(-(-int(slots.sum()) // width), int(slots.max(initial=0)))
+    shares = np.zeros_like(slots)
+    left = total
+    for u in range(slots.size):
+        shares[u] = min(total - int(slots[u]), left)
+        left -= int(shares[u])
+    return shares
+
+
+def clique_symbols(members: list[int], subs: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    """``[(sender, rows)]`` of one clique: ``rows[i, c]`` the sub-piece of receiver ``c``
+    (the members other than the sender, in order) XORed in the sender's ``i``-th symbol (-1
+    none). ``subs[u]``: the sub-pieces member ``u`` needs, each held by every other member."""
+    width = len(members) - 1
+    shares = clique_shares(np.array([s.size for s in subs], dtype=np.int64), width)
+    rows = {s: np.full((int(shares[s]), width), -1, dtype=np.int64) for s in range(len(members))}
+    for u, need in enumerate(subs):
+        start = 0
+        for s in range(len(members)):
+            if s == u or start == need.size:
+                continue
+            take = min(int(shares[s]), need.size - start)
+            rows[s][:take, u if u < s else u - 1] = need[start : start + take]
+            start += take
+        assert start == need.size, "a clique's shares must cover every member's needs"
+    return [(members[s], rows[s]) for s in range(len(members)) if rows[s].shape[0]]
+
+
+def kept(needs: np.ndarray, m: int) -> np.ndarray:
+    """Pieces a group of ``m + 1`` codes itself: all of them where eq. (1) serves ``m - 1``
+    receivers a symbol or more (``m sum d >= (m - 1) max(sum d, m max d)``), else each
+    member's up to the largest cap ``c`` at which the group serves ``m`` (``m c <= sum
+    min(d, c)``)."""
+    needs = np.asarray(needs, dtype=np.int64)
+    total = max(int(needs.sum()), m * int(needs.max(initial=0)))
+    if m * int(needs.sum()) >= (m - 1) * total:
+        return needs.copy()
+    lo, hi = 0, int(needs.max())
+    while lo < hi:  # {c : m c <= sum min(d, c)} is an interval from 0 (a concave function)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if m * mid <= int(np.minimum(needs, mid).sum()) else (lo, mid - 1)
+    return np.minimum(needs, lo)
+
+
+def taken_by_owner(excess: np.ndarray, by_owner: np.ndarray) -> np.ndarray:
+    """``taken[u, o]``: member ``u``'s excess pieces of member ``o``'s points, the
+    lower-numbered owners first (``by_owner[u, o]``: all of ``u``'s pieces of ``o``'s)."""
+    room = np.asarray(by_owner, dtype=np.int64)
+    before = np.cumsum(room, axis=1) - room
+    return np.clip(np.asarray(excess, dtype=np.int64)[:, None] - before, 0, room)
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    """Excess pieces of one group and receiver from one owner: ``units`` sub-pieces."""
+
+    group: int  # mask of J
+    receiver: int
+    owner: int
+    units: int
+
+
+@dataclass(frozen=True)
+class Deal:
+    """Per bucket ``[(V mask, sub-pieces)]``, and the symbols of all the sets ``V``."""
+
+    shares: list[list[tuple[int, int]]]
+    symbols: int
+
+
+def share(units: int, rnd: int, width: int) -> int:
+    """A bucket's share in round ``rnd``: whole multiples of ``width`` sub-pieces spread over
+    the rounds (a set ``V`` pays ``ceil(sum / width)``), the remainder in the last."""
+    whole = units // width
+    x = (whole // ROUNDS + (1 if rnd < whole % ROUNDS else 0)) * width
+    return x + (units % width if rnd == ROUNDS - 1 else 0)
+
+
+def set_options(bucket: Bucket) -> list[int]:
+    """The sets ``V = H - y + u`` a bucket's pieces can go to, the one without the owner
+    first (there the receiver's own batch came from outside the set)."""
+    holders = bucket.group & ~(1 << bucket.receiver)
+    ys = [bucket.owner] + [y for y in range(holders.bit_length()) if y != bucket.owner]
+    return [(holders & ~(1 << y)) | (1 << bucket.receiver) for y in ys if (holders >> y) & 1]
+
+
+def cheapest(
+    options: list[int],
+    receiver: int,
+    x: int,
+    width: int,
+    units: dict[int, int],
+    top: dict[int, int],
+    need: dict[tuple[int, int], int],
+) -> int:
+    """The first set among ``options`` where ``x`` more sub-pieces for ``receiver`` add the
+    fewest symbols (a set pays ``max(ceil(sum / width), max need)``)."""
+    best, best_cost = options[0], -1
+    for v in options:
+        total, most = units.get(v, 0), top.get(v, 0)
+        before = -(-total // width)
+        before = most if most > before else before
+        after = -(-(total + x) // width)
+        after = most if most > after else after
+        mine = need.get((v, receiver), 0) + x
+        cost = (mine if mine > after else after) - before
+        if best_cost < 0 or cost < best_cost:
+            best, best_cost = v, cost
+            if cost == 0:  # nothing is cheaper
+                break
+    return best
+
+
+def deal(buckets: list[Bucket], m: int) -> Deal:
+    """Deal the buckets, sorted, ``ROUNDS`` shares each, every share to the set ``V`` where
+    it adds the fewest symbols (the first such in :func:`set_options`' order)."""
+    width = m - 1
+    units: dict[int, int] = {}
+    top: dict[int, int] = {}
+    need: dict[tuple[int, int], int] = {}
+    options = [set_options(b) for b in buckets]
+    shares: list[dict[int, int]] = [{} for _ in buckets]
+    for rnd in range(ROUNDS):
+        for b, bucket in enumerate(buckets):
+            x = share(bucket.units, rnd, width)
+            if x:
+                v = cheapest(options[b], bucket.receiver, x, width, units, top, need)
+                units[v] = units.get(v, 0) + x
+                mine = need[(v, bucket.receiver)] = need.get((v, bucket.receiver), 0) + x
+                top[v] = max(top.get(v, 0), mine)
+                shares[b][v] = shares[b].get(v, 0) + x
+    total = sum(max(-(-units[v] // width), top[v]) for v in units)
+    return Deal([list(s.items()) for s in shares], total)
+
+
+def clique_rows(
+    buckets: list[Bucket], pieces: list[np.ndarray], dealt: Deal, r: int
+) -> list[tuple[int, np.ndarray]]:
+    """``[(sender, rows)]`` of every set ``V``: each bucket's sub-pieces (``pieces[b]``, piece
+    ids, ``r`` sub-pieces each) taken from the front, share by share."""
+    needs: dict[int, dict[int, list[np.ndarray]]] = {}
+    for bucket, ids, shares in zip(buckets, pieces, dealt.shares, strict=True):
+        subs = (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
+        start = 0
+        for v, count in shares:
+            needs.setdefault(v, {}).setdefault(bucket.receiver, []).append(
+                subs[start : start + count]
+            )
+            start += count
+    rows: list[tuple[int, np.ndarray]] = []
+    empty = np.zeros(0, dtype=np.int64)
+    for v in sorted(needs):
+        members = [w for w in range(v.bit_length()) if (v >> w) & 1]
+        subs = [np.concatenate(needs[v].get(w, [empty])) for w in members]
+        rows.extend(clique_symbols(members, subs))
+    return rows
