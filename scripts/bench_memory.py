@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--transport", default="chain")
-    parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
+    parser.add_argument("--interval", type=float, default=0.05, help="seconds between samples")
     parser.add_argument("--dir", type=Path, default=None, help="where the sets go (temporary)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--grid", nargs="+", metavar="FxN[:notest]", help="growth per point")

@@ -121,6 +121,25 @@ def test_a_directory_without_a_test_split_holds_out_rows_as_a_file_does(tmp_path
     same_data(plain, mapped)
 
 
+def test_the_master_evaluates_the_test_split_in_blocks_of_a_fixed_size(tmp_path, monkeypatch):
+    """What the evaluation holds does not grow with the test split (a tenth of ``N`` where the
+    directory has none): blocks of ``EVAL_BYTES`` of float inputs, every test item once."""
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((1000, 16)).astype(np.float32), rng.integers(0, 3, 1000)
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    np.save(folder / "X.npy", x)
+    np.save(folder / "y.npy", y.astype(np.int32))
+    monkeypatch.setattr(data, "EVAL_BYTES", 4 * 16 * 30)  # 30 items a block
+    _, ds = records_of("data=file", f"data.path={folder}")
+    blocks = list(ds.test_batches())
+    assert len(blocks) == -(-len(ds.test) // 30) > 1
+    assert [len(labels) for _, labels in blocks[:-1]] == [30] * (len(blocks) - 1)
+    assert sum(len(labels) for _, labels in blocks) == len(ds.test)
+    whole = ds.test.take(0, len(ds.test))
+    assert torch.equal(torch.cat([inputs for inputs, _ in blocks]), whole[0])
+
+
 def _bad(folder: Path, arrays: dict[str, np.ndarray]) -> Path:
     folder.mkdir()
     for name, array in arrays.items():

@@ -56,7 +56,8 @@ class DataInfo:
         return self.shape or (self.features,)
 
 
-EVAL_ROWS = 1 << 16  # test items the master evaluates at a time
+EVAL_BYTES = 4 << 20  # the model's float inputs the master evaluates at a time (so what the
+# evaluation holds does not grow with the test split, a tenth of N where the source has none)
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,10 @@ class DataSet:
         """One model input's shape: the transform's output for one item."""
         return tuple(self.transform(self.train[0][0][None]).shape[1:])
 
-    def test_batches(self, rows: int = EVAL_ROWS) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The test split's ``(inputs, labels)``, ``rows`` items at a time (labels int64)."""
+    def test_batches(self, rows: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The test split's ``(inputs, labels)``, ``rows`` items at a time (labels int64; by
+        default :data:`EVAL_BYTES` of the model's float32 inputs)."""
+        rows = rows or max(1, EVAL_BYTES // (4 * self.features))
         for a in range(0, len(self.test), rows):
             inputs, labels = self.test.take(a, a + rows)
             yield inputs, labels.long()
