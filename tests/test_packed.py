@@ -4,6 +4,7 @@ bytes, as the source packed (so the same parameters), with one-line errors for b
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from coded_shuffle.codec.buffers import empty_rows
-from coded_shuffle.codec.records import RecordLayout
+from coded_shuffle.codec.records import RecordLayout, Records
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import EpochChain
 from coded_shuffle.errors import UsageError
@@ -205,3 +206,25 @@ def test_the_pack_command_prints_the_set_in_one_line(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_records_gathered_into_a_reused_buffer_are_the_fresh_ones():
+    """The master reads records into buffers it reuses (no fresh pages per read): the same
+    rows as a fresh gather, through an index and across columns, and the same digest; a row
+    out of range is refused."""
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 256, (300, 40), dtype=np.uint8)
+    y = rng.integers(0, 256, (300, 4), dtype=np.uint8)
+    index = rng.permutation(300)[:250]
+    records = Records([x, y], index)
+    points = rng.permutation(250)[:90]
+    fresh = np.concatenate([x[index[points]], y[index[points]]], axis=1)
+    buffer = np.full((120, 44), 7, dtype=np.uint8)
+    assert np.array_equal(records.gather(points, buffer), fresh)
+    assert np.array_equal(records.gather(points[:10], buffer), fresh[:10])
+    assert np.array_equal(records.gather(points), fresh)
+    assert records.digest(points) == hashlib.sha256(fresh.tobytes()).digest()
+    out = torch.zeros((5, 44), dtype=torch.uint8)
+    assert np.array_equal(records.rows(3, 5, out).numpy(), records.gather(np.arange(3, 8)))
+    with pytest.raises(IndexError, match="out of range"):
+        Records([x, y]).gather(np.array([300]), buffer)

@@ -38,8 +38,20 @@ class ToFloat:
     std: float = 1.0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """One float32 copy at most, changed in place (the same bits as ``(x * scale - mean)
+        / std``); float32 inputs with nothing to change come back as they are."""
         scale = self.scale if self.scale is not None else (1 / 255 if x.dtype == torch.uint8 else 1)
-        return (x.to(torch.float32) * float(scale) - float(self.mean)) / float(self.std)
+        scale, mean, std = float(scale), float(self.mean), float(self.std)
+        if (scale, mean, std) == (1.0, 0.0, 1.0):
+            return x.to(torch.float32)
+        out = x.to(torch.float32, copy=True)
+        if scale != 1.0:
+            out.mul_(scale)
+        if mean != 0.0:
+            out.sub_(mean)
+        if std != 1.0:
+            out.div_(std)
+        return out
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,19 +122,25 @@ class RecordLayout:
                 out[j][i] = t
         return out
 
-    def unpack(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The fields of ``(n, record_bytes)`` records, each ``(n, *shape)``, byte-identical."""
-        n, offset, out = rows.shape[0], 0, []
+    def unpack(
+        self, rows: torch.Tensor, items: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """The fields of ``(n, record_bytes)`` records (of the rows ``items`` only, in that
+        order, when given), each ``(n, *shape)``, byte-identical: one copy per field."""
+        n = rows.shape[0] if items is None else int(items.numel())
+        offset, out = 0, []
         for f in self.fields:
             # a fresh copy: aligned for the wider dtype (a slice of one row is "contiguous"
             # at any offset, and a view of it could not be reinterpreted)
-            raw = rows[:, offset : offset + f.num_bytes].clone(
-                memory_format=torch.contiguous_format
-            )
+            column = rows[:, offset : offset + f.num_bytes]
             offset += f.num_bytes
             if f.num_bytes == 0:
                 out.append(torch.empty((n, *f.shape), dtype=f.torch_dtype))
                 continue
+            if items is None:
+                raw = column.clone(memory_format=torch.contiguous_format)
+            else:
+                raw = column.index_select(0, items)
             out.append(raw.view(f.torch_dtype).reshape(n, *f.shape))
         return tuple(out)
 
@@ -178,6 +185,7 @@ class Records:
         self.widths = [int(c.shape[1]) for c in self.columns]
         n = int(self.columns[0].shape[0]) if index is None else int(index.size)
         self.shape = (n, sum(self.widths))
+        self._local = threading.local()  # per thread: the columns' gather buffers
 
     @property
     def array(self) -> torch.Tensor | None:
@@ -191,26 +199,49 @@ class Records:
     def nbytes(self) -> int:
         return self.shape[0] * self.shape[1]
 
-    def gather(self, points: np.ndarray) -> np.ndarray:
-        """Fresh ``(n, B)`` rows of ``points`` (any order)."""
+    def gather(self, points: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``(n, B)`` rows of ``points`` (any order): fresh, or in ``out[:n]`` (a buffer the
+        caller reuses, so that no read takes fresh pages: the job maps every array of 256 KiB
+        and more on its own, ``train/dist.py``)."""
         rows = np.asarray(points, dtype=np.int64)
         if self.index is not None:
             rows = self.index[rows]
+        if out is None:
+            if len(self.columns) == 1:
+                return self.columns[0][rows]
+            out = np.empty((rows.size, self.shape[1]), dtype=np.uint8)
+        return self._gather_into(rows, out[: rows.size])
+
+    def _gather_into(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The records of column rows ``rows`` into ``out``, column by column through one
+        reused contiguous scratch per column (``np.take`` into a strided array would buffer)."""
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= self.columns[0].shape[0]):
+            raise IndexError(f"rows out of range 0..{self.columns[0].shape[0] - 1}")
         if len(self.columns) == 1:
-            return self.columns[0][rows]
-        out = np.empty((rows.size, self.shape[1]), dtype=np.uint8)
+            return np.take(self.columns[0], rows, axis=0, out=out, mode="clip")
         at = 0
         for column, width in zip(self.columns, self.widths, strict=True):
-            out[:, at : at + width] = column[rows]
+            scratch = self._scratch(width, rows.size)
+            np.take(column, rows, axis=0, out=scratch, mode="clip")
+            out[:, at : at + width] = scratch
             at += width
         return out
 
+    def _scratch(self, width: int, rows: int) -> np.ndarray:
+        """A reused ``(rows, width)`` buffer for one column's gather (grown, never shrunk), one
+        per thread (the master hashes in one thread while it sends from another)."""
+        pool = self._local.__dict__.setdefault("buffers", {})
+        have = pool.get(width)
+        if have is None or have.shape[0] < rows:
+            have = pool[width] = np.empty((rows, width), dtype=np.uint8)
+        return have[:rows]
+
     def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Records ``first .. first + count`` (a :class:`RowSource` of the framing)."""
-        got = self.gather(np.arange(first, first + count, dtype=np.int64))
+        points = np.arange(first, first + count, dtype=np.int64)
         if out is None:
-            return torch.from_numpy(got)
-        out.numpy()[...] = got
+            return torch.from_numpy(self.gather(points))
+        self.gather(points, out.numpy())
         return out
 
     def pick(self, points: np.ndarray) -> PickedRecords:
@@ -219,16 +250,18 @@ class Records:
 
     def digest(self, points: np.ndarray) -> bytes:
         """SHA-256 of the records ``points`` in that order (a worker's batch), read a bounded
-        run at a time."""
+        run at a time into one reused buffer."""
         h = hashlib.sha256()
         step = max(1, DIGEST_ROWS_BYTES // max(self.shape[1], 1))
         array = self.array
+        buffer = np.empty((min(step, points.size), self.shape[1]), dtype=np.uint8)
         for a in range(0, points.size, step):
             run = points[a : a + step]
             if array is not None:
-                h.update(array.index_select(0, torch.from_numpy(run)).numpy())
+                got = torch.from_numpy(buffer[: run.size])
+                h.update(torch.index_select(array, 0, torch.from_numpy(run), out=got).numpy())
             else:
-                h.update(self.gather(run))
+                h.update(self.gather(run, buffer))
         return h.digest()
 
 
@@ -240,10 +273,10 @@ class PickedRecords:
         self.shape = (int(points.size), records.shape[1])
 
     def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        got = self.records.gather(self.points[first : first + count])
+        points = self.points[first : first + count]
         if out is None:
-            return torch.from_numpy(got)
-        out.numpy()[...] = got
+            return torch.from_numpy(self.records.gather(points))
+        self.records.gather(points, out.numpy())
         return out
 
     def pick(self, ids: np.ndarray) -> PickedRecords:
@@ -348,7 +381,7 @@ class LocalBatch(torch.utils.data.Dataset):
         """The fields of the items ``items`` (positions in this batch), each ``(n, *shape)``:
         a minibatch read from the records without unpacking the rest."""
         picked = torch.as_tensor(np.asarray(items), dtype=torch.int64)
-        return self.layout.unpack(self.rows.index_select(0, picked))
+        return self.layout.unpack(self.rows, picked)
 
     def __len__(self) -> int:
         return int(self.indices.size)
