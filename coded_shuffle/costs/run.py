@@ -48,8 +48,10 @@ CPU_SECONDS_PER_GB = {
 }
 CPU_OVERLAP = 0.7  # the share of a delivery's CPU seconds that overlaps its network seconds
 # CPU seconds per GB of records the workers read in an epoch (minibatches gathered from a
-# memory-mapped batch, turned into the model's floats): calibrated on the emulated cluster
-READ_SECONDS_PER_GB = 5.0
+# memory-mapped batch, turned into the model's floats), and what else an epoch's CPU costs per
+# GB of the set: calibrated on the emulated cluster (the 1 GB reshuffle-bound run with no
+# reshuffle, docs/benchmarks.md "Predicting a run")
+READ_SECONDS_PER_GB = 2.2
 EPOCH_SECONDS = 0.05  # per epoch: reports, records, the checkpoint (calibrated)
 # frames of store-and-forward per ring phase (calibrated on the emulated cluster, 4 Mbit/s,
 # K = 4): on a shared medium the sender's NIC and the medium each hold a frame; on a switch
