@@ -396,6 +396,32 @@ def test_a_store_slot_with_one_flipped_byte_is_not_loaded(tmp_path, adopted):
         assert BlockStore(tmp_path, dtype=None).load("slot", mapped=mapped_load) is None
 
 
+def test_an_adopted_batch_keeps_the_digest_its_worker_computed_and_is_checked_by_it(tmp_path):
+    """A store adopted with the SHA-256 its worker computed while decoding (``known``) is not
+    hashed again; a restore checks those bytes, dtype and shape: a wrong digest, or a file
+    of another shape, loads as missing."""
+    import hashlib
+
+    from coded_shuffle.codec.blockstore import BlockStore, bytes_digest
+    from coded_shuffle.codec.buffers import FileBuffers
+
+    rows = np.random.default_rng(2).integers(0, 256, (40, 16), dtype=np.uint8)
+    right = hashlib.sha256(rows.tobytes()).digest()
+    assert bytes_digest(rows) == right
+    for known, intact in ((right, True), (bytes(32), False)):
+        folder = tmp_path / str(intact)
+        mapped = FileBuffers(folder).empty(40, 16, "slot")
+        mapped.numpy()[:] = rows
+        disk = BlockStore(folder, dtype=None)
+        assert (
+            disk.adopt("slot", FileBuffers(folder).path("slot"), mapped.numpy(), {}, known) == known
+        )
+        loaded = BlockStore(folder, dtype=None).load("slot", mapped=True)
+        assert (loaded is not None and np.array_equal(loaded, rows)) == intact
+    np.save(tmp_path / "True" / "slot.npy", rows.reshape(80, 8))  # the same bytes, reshaped
+    assert BlockStore(tmp_path / "True", dtype=None).load("slot") is None
+
+
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):
     """``warm_planner``: the numba loops that planning and bounding ``K = 48`` run (triangle
     packing, cycle decomposition, the ordering bound's local search) are compiled (or loaded

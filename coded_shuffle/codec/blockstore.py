@@ -19,12 +19,21 @@ from typing import Any
 import numpy as np
 
 DIGEST_BYTES = 16 << 20  # bytes hashed at a time (a mapped array is read, never copied whole)
+DIGEST_KEYS = ("digest", "bytes_sha256", "dtype", "shape")  # a slot's description, not its meta
 
 
 def array_digest(array: np.ndarray) -> bytes:
     """SHA-256 of an array's shape, dtype and bytes (to recognise a stored array)."""
     a = np.ascontiguousarray(array)
-    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    return _hash_bytes(hashlib.sha256(f"{a.dtype.str}{a.shape}".encode()), a)
+
+
+def bytes_digest(array: np.ndarray) -> bytes:
+    """SHA-256 of an array's bytes alone, in row-major order (a worker's batch digest)."""
+    return _hash_bytes(hashlib.sha256(), np.ascontiguousarray(array))
+
+
+def _hash_bytes(h: Any, a: np.ndarray) -> bytes:
     flat = a.reshape(-1).view(np.uint8) if a.size else np.zeros(0, np.uint8)
     for start in range(0, flat.size, DIGEST_BYTES):
         h.update(flat[start : start + DIGEST_BYTES])
@@ -62,11 +71,18 @@ class BlockStore:
         return d
 
     def adopt(
-        self, slot: str, path: Path, array: np.ndarray, meta: dict[str, Any] | None = None
+        self,
+        slot: str,
+        path: Path,
+        array: np.ndarray,
+        meta: dict[str, Any] | None = None,
+        known: bytes | None = None,
     ) -> bytes:
         """Makes the ``.npy`` file at ``path`` (``array``: its rows, memory-mapped, written in
         place) the slot, without a copy: synced to disk, then renamed and described. Returns
-        its digest."""
+        its digest. ``known``: the :func:`bytes_digest` of ``array`` already computed (a
+        worker hashed its batch as it decoded it), recorded with the array's dtype and shape
+        instead of hashing it again."""
         data, _ = self._paths(slot)
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -74,15 +90,21 @@ class BlockStore:
         finally:
             os.close(fd)
         os.replace(path, data)
-        d = array_digest(array)
-        self._describe(slot, d, meta)
+        if known is None:
+            d = array_digest(array)
+            self._describe(slot, d, meta)
+        else:
+            d = known
+            shape = {"bytes_sha256": known.hex(), "dtype": array.dtype.str, "shape": array.shape}
+            self._describe(slot, None, {**(meta or {}), **shape})
         self._cache[slot] = array
         return d
 
-    def _describe(self, slot: str, digest: bytes, meta: dict[str, Any] | None) -> None:
+    def _describe(self, slot: str, digest: bytes | None, meta: dict[str, Any] | None) -> None:
         info = self._paths(slot)[1]
         tmp_info = info.with_suffix(".json.tmp")
-        tmp_info.write_text(json.dumps({"digest": digest.hex(), **(meta or {})}))
+        head = {} if digest is None else {"digest": digest.hex()}
+        tmp_info.write_text(json.dumps({**head, **(meta or {})}))
         os.replace(tmp_info, info)
 
     def load(self, slot: str, mapped: bool = False) -> np.ndarray | None:
@@ -96,7 +118,7 @@ class BlockStore:
             array = _read(data, mapped)
         except (OSError, ValueError):
             return None
-        if array_digest(array).hex() != meta.get("digest"):
+        if not _intact(array, meta):
             return None
         self._cache[slot] = array
         return array
@@ -121,6 +143,18 @@ class BlockStore:
                 shutil.rmtree(child)
             else:
                 child.unlink()
+
+
+def _intact(array: np.ndarray, meta: dict[str, Any]) -> bool:
+    """Whether ``array`` is what its slot's description recorded (:func:`array_digest`, or
+    the dtype, shape and :func:`bytes_digest` of an adopted batch)."""
+    if "bytes_sha256" in meta:
+        return (
+            array.dtype.str == meta.get("dtype")
+            and list(array.shape) == list(meta.get("shape", ()))
+            and bytes_digest(array).hex() == meta["bytes_sha256"]
+        )
+    return array_digest(array).hex() == meta.get("digest")
 
 
 def _read(path: Path, mapped: bool) -> np.ndarray:

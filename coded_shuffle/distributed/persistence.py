@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from coded_shuffle.codec.blockstore import BlockStore
+from coded_shuffle.codec.blockstore import DIGEST_KEYS, BlockStore
 from coded_shuffle.codec.buffers import FileBuffers
 from coded_shuffle.codec.records import as_tensor
 from coded_shuffle.distributed.context import EpochContext
@@ -54,13 +54,16 @@ class StorePersistence:
         """Where the store after ``epoch`` goes, part by part."""
         return [slot(epoch, p) for p in range(parts)]
 
-    def save(self, epoch: int, store: WorkerStore) -> None:
+    def save(self, epoch: int, store: WorkerStore, known: bytes | None = None) -> None:
         """Persists the store after ``epoch``: a part already in its slot's file is that file
-        (flushed and named), another is written; the store before the last is dropped."""
+        (flushed and named), another is written; the store before the last is dropped.
+        ``known``: the SHA-256 of the store's bytes where the worker has it (its one part is
+        its batch, hashed as it was decoded)."""
         for part, cache in enumerate(store.caches):
             name = slot(epoch, part)
             if store.slots[part] == name:
-                self.disk.adopt(name, self.buffers.path(name), cache.numpy(), self.identity(epoch))
+                path, rows, meta = self.buffers.path(name), cache.numpy(), self.identity(epoch)
+                self.disk.adopt(name, path, rows, meta, known if part == 0 else None)
             else:
                 self.disk.save(name, cache.numpy(), self.identity(epoch))
             self.disk.remove(slot(epoch - 2, part))
@@ -95,7 +98,7 @@ class StorePersistence:
     def _load(self, name: str, epoch: int, regardless: tuple[str, ...] = ()) -> torch.Tensor | None:
         """Slot ``name`` (memory-mapped) if present, intact and of this job after ``epoch``
         (its identity but for the keys ``regardless``)."""
-        skip = {"digest", *regardless}
+        skip = {*DIGEST_KEYS, *regardless}
         meta = {k: v for k, v in self.disk.meta(name).items() if k not in skip}
         want = {k: v for k, v in self.identity(epoch).items() if k not in skip}
         array = self.disk.load(name, mapped=True) if meta == want else None

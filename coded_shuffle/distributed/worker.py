@@ -248,9 +248,11 @@ class WorkerSide:
         batch = delivery.batch(k, workspaces, buffers=self.buffers)
         self.store = store.updated(workspaces, next_caches, self.buffers, store_slots)
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
-        self.send_report(check.digest(), seconds, self.store.stored_bytes(), cpu)
+        batch_digest = check.digest()
+        self.send_report(batch_digest, seconds, self.store.stored_bytes(), cpu)
         if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
-            self.persist(tr.epoch, tr.next_state)  # is found broken on restore, sent again
+            known = batch_digest if self.store_is_batch(batch_slots, batch) else None
+            self.persist(tr.epoch, tr.next_state, known)  # is found broken on restore, sent again
         self.keep(tr.epoch, batch)
         return batch
 
@@ -273,11 +275,25 @@ class WorkerSide:
 
     # -- the store on disk, and resuming -------------------------------------------------------
 
-    def persist(self, epoch: int, state: CacheState | None = None) -> None:
+    def store_is_batch(self, batch_slots: list[str | None], batch: torch.Tensor) -> bool:
+        """Whether the new store is the new batch, byte for byte: one part, decoded straight
+        into its slot (its rows the batch's, in order: ``is_batch``), whole records."""
+        store = self.store
+        return (
+            store is not None
+            and len(batch_slots) == 1
+            and batch_slots[0] is not None
+            and tuple(store.caches[0].shape) == tuple(batch.shape)
+        )
+
+    def persist(
+        self, epoch: int, state: CacheState | None = None, known: bytes | None = None
+    ) -> None:
         """The store after ``epoch`` (``state``) on this worker's disk (the one before it is
-        dropped), with its point ids where it is whole points."""
+        dropped), with its point ids where it is whole points; ``known``: its bytes' SHA-256,
+        where the store is the batch the worker hashed as it decoded it."""
         if self.persistence is not None and self.store is not None:
-            self.persistence.save(epoch, self.store)
+            self.persistence.save(epoch, self.store, known)
             points = (
                 None if state is None else whole_store_points(self.ctx.scheme, state, self.worker)
             )
