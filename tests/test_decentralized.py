@@ -188,21 +188,14 @@ def test_aligned_triples_move_real_bytes_at_four_thirds_of_the_converse():
     assert all(r.lower_bound_points == pytest.approx(converse) for r in reports)
 
 
-@given(
-    k=st.integers(6, 8),
-    q=st.integers(1, 7),
-    worst=st.booleans(),
-    seed=st.integers(0, 2**31),
-)
-@settings(max_examples=12, deadline=None)
-def test_aligned_corners_decode_for_twenty_epochs(k, q, worst, seed):
-    """``T = 2`` from ``K = 6`` (triples across senders): every worker decodes from its own
-    storage, every sender holds its terms, the load is the closed form and at most what the
-    groups alone would send (eq. (1) with every lone piece uncoded)."""
+def peer_epochs_decode(k: int, m: int, q: int, worst: bool, seed: int) -> None:
+    """20 epochs at corner ``m``: every worker decodes from its own storage, every sender
+    holds its terms, the peer routes are the decoders' symbols, the load is the closed form and
+    at most what the groups alone would send (eq. (1), no alignment or cliques)."""
     rng = np.random.default_rng(seed)
     scheme = get_scheme("decentralized")
     old = random_assignment(k * q, k, rng)
-    state = scheme.initial_state(old, k, 2)
+    state = scheme.initial_state(old, k, m)
     for _ in range(20):
         new = worst_shuffle(old, k) if worst else random_assignment(k * q, k, rng)
         plan = scheme.plan(state, new)
@@ -211,10 +204,22 @@ def test_aligned_corners_decode_for_twenty_epochs(k, q, worst, seed):
         assert all(np.array_equal(needs[w], programs[w].symbol_ids) for w in range(k))
         assert sender_holds(plan)
         moves = shuffle_matrix(old, new, k)
-        assert plan.load_points == pytest.approx(decentralized_load(moves, 2))
-        assert plan.load_points <= groups_alone_load(moves) + 1e-9
+        assert plan.load_points == pytest.approx(decentralized_load(moves, m))
+        assert plan.load_points <= groups_alone_load(moves, m) + 1e-9
         state = scheme.next_state(state, plan, new)
         old = new
+
+
+@given(
+    k=st.integers(6, 8),
+    q=st.integers(1, 7),
+    worst=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=12, deadline=None)
+def test_aligned_corners_decode_for_twenty_epochs(k, q, worst, seed):
+    """``T = 2`` from ``K = 6`` (section 2b's triples across senders)."""
+    peer_epochs_decode(k, 2, q, worst, seed)
 
 
 def groups_alone_load(moves: np.ndarray, m: int = 2) -> float:
@@ -228,35 +233,15 @@ def groups_alone_load(moves: np.ndarray, m: int = 2) -> float:
     return total / (m * comb(k - 1, m - 1))
 
 
-@given(
-    k=st.integers(7, 8),
-    data=st.data(),
-    q=st.integers(1, 4),
-    worst=st.booleans(),
-    seed=st.integers(0, 2**31),
-)
+@given(data=st.data())
 @settings(max_examples=10, deadline=None)
-def test_clique_corners_decode_for_twenty_epochs(k, data, q, worst, seed):
-    """``3 <= T <= K - 3`` (section 2c's cliques across groups): every worker decodes from its
-    own storage, every sender holds its terms, the peer routes are the decoders' symbols, the
-    load is the closed form and at most what the groups alone would send."""
+def test_clique_corners_decode_for_twenty_epochs(data):
+    """``3 <= T <= K - 3`` (section 2c's cliques across groups), ``K`` 7..8, batches of 1..4
+    points, random and worst shuffles."""
+    k = data.draw(st.integers(7, 8), label="K")
     m = data.draw(st.integers(3, k - 3), label="T")
-    rng = np.random.default_rng(seed)
-    scheme = get_scheme("decentralized")
-    old = random_assignment(k * q, k, rng)
-    state = scheme.initial_state(old, k, m)
-    for _ in range(20):
-        new = worst_shuffle(old, k) if worst else random_assignment(k * q, k, rng)
-        plan = scheme.plan(state, new)
-        programs = decode_plan(plan)
-        needs, _ = peer_routes(plan)
-        assert all(np.array_equal(needs[w], programs[w].symbol_ids) for w in range(k))
-        assert sender_holds(plan)
-        moves = shuffle_matrix(old, new, k)
-        assert plan.load_points == pytest.approx(decentralized_load(moves, m))
-        assert plan.load_points <= groups_alone_load(moves, m) + 1e-9
-        state = scheme.next_state(state, plan, new)
-        old = new
+    q, worst = data.draw(st.integers(1, 4), label="q"), data.draw(st.booleans(), label="worst")
+    peer_epochs_decode(k, m, q, worst, data.draw(st.integers(0, 2**31), label="seed"))
 
 
 def test_cliques_move_real_bytes_at_one_and_a_half_of_the_converse():

@@ -106,15 +106,21 @@ def test_a_directory_is_memory_mapped_and_encoded_from_the_mapping(tmp_path):
     assert torch.equal(streamed.pick(picked).rows(1, 2), want[picked[1:]])
 
 
-def test_a_directory_without_a_test_split_holds_out_rows_as_a_file_does(tmp_path):
-    """No X_test.npy: ``test_fraction`` of the rows held out by the seed, read through an
-    index (no copy): the records of the same arrays from an .npz (not standardised)."""
-    rng = np.random.default_rng(3)
-    x, y = rng.standard_normal((203, 5)).astype(np.float32), rng.integers(0, 3, 203)
-    folder = tmp_path / "dir"
+def array_directory(folder: Path, n: int, features: int, seed: int):
+    """A directory of ``X.npy`` (``n`` random float32 rows) and ``y.npy`` (int32 labels of
+    three classes), without a test split: ``(x, y, folder)``."""
+    rng = np.random.default_rng(seed)
+    x, y = rng.standard_normal((n, features)).astype(np.float32), rng.integers(0, 3, n)
     folder.mkdir()
     np.save(folder / "X.npy", x)
     np.save(folder / "y.npy", y.astype(np.int32))
+    return x, y, folder
+
+
+def test_a_directory_without_a_test_split_holds_out_rows_as_a_file_does(tmp_path):
+    """No X_test.npy: ``test_fraction`` of the rows held out by the seed, read through an
+    index (no copy): the records of the same arrays from an .npz (not standardised)."""
+    x, y, folder = array_directory(tmp_path / "dir", 203, 5, seed=3)
     np.savez(tmp_path / "same.npz", X=x, y=y)
     plain = records_of("data=file", f"data.path={tmp_path / 'same.npz'}", "data.normalise=false")
     mapped = records_of("data=file", f"data.path={folder}")
@@ -125,12 +131,7 @@ def test_a_directory_without_a_test_split_holds_out_rows_as_a_file_does(tmp_path
 def test_the_master_evaluates_the_test_split_in_blocks_of_a_fixed_size(tmp_path, monkeypatch):
     """What the evaluation holds does not grow with the test split (a tenth of ``N`` where the
     directory has none): blocks of ``EVAL_BYTES`` of float inputs, every test item once."""
-    rng = np.random.default_rng(4)
-    x, y = rng.standard_normal((1000, 16)).astype(np.float32), rng.integers(0, 3, 1000)
-    folder = tmp_path / "dir"
-    folder.mkdir()
-    np.save(folder / "X.npy", x)
-    np.save(folder / "y.npy", y.astype(np.int32))
+    _, _, folder = array_directory(tmp_path / "dir", 1000, 16, seed=4)
     monkeypatch.setattr(data, "EVAL_BYTES", 4 * 16 * 30)  # 30 items a block
     _, ds = records_of("data=file", f"data.path={folder}")
     blocks = list(ds.test_batches())
