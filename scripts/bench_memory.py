@@ -14,7 +14,9 @@ The goal: the big set's peak at most 10% of its size above the small set's.
 of ``4F + 4`` bytes, ``N`` points, a test split of 2,000 in the directory) or ``FxN:notest``
 (no test split: the job holds one out of the training points). Each shape runs twice, at
 ``N`` and at ``N / 10``; the table gives both peaks and the growth in bytes per point per
-rank, ``(peak(N) - peak(N/10)) / (0.9 N) / (K + 1)`` (goal: at most 200).
+rank, ``(peak(N) - peak(N/10)) / (0.9 N) / (K + 1)`` (goal: at most 200), and the same growth
+of the sum of every process's own peak (the peak of the sum also moves with whether the
+processes' transients happen at the same moment).
 """
 
 from __future__ import annotations
@@ -113,28 +115,37 @@ def pack(work: Path, name: str, features: int, points: int, test: bool) -> Path:
     return packed
 
 
+def growth(peaks: list[int], points: int, ranks: int) -> float:
+    """Bytes per point and rank between the runs at ``N / 10`` and at ``N``."""
+    return (peaks[1] - peaks[0]) / (points - points // 10) / ranks
+
+
 def grid(args: argparse.Namespace, work: Path) -> None:
-    """``--grid``: every shape at ``N`` and ``N / 10``; growth per point per rank."""
+    """``--grid``: every shape at ``N`` and ``N / 10``; growth per point per rank, of the
+    peak of the processes' sum (the job's) and of the sum of every process's own peak (which
+    does not depend on whether the processes' transients meet in time)."""
     head = (
         f"{'shape':22s} {'record B':>8s} {'N':>9s} {'test':>5s} {'peak N/10 MB':>12s} "
-        f"{'peak N MB':>10s} {'B/point/rank':>12s}"
+        f"{'peak N MB':>10s} {'B/point/rank':>12s} {'of own peaks':>12s}"
     )
     print(head + "\n" + "-" * len(head), flush=True)
     for shape in args.grid:
         dims, _, flag = shape.partition(":")
         features, points = (int(v) for v in dims.split("x"))
-        peaks = []
+        peaks, own = [], []
         for n in (points // 10, points):
             name = f"{features}x{n}{flag}"
             packed = pack(work, name, features, n, flag != "notest")
             (work / f"run-{name}").mkdir()
             peak, _ = train(args, packed, work / f"run-{name}" / "job")
             peaks.append(peak.total)
+            own.append(sum(peak.per_process.values()))
             shutil.rmtree(packed)
-        growth = (peaks[1] - peaks[0]) / (points - points // 10) / (args.workers + 1)
+        ranks = args.workers + 1
         print(
             f"{shape:22s} {4 * features + 4:8d} {points:9,d} {flag != 'notest'!s:>5s} "
-            f"{peaks[0] / 2**20:12,.1f} {peaks[1] / 2**20:10,.1f} {growth:12,.0f}",
+            f"{peaks[0] / 2**20:12,.1f} {peaks[1] / 2**20:10,.1f} "
+            f"{growth(peaks, points, ranks):12,.0f} {growth(own, points, ranks):12,.0f}",
             flush=True,
         )
 
