@@ -138,11 +138,6 @@ def group_shares(needs: np.ndarray, m: int, r: int) -> np.ndarray:
     return cliques.clique_shares(np.asarray(needs, dtype=np.int64) * r, m)
 
 
-def sub_ids(ids: np.ndarray, r: int) -> np.ndarray:
-    """The ``r`` sub-pieces of every piece in ``ids``, piece by piece."""
-    return (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
-
-
 def demanded_pieces(state: CacheState, new: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(group mask, receiver, piece id)`` of every piece a worker lacks, sorted by group,
     receiver and piece (section 2)."""
@@ -185,7 +180,7 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
             pieces = set_lone_apart(members, pieces, mine, lone)
         elif deals:
             pieces = set_excess_apart(int(mask), members, pieces, mine, excess, r)
-        rows.extend(cliques.clique_symbols(members, [sub_ids(p, r) for p in pieces]))
+        rows.extend(cliques.clique_symbols(members, [cliques.sub_ids(p, r) for p in pieces]))
     breakdown = {f"m={m}": int(sum(r.shape[0] for _, r in rows))}
     if lone:
         aligned_rows = lone_rows(lone, k)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coded_shuffle.math.schemes.peer_cliques import sub_ids
+
 SUB_PIECES = 2  # per piece: the corner's own (a triple sends each piece's two halves)
 MIN_WORKERS = 6  # below it the cyclic shift has no triple (x outside j - 2 .. j + 2)
 ROLES = 3  # A, C, B
@@ -115,8 +117,7 @@ def triple_rows(
     def take(key: tuple[int, int, int], count: int) -> np.ndarray:
         start = taken[key]
         taken[key] += count
-        ids = pieces[key][start : start + count]
-        return (ids[:, None] * SUB_PIECES + np.arange(SUB_PIECES)).reshape(-1)
+        return sub_ids(pieces[key][start : start + count], SUB_PIECES)
 
     for (j, r, x, y), t in zip(triples.types, triples.counts, strict=True):
         a, c, b = take((j, r, x), t), take((j, r, y), t), take((x, y, r), t)

@@ -27,6 +27,11 @@ ROUNDS = 6  # shares of every bucket dealt one round at a time
 MIN_CORNER = 3  # at m = 2 a set V is a pair: nothing to code (section 2b aligns instead)
 
 
+def sub_ids(ids: np.ndarray, r: int) -> np.ndarray:
+    """The ``r`` sub-pieces of every piece in ``ids``, piece by piece."""
+    return (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
+
+
 def clique_shares(slots: np.ndarray, width: int) -> np.ndarray:
     """Symbols each member of a clique sends, each symbol carrying one sub-piece for each of
     the ``width`` other members, member ``u`` needing ``slots[u]`` (eq. (1)): ``S =
@@ -175,7 +180,7 @@ def clique_rows(
     ids, ``r`` sub-pieces each) taken from the front, share by share."""
     needs: dict[int, dict[int, list[np.ndarray]]] = {}
     for bucket, ids, shares in zip(buckets, pieces, dealt.shares, strict=True):
-        subs = (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
+        subs = sub_ids(ids, r)
         start = 0
         for v, count in shares:
             needs.setdefault(v, {}).setdefault(bucket.receiver, []).append(
