@@ -168,6 +168,7 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     excess: dict[cliques.Bucket, np.ndarray] = {}
     costs = group_costs(shuffle_matrix(state.assignment, new, k), m) if cliqued(k, m) else None
     deals = costs is not None and costs.cliques_pay
+    dealt = {(b.group, b.receiver, b.owner): b for b in costs.buckets} if deals else {}
     owners = state.assignment[ids // labels.holders.shape[1]]
     cuts = np.flatnonzero(np.diff(groups)) + 1
     starts = np.r_[0, cuts] if groups.size else cuts  # no group at all: nothing to send
@@ -179,7 +180,7 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         if aligned(k, m):
             pieces = set_lone_apart(members, pieces, mine, lone)
         elif deals:
-            pieces = set_excess_apart(int(mask), members, pieces, mine, excess, r)
+            pieces = set_excess_apart(int(mask), members, pieces, mine, excess, dealt, r)
         rows.extend(cliques.clique_symbols(members, [cliques.sub_ids(p, r) for p in pieces]))
     breakdown = {f"m={m}": int(sum(r.shape[0] for _, r in rows))}
     if lone:
@@ -230,16 +231,26 @@ def set_excess_apart(
     pieces: list[np.ndarray],
     owners: list[np.ndarray],
     excess: dict[cliques.Bucket, np.ndarray],
+    dealt: dict[tuple[int, int, int], cliques.Bucket],
     r: int,
 ) -> list[np.ndarray]:
     """A group's pieces less its excess (section 2c: what it codes at a gain below
-    ``m - 1``), which goes to ``excess`` by bucket in sub-pieces (``r`` a piece)."""
-    needs = np.array([p.size for p in pieces], dtype=np.int64)
-    keep = cliques.kept(needs, len(members) - 1)
-    taken = cliques.taken_by_owner(needs - keep, owner_counts(members, owners))
+    ``m - 1``), which goes to ``excess``: as many of each receiver's pieces of each owner's
+    points as the closed form's bucket holds (``dealt``, by group, receiver and owner, in
+    sub-pieces of ``r`` a piece), the first by id."""
+    buckets = {
+        (u, o): dealt[(group, receiver, owner)]
+        for u, receiver in enumerate(members)
+        for o, owner in enumerate(members)
+        if (group, receiver, owner) in dealt
+    }
+    taken = np.zeros((len(members), len(members)), dtype=np.int64)
+    for (u, o), bucket in buckets.items():
+        taken[u, o] = bucket.units // r
     rest, apart = set_apart(pieces, owners, members, taken)
     for u, o, ids in apart:
-        excess[cliques.Bucket(group, members[u], members[o], ids.size * r)] = ids
+        assert ids.size * r == buckets[(u, o)].units, "a bucket's pieces must be the group's"
+        excess[buckets[(u, o)]] = ids
     return rest
 
 
