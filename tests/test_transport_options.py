@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 import time
 from pathlib import Path
 
@@ -24,7 +25,14 @@ from coded_shuffle.distributed.transports import (
     transport_class,
 )
 from coded_shuffle.distributed.transports.chain import chain_order
-from coded_shuffle.distributed.transports.multicast.pacing import CATCH_UP_BYTES, Pacer
+from coded_shuffle.distributed.transports.multicast.batches import enlarge_send_buffer
+from coded_shuffle.distributed.transports.multicast.pacing import (
+    CATCH_UP_BYTES,
+    CATCH_UP_SECONDS,
+    Pacer,
+    catch_up_bytes,
+    send_buffer_bytes,
+)
 from coded_shuffle.distributed.transports.tree import children
 from coded_shuffle.errors import UsageError
 from tests.links import (
@@ -47,9 +55,9 @@ def test_gloo_binomial_tree_children():
 
 
 def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
-    pacer = Pacer(8e6, 1000)  # 1 ms per 1000-byte datagram; slack: 2 MiB = 2.1 s
+    pacer = Pacer(8e6, 1000)  # 1 ms per 1000-byte datagram; slack: 50 ms (50 KB)
     assert pacer.interval == pytest.approx(1e-3)
-    assert pacer.slack == pytest.approx(CATCH_UP_BYTES * 8 / 8e6)
+    assert pacer.slack == pytest.approx(CATCH_UP_SECONDS, rel=1e-3)
     held = pacer.due = time.perf_counter() - pacer.slack / 2  # held up, within the slack
     pacer.wait()
     assert pacer.due == held  # what fell due meanwhile goes out at once (no sleep)
@@ -57,6 +65,24 @@ def test_the_multicast_pacer_catches_up_a_hold_up_within_its_slack():
     pacer.due = before - 10 * pacer.slack  # held up far longer
     pacer.wait()
     assert before - pacer.slack <= pacer.due <= time.perf_counter() - pacer.slack
+
+
+def test_the_catch_up_burst_is_bounded_in_bytes_and_in_time():
+    assert catch_up_bytes(8e6) == int(1e6 * CATCH_UP_SECONDS)  # a slow NIC: its 50 ms
+    assert catch_up_bytes(400e6) == CATCH_UP_BYTES  # 2 MiB is 42 ms at 400 Mbit/s
+    assert Pacer(400e6, 1514).slack == pytest.approx(CATCH_UP_BYTES * 8 / 400e6)
+    assert send_buffer_bytes(400e6, 48_448) == CATCH_UP_BYTES + 2 * 48_448
+
+
+def test_the_send_buffer_grows_to_hold_the_burst_and_never_shrinks():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        default = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        assert enlarge_send_buffer(sock, default // 2) == default  # never less
+        wanted = send_buffer_bytes(400e6, 48_448)
+        held = enlarge_send_buffer(sock, wanted)
+        cap = int(Path("/proc/sys/net/core/wmem_max").read_text())
+        assert held >= min(wanted, cap)  # root forces it past the cap; others get the cap
+        assert enlarge_send_buffer(sock, wanted // 4) == held
 
 
 def test_default_datagrams_fill_one_frame():

@@ -75,6 +75,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     SendBatch,
     batch_datagrams,
     enable_gro,
+    enlarge_send_buffer,
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.feedback import (
@@ -91,7 +92,11 @@ from coded_shuffle.distributed.transports.multicast.options import (
     job_group,
     mreqn,
 )
-from coded_shuffle.distributed.transports.multicast.pacing import Pacer, adapt
+from coded_shuffle.distributed.transports.multicast.pacing import (
+    Pacer,
+    adapt,
+    send_buffer_bytes,
+)
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
@@ -138,6 +143,10 @@ class Multicast(Transport):
             if self.tx is not None
             else None
         )
+        self.send_buffer = 0  # bytes the sending socket holds in flight (0: it sends nothing)
+        if self.batch is not None:
+            wanted = send_buffer_bytes(self.rate, self.batch.capacity * self.frame_bytes)
+            self.send_buffer = enlarge_send_buffer(self.batch.sock, wanted)
         if self.sock is not None:
             enable_gro(self.sock)  # where the kernel cannot, one datagram per read
         self.reads = np.empty(RECEIVE_BYTES + self.datagram_bytes, dtype=np.uint8)
@@ -203,6 +212,7 @@ class Multicast(Transport):
             "datagram_bytes": self.datagram_bytes,
             "batch_datagrams": self.batch.capacity if self.batch else 0,
             "gso": bool(self.batch and self.batch.gso),
+            "send_buffer_bytes": self.send_buffer,
             "mtu": self.mtu,
             "group": self.group,
             "port": self.port,

@@ -25,6 +25,7 @@ GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS (linux/udp.h): the kernel's cap on one
 BURST_SECONDS = 0.001  # a batch is at most a millisecond on the wire at the rate
 RECEIVE_BYTES = 1 << 17  # a read: a coalesced run (at most 64 KiB) or one datagram
 GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 
 DGRAM = struct.Struct(DGRAM_FORMAT)  # one header, packed or read by a plain unpack
 HEADER = np.dtype(  # the same header, as the rows of an array
@@ -48,6 +49,20 @@ def enable_gro(sock: socket.socket) -> bool:
     except OSError:
         return False
     return True
+
+
+def enlarge_send_buffer(sock: socket.socket, nbytes: int) -> int:
+    """Lets ``sock`` hold ``nbytes`` in flight (never less than it held); returns what it holds.
+
+    ``SO_SNDBUFFORCE`` where privileged (the emulated cluster), else ``SO_SNDBUF`` within
+    the kernel's cap; the kernel doubles either for its bookkeeping (socket(7)).
+    """
+    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2 < nbytes:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, nbytes)
+        except OSError:  # not privileged
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
 
 
 def segment_size(ancdata: list, nbytes: int) -> int:
