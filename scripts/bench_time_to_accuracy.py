@@ -18,14 +18,15 @@ the shuffle policies a user chooses between, each delivered the ways that can ca
 
 ``--big-gb G`` adds the reshuffle-bound runs: a synthetic set of ``G`` GB packed by
 ``coded-shuffle pack`` into a temporary directory (removed after), logistic regression on it
-(``data=file``, memory-mapped) at ``--big-rate`` (multicast paced at ``--big-multicast-rate``,
-by default the cluster's 0.99 of the NICs): full reshuffles coded over ``multicast`` and uncoded over ``unicast``, ``p2p`` and
-``multicast``; ``partial`` coded (multicast) and uncoded (unicast); ``none``. Every full
-delivery trains the same parameters (same seed), so those runs reach the same accuracy at the
-same epoch. Its table gives per run every epoch's seconds, the seconds to the end against the
-best uncoded full run, the placement and the slowest reshuffle against ``unicast``'s, the
-costliest host's CPU seconds per GB, the largest anonymous memory of a host, and what the
-cheaper shuffles give up (``coverage_min``, ``label_tv_max`` after the last epoch).
+(``data=file``, memory-mapped) at ``--big-rate`` (multicast paced at
+``--big-multicast-rate``, by default the cluster's 0.99 of the NICs): full reshuffles coded
+over ``multicast`` and uncoded over ``unicast``, ``p2p`` and ``multicast``; ``partial``
+coded (multicast) and uncoded (unicast); ``none``. Every full delivery trains the same
+parameters (same seed), so those runs reach the same accuracy at the same epoch. Its table
+gives per run every epoch's seconds, the seconds to the end against the best uncoded full
+run, the placement and the slowest reshuffle against ``unicast``'s, the costliest host's CPU
+seconds per GB, the largest anonymous memory of a host, and what the cheaper shuffles give
+up (``coverage_min``, ``label_tv_max`` after the last epoch).
 
 ``--remote-store MASTER_RATE`` adds the remote-store runs (docs/decentralized.md): the master,
 where the data lives, behind ``MASTER_RATE``, the workers on a shared medium of

@@ -98,7 +98,7 @@ def huge_page_advised(address: int) -> bool:
 def in_huge_buffer(address: int) -> bool:
     """Whether ``address`` lies in one of the codec's huge-page buffers (whatever else this
     process allocated before: the kernel may merge or advise other mappings)."""
-    for buf in buffers._buffers:
+    for buf in buffers._huge.items:
         view = np.frombuffer(buf, dtype=np.uint8)
         lo, hi = view.ctypes.data, view.ctypes.data + view.size
         del view  # its export would keep the buffer in use

@@ -422,6 +422,31 @@ def test_an_adopted_batch_keeps_the_digest_its_worker_computed_and_is_checked_by
     assert BlockStore(tmp_path / "True", dtype=None).load("slot") is None
 
 
+def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_path):
+    """``FileBuffers`` scratch rows: a mapped file unlinked at once; once no tensor uses them
+    they serve the next request of about their size (its pages already in place), never one
+    still in use, never a much smaller one, and never in a forked child."""
+    from coded_shuffle.codec.buffers import FILE_MIN_BYTES, REUSE_WITHIN, FileBuffers
+
+    files = FileBuffers(tmp_path)
+    rows, width = 2 * FILE_MIN_BYTES // 1000, 1000
+    first = files.empty(rows, width)
+    assert list(tmp_path.iterdir()) == []  # nothing stays on disk
+    first.fill_(7)
+    held = files.empty(rows, width)  # ``first`` is in use: another buffer
+    assert held.data_ptr() != first.data_ptr()
+    address = first.data_ptr()
+    del first
+    again = files.empty(rows + 3, width)  # a little longer: the same buffer, old bytes in it
+    assert again.data_ptr() == address and int(again[0, 0]) == 7
+    del again
+    small = files.empty(int(rows / REUSE_WITHIN / 1.1), width)
+    assert small.data_ptr() != address  # too small for it: a buffer of its own size
+    del small
+    files._scratch.pid = -1  # as in a forked child: the parent's buffers are not reused
+    assert files.empty(rows, width).data_ptr() != address
+
+
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):
     """``warm_planner``: the numba loops that planning and bounding ``K = 48`` run (triangle
     packing, cycle decomposition, the ordering bound's local search) are compiled (or loaded

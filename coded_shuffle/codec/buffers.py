@@ -14,6 +14,7 @@ import mmap
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,42 +22,69 @@ import torch
 
 HUGE_PAGE_BYTES = 4 << 20  # outputs from this size on are backed by transparent huge pages
 IDLE_BYTES_MAX = 512 << 20  # recycled output buffers kept mapped while no tensor uses them
+FILE_IDLE_BYTES_MAX = 2 << 30  # ... and recycled scratch files (page cache, not the process's)
 FILE_MIN_BYTES = 1 << 20  # FileBuffers keeps scratch rows smaller than this in memory
-_buffers: list[mmap.mmap] = []  # every huge-page buffer handed out (in use or idle)
-_buffers_lock = threading.Lock()
+GRANULE = 2 << 20  # a recycled buffer's size is a multiple of this
+HEADROOM = 1 / 32  # a fresh buffer this much larger: the next epoch's (a little longer) fits
+REUSE_WITHIN = 1.25  # an idle buffer serves a request of at least 1/1.25 of its size
 
 
-def _idle(i: int) -> bool:
-    """True when no tensor uses ``_buffers[i]`` (references: the list and this argument).
+class Recycled:
+    """Mappings handed out as buffers and handed out again once no tensor uses them.
 
-    ``torch.frombuffer`` holds a buffer export, hence a reference, for as long as any
-    tensor or view on the storage lives; so an idle buffer can be handed out again.
+    Fresh pages cost a fault and the kernel's zeroing on first touch (on this project's
+    virtual machines several times the XORs that fill them; a scratch file's pages a
+    read of a hole and its zeroing too); a buffer that the caller dropped is reused instead.
+    ``make(size)`` maps ``size`` bytes. Idle buffers beyond ``idle_max`` bytes are unmapped,
+    the oldest first. A forked child does not reuse its parent's (a shared mapping would be
+    written by both).
     """
-    return sys.getrefcount(_buffers[i]) == 2
+
+    def __init__(self, make: Callable[[int], mmap.mmap], idle_max: int) -> None:
+        self.make, self.idle_max = make, idle_max
+        self.items: list[mmap.mmap] = []
+        self.lock = threading.Lock()  # held until the caller exports the buffer
+        self.pid = os.getpid()
+
+    def _idle(self, i: int) -> bool:
+        """True when no tensor uses ``items[i]`` (references: the list and this argument).
+
+        ``torch.frombuffer`` holds a buffer export, hence a reference, for as long as any
+        tensor or view on the storage lives; so an idle buffer can be handed out again.
+        """
+        return sys.getrefcount(self.items[i]) == 2
+
+    def take(self, nbytes: int) -> mmap.mmap:
+        """The smallest idle buffer of ``nbytes`` to ``REUSE_WITHIN`` times that (or to a fresh
+        one's size), else a fresh one; call with :attr:`lock` held, and export the buffer
+        before releasing it."""
+        if os.getpid() != self.pid:
+            self.items, self.pid = [], os.getpid()
+        idle = [i for i in range(len(self.items)) if self._idle(i)]
+        size = -(-int(nbytes * (1 + HEADROOM)) // GRANULE) * GRANULE  # a fresh one's
+        most = max(size, nbytes * REUSE_WITHIN)
+        fits = [i for i in idle if nbytes <= len(self.items[i]) <= most]
+        if fits:
+            return self.items[min(fits, key=lambda i: len(self.items[i]))]
+        kept = 0
+        for i in reversed(idle):  # the oldest idle buffers go first
+            kept += len(self.items[i])
+            if kept + size > self.idle_max:
+                del self.items[i]
+        buf = self.make(size)
+        self.items.append(buf)
+        return buf
 
 
-def _huge_buffer(nbytes: int) -> mmap.mmap:
-    """A mapping of ``nbytes`` rounded up to 2 MiB: an idle one reused, else a fresh one.
-
-    Fresh pages cost a fault and the kernel's zeroing on first touch, as much as the XORs
-    that fill them; reusing a buffer that the caller dropped avoids both. Idle buffers
-    beyond ``IDLE_BYTES_MAX`` are unmapped.
-    """
-    size = -(-nbytes // (2 << 20)) * (2 << 20)
-    idle = [i for i in range(len(_buffers)) if _idle(i)]
-    for i in idle:
-        if len(_buffers[i]) == size:
-            return _buffers[i]
-    kept = 0
-    for i in reversed(idle):  # the oldest idle buffers go first
-        kept += len(_buffers[i])
-        if kept + size > IDLE_BYTES_MAX:
-            del _buffers[i]
+def _anonymous(size: int) -> mmap.mmap:
+    """A private anonymous mapping advised ``MADV_HUGEPAGE`` (ordinary pages without)."""
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(OSError):  # without huge pages: ordinary pages, same bytes
         buf.madvise(mmap.MADV_HUGEPAGE)
-    _buffers.append(buf)
     return buf
+
+
+_huge = Recycled(_anonymous, IDLE_BYTES_MAX)
 
 
 def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
@@ -70,8 +98,14 @@ def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
     nbytes = rows * row_bytes
     if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty((rows, row_bytes), dtype=torch.uint8)
-    with _buffers_lock:  # the export must exist before another thread looks for idle buffers
-        buf = _huge_buffer(nbytes)
+    return _export(_huge, rows, row_bytes)
+
+
+def _export(pool: Recycled, rows: int, row_bytes: int) -> torch.Tensor:
+    """``(rows, row_bytes)`` uint8 rows on a buffer of ``pool``."""
+    nbytes = rows * row_bytes
+    with pool.lock:  # the export must exist before another thread looks for idle buffers
+        buf = pool.take(nbytes)
         return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(rows, row_bytes)
 
 
@@ -103,6 +137,7 @@ class FileBuffers(Buffers):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._count = 0
+        self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX)
 
     def path(self, slot: str) -> Path:
         return self.root / f"{slot}.npy.tmp"
@@ -111,14 +146,21 @@ class FileBuffers(Buffers):
         if slot is None and (rows * width < FILE_MIN_BYTES or rows * width == 0):
             return empty_rows(rows, width)
         if slot is None:
-            self._count += 1
-            path = self.root / f"scratch-{os.getpid()}-{self._count}.npy.tmp"
-        else:
-            path = self.path(slot)
-        array = mapped_rows(path, rows, width)
-        if slot is None:
-            path.unlink()  # the mapping keeps the pages; nothing stays on disk
-        return torch.from_numpy(array)
+            return _export(self._scratch, rows, width)
+        return torch.from_numpy(mapped_rows(self.path(slot), rows, width))
+
+    def _scratch_file(self, size: int) -> mmap.mmap:
+        """A shared mapping of a new file of ``size`` bytes, unlinked at once (the mapping
+        keeps its pages; nothing stays on disk)."""
+        self._count += 1
+        path = self.root / f"scratch-{os.getpid()}-{self._count}.tmp"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            return mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+            path.unlink()
 
 
 def mapped_rows(path: Path, rows: int, width: int) -> np.ndarray:
