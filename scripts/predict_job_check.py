@@ -129,18 +129,17 @@ TABLES = (
             "epochs=6",
             "optim.batch_size=512",
             "optim.lr=0.01",
-            "dist.multicast.rate=380mbit",
         ),
         tuple(
             Measured(a, 6, s)
             for a, s in (
-                ("full/cycles/multicast", 84.3),
-                ("full/uncoded/unicast", 115.1),
-                ("full/uncoded/p2p", 118.3),
-                ("full/uncoded/multicast", 130.9),
-                ("partial0.25/cycles/multicast", 49.0),
-                ("partial0.25/uncoded/unicast", 55.7),
-                ("none/uncoded/unicast", 38.6),
+                ("full/cycles/multicast", 76.4),
+                ("full/uncoded/unicast", 116.4),
+                ("full/uncoded/p2p", 120.8),
+                ("full/uncoded/multicast", 114.6),
+                ("partial0.25/cycles/multicast", 44.6),
+                ("partial0.25/uncoded/unicast", 53.5),
+                ("none/uncoded/unicast", 39.6),
             )
         ),
     ),
@@ -187,9 +186,9 @@ TABLES = (
         tuple(
             Measured(a, 4, s)
             for a, s in (
-                ("full/cycles/multicast", 29.93),
-                ("full/uncoded/unicast", 38.25),
-                ("full/uncoded/p2p", 23.74),
+                ("full/cycles/multicast", 27.22),
+                ("full/uncoded/unicast", 38.17),
+                ("full/uncoded/p2p", 22.23),
             )
         ),
     ),

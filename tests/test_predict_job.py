@@ -15,6 +15,7 @@ from coded_shuffle.costs.model import Network
 from coded_shuffle.costs.run import (
     CPU_OVERLAP,
     CPU_SECONDS_PER_GB,
+    PACED_CPU_OVERLAP,
     Compute,
     Training,
     allreduce_seconds,
@@ -172,6 +173,9 @@ def test_a_cpu_bound_delivery_takes_its_cpu_seconds_and_the_rest_of_the_network(
     assert cpu > 1.0  # CPU-bound
     assert part.cpu == pytest.approx(cpu)
     assert part.seconds == pytest.approx(cpu + (1 - CPU_OVERLAP) * 1.0)
+    paced = delivery(1.0, 2e9, "multicast", job.training, c)  # its sender's NIC idles less
+    assert paced.seconds == pytest.approx(paced.cpu + (1 - PACED_CPU_OVERLAP) * 1.0)
+    assert paced.seconds - paced.cpu < part.seconds - part.cpu
 
 
 @pytest.mark.parametrize(
