@@ -24,6 +24,7 @@ GSO_MAX_BYTES = 65507  # one UDP send: what an IPv4 length field allows
 GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS (linux/udp.h): the kernel's cap on one send
 BURST_SECONDS = 0.001  # a batch is at most a millisecond on the wire at the rate
 RECEIVE_BYTES = 1 << 17  # a read: a coalesced run (at most 64 KiB) or one datagram
+GRO_MAX_SEGMENTS = 64  # datagrams the kernel coalesces into one read at most (UDP_GRO_CNT_MAX)
 GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 
@@ -120,5 +121,4 @@ def headers(buffer: np.ndarray, nbytes: int, segment: int) -> np.ndarray:
 def payloads(buffer: np.ndarray, k: int, segment: int, d: int) -> np.ndarray:
     """The stream bytes of the first ``k`` datagrams of a read, ``d`` each (a view; the last
     one's may run past its datagram into the read buffer's spare room)."""
-    body = buffer[DGRAM_HEADER_BYTES:]
-    return np.lib.stride_tricks.as_strided(body, shape=(k, d), strides=(segment, 1))
+    return np.ndarray((k, d), np.uint8, buffer, DGRAM_HEADER_BYTES, (segment, 1))
