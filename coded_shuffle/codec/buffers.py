@@ -25,7 +25,7 @@ IDLE_BYTES_MAX = 512 << 20  # recycled output buffers kept mapped while no tenso
 FILE_IDLE_BYTES_MAX = 2 << 30  # ... and recycled scratch files (page cache, not the process's)
 FILE_MIN_BYTES = 1 << 20  # FileBuffers keeps scratch rows smaller than this in memory
 GRANULE = 2 << 20  # a recycled buffer's size is a multiple of this
-HEADROOM = 1 / 32  # a fresh buffer this much larger: the next epoch's (a little longer) fits
+FILE_HEADROOM = 1 / 32  # a fresh scratch file this much larger: the next epoch's stream fits
 REUSE_WITHIN = 1.25  # an idle buffer serves a request of at least 1/1.25 of its size
 
 
@@ -35,13 +35,16 @@ class Recycled:
     Fresh pages cost a fault and the kernel's zeroing on first touch (on this project's
     virtual machines several times the XORs that fill them; a scratch file's pages a
     read of a hole and its zeroing too); a buffer that the caller dropped is reused instead.
-    ``make(size)`` maps ``size`` bytes. Idle buffers beyond ``idle_max`` bytes are unmapped,
-    the oldest first. A forked child does not reuse its parent's (a shared mapping would be
+    ``make(size)`` maps ``size`` bytes; a fresh buffer is ``headroom`` larger than asked
+    (rounded up to ``GRANULE``). Idle buffers beyond ``idle_max`` bytes are unmapped, the
+    oldest first. A forked child does not reuse its parent's (a shared mapping would be
     written by both).
     """
 
-    def __init__(self, make: Callable[[int], mmap.mmap], idle_max: int) -> None:
-        self.make, self.idle_max = make, idle_max
+    def __init__(
+        self, make: Callable[[int], mmap.mmap], idle_max: int, headroom: float = 0.0
+    ) -> None:
+        self.make, self.idle_max, self.headroom = make, idle_max, headroom
         self.items: list[mmap.mmap] = []
         self.lock = threading.Lock()  # held until the caller exports the buffer
         self.pid = os.getpid()
@@ -61,7 +64,7 @@ class Recycled:
         if os.getpid() != self.pid:
             self.items, self.pid = [], os.getpid()
         idle = [i for i in range(len(self.items)) if self._idle(i)]
-        size = -(-int(nbytes * (1 + HEADROOM)) // GRANULE) * GRANULE  # a fresh one's
+        size = -(-int(nbytes * (1 + self.headroom)) // GRANULE) * GRANULE  # a fresh one's
         most = max(size, nbytes * REUSE_WITHIN)
         fits = [i for i in idle if nbytes <= len(self.items[i]) <= most]
         if fits:
@@ -137,7 +140,7 @@ class FileBuffers(Buffers):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._count = 0
-        self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX)
+        self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
 
     def path(self, slot: str) -> Path:
         return self.root / f"{slot}.npy.tmp"
