@@ -12,7 +12,11 @@ from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.distributed.transports.base import KeyName
 from coded_shuffle.errors import UsageError
 
-RCVBUF_BYTES = 64 << 20
+# a receiver's socket buffer: seconds of the stream at a few hundred Mbit/s, so that a
+# receiver slowed for a while (its first delivery's fresh pages) catches up instead of losing
+# datagrams (64 MiB lost 453 of a 380 MB stream's datagrams at 400 Mbit/s, and the pace cut
+# cost three epochs; docs/benchmarks.md)
+RCVBUF_BYTES = 256 << 20
 PORTS = (10000, 20000)  # derived ports: below Linux's ephemeral range and torch's 29500
 
 
