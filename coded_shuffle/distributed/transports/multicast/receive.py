@@ -127,12 +127,18 @@ class Round:
         got = np.ndarray((k, DGRAM_HEADER_BYTES), np.uint8, buffer, 0, (segment, 1))
         if not np.array_equal(got, want.view(np.uint8).reshape(k, DGRAM_HEADER_BYTES)):
             return False
-        self.out[first * d : (first + k) * d].reshape(k, d)[:] = payloads(buffer, k, segment, d)
-        self.have[first : first + k] = True
-        self.counts.ingress += nbytes
-        self.count += k
-        self.received += k
+        self._keep(first, payloads(buffer, k, segment, d), nbytes)
         return True
+
+    def _keep(self, first: int, rows: np.ndarray, nbytes: int) -> None:
+        """A read's data datagrams ``first``, ``first + 1``, ... (``rows``, full) into their
+        slots; ``nbytes`` of the read counted."""
+        m, d = rows.shape
+        self.out[first * d : (first + m) * d].reshape(m, d)[:] = rows
+        self.have[first : first + m] = True
+        self.counts.ingress += nbytes
+        self.count += m
+        self.received += m
 
     def _in_order(self, buffer: np.ndarray, nbytes: int, segment: int) -> bool:
         """The common run, taken whole: this round's datagrams, full, one after the other,
@@ -159,11 +165,7 @@ class Round:
         if m and not (seq - first == np.arange(m, dtype=seq.dtype)).all():
             return False
         body = payloads(buffer, k, segment, d)
-        self.out[first * d : (first + m) * d].reshape(m, d)[:] = body if m == k else body[data]
-        self.have[first : first + m] = True
-        self.counts.ingress += nbytes
-        self.count += m
-        self.received += m
+        self._keep(first, body if m == k else body[data], nbytes)
         for i in np.flatnonzero(~data):  # after the data: a block may now lack one
             self._parity(int(head["seq"][i]), body[i])
         return True
