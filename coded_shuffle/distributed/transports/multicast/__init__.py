@@ -77,6 +77,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     enable_gro,
     enlarge_send_buffer,
     segment_size,
+    set_buffer,
 )
 from coded_shuffle.distributed.transports.multicast.feedback import (
     CONTROL_TAG,
@@ -100,7 +101,6 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
-SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 POLL_SECONDS = 0.005
 log = logging.getLogger("coded_shuffle")
 
@@ -174,10 +174,7 @@ class Multicast(Transport):
                 sock.connect((self.group, self.port))
             else:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, self.rcvbuf)
-                except OSError:  # not privileged: the kernel's cap applies
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+                set_buffer(sock, False, self.rcvbuf)
                 sock.bind((self.group, self.port))
                 sock.setsockopt(
                     socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(self.group, self.ifindex)

@@ -27,6 +27,7 @@ RECEIVE_BYTES = 1 << 17  # a read: a coalesced run (at most 64 KiB) or one datag
 GRO_MAX_SEGMENTS = 64  # datagrams the kernel coalesces into one read at most (UDP_GRO_CNT_MAX)
 GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 
 DGRAM = struct.Struct(DGRAM_FORMAT)  # one header, packed or read by a plain unpack
 HEADER = np.dtype(  # the same header, as the rows of an array
@@ -52,17 +53,24 @@ def enable_gro(sock: socket.socket) -> bool:
     return True
 
 
-def enlarge_send_buffer(sock: socket.socket, nbytes: int) -> int:
-    """Lets ``sock`` hold ``nbytes`` in flight (never less than it held); returns what it holds.
+def set_buffer(sock: socket.socket, send: bool, nbytes: int) -> None:
+    """Sets ``sock``'s send (``send``) or receive buffer to ``nbytes``: ``SO_SNDBUFFORCE`` /
+    ``SO_RCVBUFFORCE`` where privileged (the emulated cluster), else ``SO_SNDBUF`` /
+    ``SO_RCVBUF`` within the kernel's cap; the kernel doubles either for its bookkeeping
+    (socket(7))."""
+    force, plain = (
+        (SO_SNDBUFFORCE, socket.SO_SNDBUF) if send else (SO_RCVBUFFORCE, socket.SO_RCVBUF)
+    )
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+    except OSError:  # not privileged: the kernel's cap applies
+        sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
 
-    ``SO_SNDBUFFORCE`` where privileged (the emulated cluster), else ``SO_SNDBUF`` within
-    the kernel's cap; the kernel doubles either for its bookkeeping (socket(7)).
-    """
+
+def enlarge_send_buffer(sock: socket.socket, nbytes: int) -> int:
+    """Lets ``sock`` hold ``nbytes`` in flight (never less than it held); returns what it holds."""
     if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2 < nbytes:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, nbytes)
-        except OSError:  # not privileged
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
+        set_buffer(sock, True, nbytes)
     return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
 
 

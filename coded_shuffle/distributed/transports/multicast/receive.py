@@ -25,6 +25,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 
 RUN_MAX = GRO_MAX_SEGMENTS  # datagrams a coalesced read holds at most
+STEPS = np.arange(RUN_MAX, dtype=np.uint32)  # a run's datagram numbers from its first
 
 
 @dataclass
@@ -64,7 +65,6 @@ class Round:
         # the headers of a run of this round's data datagrams, their numbers set per read
         self.expected = np.zeros(RUN_MAX, dtype=HEADER)
         self.expected[["job", "stream", "round"]] = (self.job, self.stream, self.rnd)
-        self.steps = np.arange(RUN_MAX, dtype=np.uint32)
 
     def take(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
         """Every datagram of one read of ``nbytes`` (``segment`` bytes apart)."""
@@ -123,7 +123,7 @@ class Round:
         if first + k > self.have.size or self.have[first : first + k].any():
             return False
         want = self.expected[:k]
-        np.add(self.steps[:k], first, out=want["seq"])
+        np.add(STEPS[:k], first, out=want["seq"])
         got = np.ndarray((k, DGRAM_HEADER_BYTES), np.uint8, buffer, 0, (segment, 1))
         if not np.array_equal(got, want.view(np.uint8).reshape(k, DGRAM_HEADER_BYTES)):
             return False
