@@ -375,17 +375,16 @@ def test_gauss_jordan_over_gf2_keeps_its_row_combinations(m, u, seed):
 
 @pytest.mark.parametrize("adopted", [False, True])
 def test_a_store_slot_with_one_flipped_byte_is_not_loaded(tmp_path, adopted):
-    """A slot written (or adopted: a memory-mapped file made the slot without a copy) then
-    damaged on disk: its digest no longer matches, so it loads as missing, mapped or not."""
+    """A slot saved (or adopted: a file its rows were written to made the slot without another
+    copy) then damaged on disk: its digest no longer matches, so it loads as missing, mapped or
+    not."""
     from coded_shuffle.codec.blockstore import BlockStore
     from coded_shuffle.codec.buffers import FileBuffers
 
     rows = np.random.default_rng(1).integers(0, 256, (40, 16), dtype=np.uint8)
     disk = BlockStore(tmp_path, dtype=None)
     if adopted:
-        mapped = FileBuffers(tmp_path).empty(40, 16, "slot")
-        mapped.numpy()[:] = rows
-        disk.adopt("slot", FileBuffers(tmp_path).path("slot"), mapped.numpy(), {"epoch": 1})
+        disk.adopt("slot", FileBuffers(tmp_path).write("slot", rows), rows, {"epoch": 1})
     else:
         disk.save("slot", rows, {"epoch": 1})
     assert np.array_equal(BlockStore(tmp_path, dtype=None).load("slot", mapped=True), rows)
@@ -410,12 +409,8 @@ def test_an_adopted_batch_keeps_the_digest_its_worker_computed_and_is_checked_by
     assert bytes_digest(rows) == right
     for known, intact in ((right, True), (bytes(32), False)):
         folder = tmp_path / str(intact)
-        mapped = FileBuffers(folder).empty(40, 16, "slot")
-        mapped.numpy()[:] = rows
         disk = BlockStore(folder, dtype=None)
-        assert (
-            disk.adopt("slot", FileBuffers(folder).path("slot"), mapped.numpy(), {}, known) == known
-        )
+        assert disk.adopt("slot", FileBuffers(folder).write("slot", rows), rows, {}, known) == known
         loaded = BlockStore(folder, dtype=None).load("slot", mapped=True)
         assert (loaded is not None and np.array_equal(loaded, rows)) == intact
     np.save(tmp_path / "True" / "slot.npy", rows.reshape(80, 8))  # the same bytes, reshaped
@@ -445,6 +440,38 @@ def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_pa
     del small
     files._scratch.pid = -1  # as in a forked child: the parent's buffers are not reused
     assert files.empty(rows, width).data_ptr() != address
+
+
+def test_a_slot_lives_in_recycled_files_and_reaches_its_own_file_when_written(tmp_path):
+    """``FileBuffers``: a slot's rows (a worker's store) are recycled scratch rows, not a file of
+    the slot's name, until :meth:`~FileBuffers.write` puts the same bytes in ``<slot>.npy.tmp``;
+    dropped, the rows serve the next epoch's slot without fresh pages."""
+    from coded_shuffle.codec.buffers import FILE_MIN_BYTES, FileBuffers
+
+    files = FileBuffers(tmp_path)
+    shape = (2 * FILE_MIN_BYTES // 1000, 1000)
+    rows = files.empty(*shape, "e3-part0")
+    rows.copy_(torch.randint(0, 256, shape, dtype=torch.uint8))
+    assert list(tmp_path.iterdir()) == []
+    path = files.write("e3-part0", rows.numpy())
+    assert path == files.path("e3-part0") and np.array_equal(np.load(path), rows.numpy())
+    address = rows.data_ptr()
+    del rows
+    assert files.empty(*shape, "e5-part0").data_ptr() == address
+
+
+def test_warmed_buffers_are_the_ones_the_next_rows_come_on(tmp_path):
+    """``warm``: one idle buffer per size asked (none for what :meth:`empty` keeps in plain
+    memory), which the next requests of those sizes get instead of fresh ones."""
+    from coded_shuffle.codec.buffers import FILE_MIN_BYTES, FileBuffers
+
+    files, width = FileBuffers(tmp_path), 1000
+    rows = [2 * FILE_MIN_BYTES // width, 3 * FILE_MIN_BYTES // width]
+    files.warm([n * width for n in rows] + [0, width])
+    pool = files._scratch.items
+    assert len(pool) == 2 and list(tmp_path.iterdir()) == []
+    got = [files.empty(n, width) for n in reversed(rows)]
+    assert len(pool) == 2 and {t.shape[0] for t in got} == set(rows)
 
 
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):

@@ -24,7 +24,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
-from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
 
 JOB, STREAM = 0x1234_5678_9ABC_DEF0, 7
 D = 100  # stream bytes per datagram in the synthetic runs
@@ -217,3 +217,16 @@ def test_parity_in_an_in_order_run_rebuilds_the_one_datagram_its_block_lacks():
             r.take(one, segment, segment)
     assert r.rebuilt == 1 and r.have.all() and r.received == n - 1
     assert np.array_equal(r.out[:total], data[:total])
+
+
+@settings(max_examples=60, deadline=None)
+@given(held=st.lists(st.booleans(), max_size=40), data=st.data(), step=st.integers(1, 7))
+def test_the_first_missing_datagram_is_the_one_a_scan_finds(held, data, step):
+    """``first_missing`` (``step`` datagrams at a time) names the datagram a scan one by one
+    from ``start`` stops at: the first not held, or the stream's end."""
+    have = np.array(held, dtype=bool)
+    start = data.draw(st.integers(0, have.size))
+    scan = start
+    while scan < have.size and have[scan]:
+        scan += 1
+    assert first_missing(have, start, step) == scan

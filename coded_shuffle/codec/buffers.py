@@ -14,7 +14,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +78,14 @@ class Recycled:
         self.items.append(buf)
         return buf
 
+    def warm(self, sizes: Iterable[int]) -> None:
+        """Idle buffers for requests of ``sizes`` bytes, every page touched: the first rows
+        asked for come without fresh pages, as every later request's do."""
+        with self.lock:
+            held = [self.take(n) for n in sizes if n > 0]  # held: each its own buffer
+            for buf in held:
+                np.frombuffer(buf, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
+
 
 def _anonymous(size: int) -> mmap.mmap:
     """A private anonymous mapping advised ``MADV_HUGEPAGE`` (ordinary pages without)."""
@@ -117,24 +125,31 @@ class Buffers:
 
     def empty(self, rows: int, width: int, slot: str | None = None) -> torch.Tensor:
         """Uninitialised ``(rows, width)`` uint8 rows. ``slot`` names rows that outlive the
-        delivery (a worker's store: :meth:`FileBuffers.path`); ``None``: scratch rows."""
+        delivery (a worker's store, persisted under that name: :meth:`FileBuffers.write`);
+        ``None``: scratch rows."""
         del slot
         return empty_rows(rows, width)
 
-    def path(self, slot: str) -> Path | None:
-        """The file that holds ``slot``'s rows (None: in memory)."""
-        del slot
-        return None
+    def warm(self, sizes: Iterable[int]) -> None:
+        """Readies buffers for rows of ``sizes`` bytes (the next delivery's), their pages
+        touched, where :meth:`empty` would give recycled ones."""
+        if hasattr(mmap, "MADV_HUGEPAGE"):  # (else in memory rows are never recycled)
+            _huge.warm(n for n in sizes if n >= HUGE_PAGE_BYTES)
 
 
 IN_MEMORY = Buffers()
 
 
 class FileBuffers(Buffers):
-    """Rows in memory-mapped files under ``root``: a slot in ``<slot>.npy.tmp`` (a NumPy
-    ``.npy`` file, renamed when the caller persists it), scratch rows in a file that is
-    unlinked at once (its pages go when the rows do). The page cache holds what fits; the
-    process's own memory does not grow with the rows."""
+    """Rows in memory-mapped files under ``root``, each unlinked at once (its pages go when
+    the rows do) and recycled once no tensor uses it; a slot's rows are written to
+    ``<slot>.npy.tmp`` (a NumPy ``.npy`` file) when the caller persists them (:meth:`write`).
+    The page cache holds what fits; the process's own memory does not grow with the rows.
+
+    A slot's rows are not decoded into its file through a mapping: every 4 KiB page of a new
+    file written through a shared mapping is a fault of its own (allocated, zeroed, made
+    writable; 9.5 ms per 10 MB here), while one ``write`` of the finished rows takes 2 ms
+    (docs/benchmarks.md)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -143,14 +158,26 @@ class FileBuffers(Buffers):
         self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
 
     def path(self, slot: str) -> Path:
+        """The file :meth:`write` puts ``slot``'s rows in."""
         return self.root / f"{slot}.npy.tmp"
 
     def empty(self, rows: int, width: int, slot: str | None = None) -> torch.Tensor:
-        if slot is None and (rows * width < FILE_MIN_BYTES or rows * width == 0):
+        del slot  # a slot's rows live where scratch rows do until they are written
+        if rows * width < FILE_MIN_BYTES or rows * width == 0:
             return empty_rows(rows, width)
-        if slot is None:
-            return _export(self._scratch, rows, width)
-        return torch.from_numpy(mapped_rows(self.path(slot), rows, width))
+        return _export(self._scratch, rows, width)
+
+    def warm(self, sizes: Iterable[int]) -> None:
+        self._scratch.warm(n for n in sizes if n >= FILE_MIN_BYTES)
+
+    def write(self, slot: str, rows: np.ndarray) -> Path:
+        """``rows`` in ``slot``'s file (its ``.npy`` header, then the rows in one write, not
+        synced); returns the file's path."""
+        path = self.path(slot)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            np.save(f, np.ascontiguousarray(rows))
+        return path
 
     def _scratch_file(self, size: int) -> mmap.mmap:
         """A shared mapping of a new file of ``size`` bytes, unlinked at once (the mapping
@@ -164,16 +191,3 @@ class FileBuffers(Buffers):
         finally:
             os.close(fd)
             path.unlink()
-
-
-def mapped_rows(path: Path, rows: int, width: int) -> np.ndarray:
-    """A new ``.npy`` file of ``(rows, width)`` uint8, memory-mapped for writing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    if rows * width == 0:  # numpy cannot map an empty file: a plain array, same shape
-        empty = np.zeros((rows, width), dtype=np.uint8)
-        with open(path, "wb") as f:
-            np.save(f, empty)
-        return empty
-    return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))

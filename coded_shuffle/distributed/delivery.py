@@ -110,10 +110,13 @@ class Delivery:
         """Bytes of one symbol of every part (sub-point size, padding included)."""
         return [subpoint_bytes(b, p.splits) for p, b in zip(self.plans, self.parts, strict=True)]
 
+    def streams(self) -> list[tuple[int, int]]:
+        """Every part's stream of symbols as ``(rows, row_bytes)``."""
+        return [(p.num_symbols, s) for p, s in zip(self.plans, self.symbol_bytes(), strict=True)]
+
     def payload_bytes(self) -> int:
         """Bytes of coded symbols on the link, sub-point padding included."""
-        sizes = self.symbol_bytes()
-        return sum(p.num_symbols * s for p, s in zip(self.plans, sizes, strict=True))
+        return sum(rows * size for rows, size in self.streams())
 
     def link_bytes(self, chunk_bytes: int) -> int:
         """Bytes on the shared link: every part's symbols as framed messages (one stream each)."""

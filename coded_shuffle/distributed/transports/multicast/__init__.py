@@ -99,7 +99,7 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     send_buffer_bytes,
 )
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
-from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
 
 POLL_SECONDS = 0.005
 log = logging.getLogger("coded_shuffle")
@@ -115,6 +115,7 @@ class Multicast(Transport):
     routing = "broadcast"
     Options = MulticastOptions
     digests = False  # every datagram carries UDP's checksum, every batch the master's SHA-256
+    holds_streams = True
     peer_sends = False  # True: every worker sends streams of its own too (``peer-multicast``)
 
     def __init__(self, peer: Peer, options: MulticastOptions | None = None) -> None:
@@ -445,8 +446,7 @@ class Multicast(Transport):
         sock.settimeout(POLL_SECONDS)
         while now.count < n:
             if expect < n and have[expect]:
-                while expect < n and have[expect]:
-                    expect += 1
+                expect = first_missing(have, expect)
                 complete(expect)
             try:
                 nbytes, ancdata, _, source = sock.recvmsg_into(into, GRO_CMSG_BYTES)

@@ -26,6 +26,20 @@ from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, P
 
 RUN_MAX = GRO_MAX_SEGMENTS  # datagrams a coalesced read holds at most
 STEPS = np.arange(RUN_MAX, dtype=np.uint32)  # a run's datagram numbers from its first
+WINDOW = 4096  # datagrams :func:`first_missing` looks at in one go
+
+
+def first_missing(have: np.ndarray, start: int, step: int = WINDOW) -> int:
+    """The first datagram from ``start`` on not held yet (``have.size``: none), found ``step``
+    datagrams at a time rather than one by one."""
+    n = have.size
+    while start < n:
+        window = have[start : start + step]
+        at = int(window.argmin())
+        if not window[at]:
+            return start + at
+        start += window.size
+    return n
 
 
 @dataclass
@@ -120,12 +134,12 @@ class Round:
         if k * segment != nbytes or k > RUN_MAX or self.debug.drop or self.debug.slow:
             return False
         first = DGRAM.unpack_from(buffer)[2]
-        if first + k > self.have.size or self.have[first : first + k].any():
+        if first + k > self.have.size or np.count_nonzero(self.have[first : first + k]):
             return False
         want = self.expected[:k]
         np.add(STEPS[:k], first, out=want["seq"])
         got = np.ndarray((k, DGRAM_HEADER_BYTES), np.uint8, buffer, 0, (segment, 1))
-        if not np.array_equal(got, want.view(np.uint8).reshape(k, DGRAM_HEADER_BYTES)):
+        if got.tobytes() != want.tobytes():  # (bytes: a third of an array comparison's cost)
             return False
         self._keep(first, payloads(buffer, k, segment, d), nbytes)
         return True
