@@ -460,18 +460,27 @@ def test_a_slot_lives_in_recycled_files_and_reaches_its_own_file_when_written(tm
     assert files.empty(*shape, "e5-part0").data_ptr() == address
 
 
-def test_warmed_buffers_are_the_ones_the_next_rows_come_on(tmp_path):
-    """``warm``: one idle buffer per size asked (none for what :meth:`empty` keeps in plain
-    memory), which the next requests of those sizes get instead of fresh ones."""
-    from coded_shuffle.codec.buffers import FILE_MIN_BYTES, FileBuffers
+@pytest.mark.parametrize("runs", [[0, 3, 3, 7, 10], [4, 9], []])
+def test_a_slot_streamed_as_its_rows_are_final_is_written_once(tmp_path, runs):
+    """``FileBuffers.stream``: a slot's file written a leading run of rows at a time; once it
+    holds every row, :meth:`~FileBuffers.write` of the same rows writes nothing again (a
+    changed row after that is not in the file); one not finished is written whole."""
+    from coded_shuffle.codec.buffers import FileBuffers
 
-    files, width = FileBuffers(tmp_path), 1000
-    rows = [2 * FILE_MIN_BYTES // width, 3 * FILE_MIN_BYTES // width]
-    files.warm([n * width for n in rows] + [0, width])
-    pool = files._scratch.items
-    assert len(pool) == 2 and list(tmp_path.iterdir()) == []
-    got = [files.empty(n, width) for n in reversed(rows)]
-    assert len(pool) == 2 and {t.shape[0] for t in got} == set(rows)
+    files = FileBuffers(tmp_path)
+    rows = np.random.default_rng(3).integers(0, 256, (10, 24), dtype=np.uint8)
+    streamed = files.stream("e2-part0", rows)
+    for upto in runs:
+        streamed.advance(upto)
+    finished = bool(runs) and runs[-1] == rows.shape[0]
+    written = rows.copy()
+    rows[0, 0] ^= 0xFF  # after the stream: only a write of the whole rows takes it
+    path = files.write("e2-part0", rows)
+    assert path == files.path("e2-part0")
+    assert np.array_equal(np.load(path), written if finished else rows)
+    assert files.write("e2-part0", rows) == path and np.array_equal(np.load(path), rows)
+    with pytest.raises(ValueError, match="not contiguous"):
+        files.stream("e3-part0", rows[:, ::2])
 
 
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):

@@ -10,11 +10,12 @@ directory), memory-mapped, so that the page cache keeps what fits and the proces
 from __future__ import annotations
 
 import contextlib
+import io
 import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,14 +79,6 @@ class Recycled:
         self.items.append(buf)
         return buf
 
-    def warm(self, sizes: Iterable[int]) -> None:
-        """Idle buffers for requests of ``sizes`` bytes, every page touched: the first rows
-        asked for come without fresh pages, as every later request's do."""
-        with self.lock:
-            held = [self.take(n) for n in sizes if n > 0]  # held: each its own buffer
-            for buf in held:
-                np.frombuffer(buf, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
-
 
 def _anonymous(size: int) -> mmap.mmap:
     """A private anonymous mapping advised ``MADV_HUGEPAGE`` (ordinary pages without)."""
@@ -130,12 +123,6 @@ class Buffers:
         del slot
         return empty_rows(rows, width)
 
-    def warm(self, sizes: Iterable[int]) -> None:
-        """Readies buffers for rows of ``sizes`` bytes (the next delivery's), their pages
-        touched, where :meth:`empty` would give recycled ones."""
-        if hasattr(mmap, "MADV_HUGEPAGE"):  # (else in memory rows are never recycled)
-            _huge.warm(n for n in sizes if n >= HUGE_PAGE_BYTES)
-
 
 IN_MEMORY = Buffers()
 
@@ -156,6 +143,7 @@ class FileBuffers(Buffers):
         self.root.mkdir(parents=True, exist_ok=True)
         self._count = 0
         self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
+        self._streamed: dict[str, SlotFile] = {}
 
     def path(self, slot: str) -> Path:
         """The file :meth:`write` puts ``slot``'s rows in."""
@@ -167,12 +155,25 @@ class FileBuffers(Buffers):
             return empty_rows(rows, width)
         return _export(self._scratch, rows, width)
 
-    def warm(self, sizes: Iterable[int]) -> None:
-        self._scratch.warm(n for n in sizes if n >= FILE_MIN_BYTES)
+    def stream(self, slot: str, rows: np.ndarray) -> SlotFile:
+        """``slot``'s file, to be written a leading run of ``rows`` at a time as the caller
+        finishes them (:meth:`SlotFile.advance`), so that the disk takes them while the rest
+        is made; :meth:`write` of the same rows then writes nothing again."""
+        path = self.path(slot)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for unfinished in self._streamed.values():  # (never persisted: the job's last epoch)
+            unfinished.close()
+        self._streamed = {slot: SlotFile(path, rows)}
+        return self._streamed[slot]
 
     def write(self, slot: str, rows: np.ndarray) -> Path:
         """``rows`` in ``slot``'s file (its ``.npy`` header, then the rows in one write, not
-        synced); returns the file's path."""
+        synced), unless :meth:`stream` wrote them all already; returns the file's path."""
+        streamed = self._streamed.pop(slot, None)
+        if streamed is not None:
+            streamed.close()
+            if streamed.holds(rows):
+                return streamed.path
         path = self.path(slot)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
@@ -191,3 +192,52 @@ class FileBuffers(Buffers):
         finally:
             os.close(fd)
             path.unlink()
+
+
+class SlotFile:
+    """A ``.npy`` file of ``rows`` (C-contiguous) written a leading run of rows at a time
+    (:meth:`advance`); it lets go of the rows once it holds them all, or is closed."""
+
+    def __init__(self, path: Path, rows: np.ndarray) -> None:
+        if not rows.flags.c_contiguous:
+            raise ValueError(f"a slot file of rows {rows.shape} that are not contiguous")
+        self.path, self.rows = path, rows
+        self.shape, self.address = rows.shape, rows.__array_interface__["data"][0]
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(rows))
+        self.start, self.done = len(head.getvalue()), 0
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        _write_all(self.fd, memoryview(head.getvalue()), 0)
+        self._close_when_done()
+
+    def advance(self, upto: int) -> None:
+        """Rows up to ``upto`` (excluded) final: those not written yet go to the file."""
+        if self.rows is None or upto <= self.done:
+            return
+        row_bytes = self.rows.strides[0]
+        run = memoryview(self.rows[self.done : upto]).cast("B")
+        _write_all(self.fd, run, self.start + self.done * row_bytes)
+        self.done = upto
+        self._close_when_done()
+
+    def holds(self, rows: np.ndarray) -> bool:
+        """Whether the file holds every one of ``rows`` (the very rows it was given)."""
+        same = rows.shape == self.shape and rows.__array_interface__["data"][0] == self.address
+        return same and self.done == self.shape[0]
+
+    def close(self) -> None:
+        """No more rows: the file is closed and the rows let go (written or not)."""
+        if self.rows is not None:
+            os.close(self.fd)
+            self.rows = None
+
+    def _close_when_done(self) -> None:
+        if self.done == self.shape[0]:
+            self.close()
+
+
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    """``data`` at ``offset`` of the file, however many calls ``pwrite`` takes."""
+    while data.nbytes:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n

@@ -110,13 +110,10 @@ class Delivery:
         """Bytes of one symbol of every part (sub-point size, padding included)."""
         return [subpoint_bytes(b, p.splits) for p, b in zip(self.plans, self.parts, strict=True)]
 
-    def streams(self) -> list[tuple[int, int]]:
-        """Every part's stream of symbols as ``(rows, row_bytes)``."""
-        return [(p.num_symbols, s) for p, s in zip(self.plans, self.symbol_bytes(), strict=True)]
-
     def payload_bytes(self) -> int:
         """Bytes of coded symbols on the link, sub-point padding included."""
-        return sum(rows * size for rows, size in self.streams())
+        sizes = self.symbol_bytes()
+        return sum(p.num_symbols * s for p, s in zip(self.plans, sizes, strict=True))
 
     def link_bytes(self, chunk_bytes: int) -> int:
         """Bytes on the shared link: every part's symbols as framed messages (one stream each)."""
@@ -232,9 +229,9 @@ class Delivery:
 class WorkerStore:
     """The bytes one worker stores: per part, its cached sub-points in plan order.
 
-    ``slots[part]``: the :class:`~coded_shuffle.codec.buffers.FileBuffers` slot whose file
-    holds that part's rows (None: in memory), so that persisting the store renames the file
-    it already is instead of writing a copy."""
+    ``slots[part]``: the :class:`~coded_shuffle.codec.buffers.FileBuffers` slot that part's
+    rows were made for (None: scratch rows), so that persisting the store writes them to that
+    slot's file and names it, without hashing a batch again."""
 
     caches: list[torch.Tensor]
     slots: list[str | None] = field(default_factory=list)

@@ -87,8 +87,6 @@ class MasterSide:
             del ready  # its plan and programs go before the next epoch's are made
         if self.ctx.epochs is not None and epoch < self.ctx.epochs:
             self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train
-            if epoch == self.ctx.chain.first_epoch:  # the streams' buffers, as the workers'
-                self.ctx.link.warm(self.ready.delivery.streams())
         return row
 
     def placement(self, epoch: int) -> dict[str, Any]:

@@ -158,9 +158,6 @@ class Transport(ABC):
     """Under ``peers`` routing: one stream per sender that every other rank hears (a shared
     medium; every rank passes every stream), not one per sender and receiver; a placement
     from the master is one broadcast stream."""
-    holds_streams: ClassVar[bool] = False
-    """The sender and every receiver hold each whole stream in a buffer of its own (from
-    :attr:`buffers`; ``multicast``: the datagrams in their slots, for repairs)."""
     Options: ClassVar[type] = NoOptions
     options_key: ClassVar[str | None] = None
     """The name its options go by (the job's ``dist.<key>``) where it shares another

@@ -16,7 +16,7 @@ worker takes in, and drops, the other workers' points.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,15 +105,6 @@ class Link:
         if kind == KIND_PLACEMENT and self.placement is not None:
             return self.placement
         return self.transport
-
-    def warm(self, streams: Iterable[tuple[int, int]]) -> None:
-        """Where the transport holds whole streams (``multicast``): buffers for streams of
-        ``(rows, row_bytes)`` made ready and touched now, so that the first delivery after the
-        placement does not fault in fresh pages while it is timed (the later ones reuse
-        theirs)."""
-        t = self.transport
-        if t.holds_streams:
-            t.buffers.warm(sum(message_sizes(n, b, self.chunk_bytes)) for n, b in streams)
 
     def close(self) -> None:
         self.transport.close()

@@ -115,7 +115,6 @@ class Multicast(Transport):
     routing = "broadcast"
     Options = MulticastOptions
     digests = False  # every datagram carries UDP's checksum, every batch the master's SHA-256
-    holds_streams = True
     peer_sends = False  # True: every worker sends streams of its own too (``peer-multicast``)
 
     def __init__(self, peer: Peer, options: MulticastOptions | None = None) -> None:
