@@ -375,16 +375,17 @@ def test_gauss_jordan_over_gf2_keeps_its_row_combinations(m, u, seed):
 
 @pytest.mark.parametrize("adopted", [False, True])
 def test_a_store_slot_with_one_flipped_byte_is_not_loaded(tmp_path, adopted):
-    """A slot saved (or adopted: a file its rows were written to made the slot without another
-    copy) then damaged on disk: its digest no longer matches, so it loads as missing, mapped or
-    not."""
+    """A slot written (or adopted: a memory-mapped file made the slot without a copy) then
+    damaged on disk: its digest no longer matches, so it loads as missing, mapped or not."""
     from coded_shuffle.codec.blockstore import BlockStore
     from coded_shuffle.codec.buffers import FileBuffers
 
     rows = np.random.default_rng(1).integers(0, 256, (40, 16), dtype=np.uint8)
     disk = BlockStore(tmp_path, dtype=None)
     if adopted:
-        disk.adopt("slot", FileBuffers(tmp_path).write("slot", rows), rows, {"epoch": 1})
+        mapped = FileBuffers(tmp_path).empty(40, 16, "slot")
+        mapped.numpy()[:] = rows
+        disk.adopt("slot", FileBuffers(tmp_path).path("slot"), mapped.numpy(), {"epoch": 1})
     else:
         disk.save("slot", rows, {"epoch": 1})
     assert np.array_equal(BlockStore(tmp_path, dtype=None).load("slot", mapped=True), rows)
@@ -409,8 +410,12 @@ def test_an_adopted_batch_keeps_the_digest_its_worker_computed_and_is_checked_by
     assert bytes_digest(rows) == right
     for known, intact in ((right, True), (bytes(32), False)):
         folder = tmp_path / str(intact)
+        mapped = FileBuffers(folder).empty(40, 16, "slot")
+        mapped.numpy()[:] = rows
         disk = BlockStore(folder, dtype=None)
-        assert disk.adopt("slot", FileBuffers(folder).write("slot", rows), rows, {}, known) == known
+        assert (
+            disk.adopt("slot", FileBuffers(folder).path("slot"), mapped.numpy(), {}, known) == known
+        )
         loaded = BlockStore(folder, dtype=None).load("slot", mapped=True)
         assert (loaded is not None and np.array_equal(loaded, rows)) == intact
     np.save(tmp_path / "True" / "slot.npy", rows.reshape(80, 8))  # the same bytes, reshaped
@@ -440,47 +445,6 @@ def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_pa
     del small
     files._scratch.pid = -1  # as in a forked child: the parent's buffers are not reused
     assert files.empty(rows, width).data_ptr() != address
-
-
-def test_a_slot_lives_in_recycled_files_and_reaches_its_own_file_when_written(tmp_path):
-    """``FileBuffers``: a slot's rows (a worker's store) are recycled scratch rows, not a file of
-    the slot's name, until :meth:`~FileBuffers.write` puts the same bytes in ``<slot>.npy.tmp``;
-    dropped, the rows serve the next epoch's slot without fresh pages."""
-    from coded_shuffle.codec.buffers import FILE_MIN_BYTES, FileBuffers
-
-    files = FileBuffers(tmp_path)
-    shape = (2 * FILE_MIN_BYTES // 1000, 1000)
-    rows = files.empty(*shape, "e3-part0")
-    rows.copy_(torch.randint(0, 256, shape, dtype=torch.uint8))
-    assert list(tmp_path.iterdir()) == []
-    path = files.write("e3-part0", rows.numpy())
-    assert path == files.path("e3-part0") and np.array_equal(np.load(path), rows.numpy())
-    address = rows.data_ptr()
-    del rows
-    assert files.empty(*shape, "e5-part0").data_ptr() == address
-
-
-@pytest.mark.parametrize("runs", [[0, 3, 3, 7, 10], [4, 9], []])
-def test_a_slot_streamed_as_its_rows_are_final_is_written_once(tmp_path, runs):
-    """``FileBuffers.stream``: a slot's file written a leading run of rows at a time; once it
-    holds every row, :meth:`~FileBuffers.write` of the same rows writes nothing again (a
-    changed row after that is not in the file); one not finished is written whole."""
-    from coded_shuffle.codec.buffers import FileBuffers
-
-    files = FileBuffers(tmp_path)
-    rows = np.random.default_rng(3).integers(0, 256, (10, 24), dtype=np.uint8)
-    streamed = files.stream("e2-part0", rows)
-    for upto in runs:
-        streamed.advance(upto)
-    finished = bool(runs) and runs[-1] == rows.shape[0]
-    written = rows.copy()
-    rows[0, 0] ^= 0xFF  # after the stream: only a write of the whole rows takes it
-    path = files.write("e2-part0", rows)
-    assert path == files.path("e2-part0")
-    assert np.array_equal(np.load(path), written if finished else rows)
-    assert files.write("e2-part0", rows) == path and np.array_equal(np.load(path), rows)
-    with pytest.raises(ValueError, match="not contiguous"):
-        files.stream("e3-part0", rows[:, ::2])
 
 
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):

@@ -78,15 +78,15 @@ class BlockStore:
         meta: dict[str, Any] | None = None,
         known: bytes | None = None,
     ) -> bytes:
-        """Makes the ``.npy`` file at ``path`` (``array``: the rows it holds, written by the
-        caller) the slot without another copy: synced to disk, renamed, described. Returns its
-        digest. ``known``: the :func:`bytes_digest` of ``array`` already computed (a
+        """Makes the ``.npy`` file at ``path`` (``array``: its rows, memory-mapped, written in
+        place) the slot, without a copy: synced to disk, then renamed and described. Returns
+        its digest. ``known``: the :func:`bytes_digest` of ``array`` already computed (a
         worker hashed its batch as it decoded it), recorded with the array's dtype and shape
-        instead of hashing it again. A later :meth:`load` maps the file."""
+        instead of hashing it again."""
         data, _ = self._paths(slot)
         fd = os.open(path, os.O_RDONLY)
         try:
-            os.fsync(fd)
+            os.fsync(fd)  # the mapping's dirty pages too (they are the file's page cache)
         finally:
             os.close(fd)
         os.replace(path, data)
@@ -97,7 +97,7 @@ class BlockStore:
             d = known
             shape = {"bytes_sha256": known.hex(), "dtype": array.dtype.str, "shape": array.shape}
             self._describe(slot, None, {**(meta or {}), **shape})
-        self._cache.pop(slot, None)  # not ``array``: the caller's rows go back to their pool
+        self._cache[slot] = array
         return d
 
     def _describe(self, slot: str, digest: bytes | None, meta: dict[str, Any] | None) -> None:

@@ -10,7 +10,6 @@ directory), memory-mapped, so that the page cache keeps what fits and the proces
 from __future__ import annotations
 
 import contextlib
-import io
 import mmap
 import os
 import sys
@@ -118,67 +117,40 @@ class Buffers:
 
     def empty(self, rows: int, width: int, slot: str | None = None) -> torch.Tensor:
         """Uninitialised ``(rows, width)`` uint8 rows. ``slot`` names rows that outlive the
-        delivery (a worker's store, persisted under that name: :meth:`FileBuffers.write`);
-        ``None``: scratch rows."""
+        delivery (a worker's store: :meth:`FileBuffers.path`); ``None``: scratch rows."""
         del slot
         return empty_rows(rows, width)
+
+    def path(self, slot: str) -> Path | None:
+        """The file that holds ``slot``'s rows (None: in memory)."""
+        del slot
+        return None
 
 
 IN_MEMORY = Buffers()
 
 
 class FileBuffers(Buffers):
-    """Rows in memory-mapped files under ``root``, each unlinked at once (its pages go when
-    the rows do) and recycled once no tensor uses it; a slot's rows are written to
-    ``<slot>.npy.tmp`` (a NumPy ``.npy`` file) when the caller persists them (:meth:`write`).
-    The page cache holds what fits; the process's own memory does not grow with the rows.
-
-    A slot's rows are not decoded into its file through a mapping: every 4 KiB page of a new
-    file written through a shared mapping is a fault of its own (allocated, zeroed, made
-    writable; 9.5 ms per 10 MB here), while one ``write`` of the finished rows takes 2 ms
-    (docs/benchmarks.md)."""
+    """Rows in memory-mapped files under ``root``: a slot in ``<slot>.npy.tmp`` (a NumPy
+    ``.npy`` file, renamed when the caller persists it), scratch rows in a file that is
+    unlinked at once (its pages go when the rows do). The page cache holds what fits; the
+    process's own memory does not grow with the rows."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._count = 0
         self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
-        self._streamed: dict[str, SlotFile] = {}
 
     def path(self, slot: str) -> Path:
-        """The file :meth:`write` puts ``slot``'s rows in."""
         return self.root / f"{slot}.npy.tmp"
 
     def empty(self, rows: int, width: int, slot: str | None = None) -> torch.Tensor:
-        del slot  # a slot's rows live where scratch rows do until they are written
-        if rows * width < FILE_MIN_BYTES or rows * width == 0:
+        if slot is None and (rows * width < FILE_MIN_BYTES or rows * width == 0):
             return empty_rows(rows, width)
-        return _export(self._scratch, rows, width)
-
-    def stream(self, slot: str, rows: np.ndarray) -> SlotFile:
-        """``slot``'s file, to be written a leading run of ``rows`` at a time as the caller
-        finishes them (:meth:`SlotFile.advance`), so that the disk takes them while the rest
-        is made; :meth:`write` of the same rows then writes nothing again."""
-        path = self.path(slot)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for unfinished in self._streamed.values():  # (never persisted: the job's last epoch)
-            unfinished.close()
-        self._streamed = {slot: SlotFile(path, rows)}
-        return self._streamed[slot]
-
-    def write(self, slot: str, rows: np.ndarray) -> Path:
-        """``rows`` in ``slot``'s file (its ``.npy`` header, then the rows in one write, not
-        synced), unless :meth:`stream` wrote them all already; returns the file's path."""
-        streamed = self._streamed.pop(slot, None)
-        if streamed is not None:
-            streamed.close()
-            if streamed.holds(rows):
-                return streamed.path
-        path = self.path(slot)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            np.save(f, np.ascontiguousarray(rows))
-        return path
+        if slot is None:
+            return _export(self._scratch, rows, width)
+        return torch.from_numpy(mapped_rows(self.path(slot), rows, width))
 
     def _scratch_file(self, size: int) -> mmap.mmap:
         """A shared mapping of a new file of ``size`` bytes, unlinked at once (the mapping
@@ -194,50 +166,14 @@ class FileBuffers(Buffers):
             path.unlink()
 
 
-class SlotFile:
-    """A ``.npy`` file of ``rows`` (C-contiguous) written a leading run of rows at a time
-    (:meth:`advance`); it lets go of the rows once it holds them all, or is closed."""
-
-    def __init__(self, path: Path, rows: np.ndarray) -> None:
-        if not rows.flags.c_contiguous:
-            raise ValueError(f"a slot file of rows {rows.shape} that are not contiguous")
-        self.path, self.rows = path, rows
-        self.shape, self.address = rows.shape, rows.__array_interface__["data"][0]
-        head = io.BytesIO()
-        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(rows))
-        self.start, self.done = len(head.getvalue()), 0
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        _write_all(self.fd, memoryview(head.getvalue()), 0)
-        self._close_when_done()
-
-    def advance(self, upto: int) -> None:
-        """Rows up to ``upto`` (excluded) final: those not written yet go to the file."""
-        if self.rows is None or upto <= self.done:
-            return
-        row_bytes = self.rows.strides[0]
-        run = memoryview(self.rows[self.done : upto]).cast("B")
-        _write_all(self.fd, run, self.start + self.done * row_bytes)
-        self.done = upto
-        self._close_when_done()
-
-    def holds(self, rows: np.ndarray) -> bool:
-        """Whether the file holds every one of ``rows`` (the very rows it was given)."""
-        same = rows.shape == self.shape and rows.__array_interface__["data"][0] == self.address
-        return same and self.done == self.shape[0]
-
-    def close(self) -> None:
-        """No more rows: the file is closed and the rows let go (written or not)."""
-        if self.rows is not None:
-            os.close(self.fd)
-            self.rows = None
-
-    def _close_when_done(self) -> None:
-        if self.done == self.shape[0]:
-            self.close()
-
-
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
-    """``data`` at ``offset`` of the file, however many calls ``pwrite`` takes."""
-    while data.nbytes:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
+def mapped_rows(path: Path, rows: int, width: int) -> np.ndarray:
+    """A new ``.npy`` file of ``(rows, width)`` uint8, memory-mapped for writing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    if rows * width == 0:  # numpy cannot map an empty file: a plain array, same shape
+        empty = np.zeros((rows, width), dtype=np.uint8)
+        with open(path, "wb") as f:
+            np.save(f, empty)
+        return empty
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))

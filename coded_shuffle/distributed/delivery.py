@@ -229,9 +229,9 @@ class Delivery:
 class WorkerStore:
     """The bytes one worker stores: per part, its cached sub-points in plan order.
 
-    ``slots[part]``: the :class:`~coded_shuffle.codec.buffers.FileBuffers` slot that part's
-    rows were made for (None: scratch rows), so that persisting the store writes them to that
-    slot's file and names it, without hashing a batch again."""
+    ``slots[part]``: the :class:`~coded_shuffle.codec.buffers.FileBuffers` slot whose file
+    holds that part's rows (None: in memory), so that persisting the store renames the file
+    it already is instead of writing a copy."""
 
     caches: list[torch.Tensor]
     slots: list[str | None] = field(default_factory=list)

@@ -1,7 +1,7 @@
-"""A worker's store on its disk (``CodedShuffle(store_dir=...)``): the rows the worker decodes
-into and trains from (memory-mapped scratch files of its store directory), written to a file
-of their own after every epoch so that a restarted job resumes without moving them again
-(:meth:`~coded_shuffle.CodedShuffle.restore`)."""
+"""A worker's store on its disk (``CodedShuffle(store_dir=...)``): the memory-mapped files the
+worker decodes into and trains from, persisted after every epoch so that a restarted job
+resumes without moving them again (:meth:`~coded_shuffle.CodedShuffle.restore`). The store a
+worker works with and the one it restarts from are the same file."""
 
 from __future__ import annotations
 
@@ -55,16 +55,14 @@ class StorePersistence:
         return [slot(epoch, p) for p in range(parts)]
 
     def save(self, epoch: int, store: WorkerStore, known: bytes | None = None) -> None:
-        """Persists the store after ``epoch``: a part made for its slot is written in one go
-        (synced and named; a batch's digest not computed again), another is saved; the store
-        before the last is dropped.
+        """Persists the store after ``epoch``: a part already in its slot's file is that file
+        (flushed and named), another is written; the store before the last is dropped.
         ``known``: the SHA-256 of the store's bytes where the worker has it (its one part is
         its batch, hashed as it was decoded)."""
         for part, cache in enumerate(store.caches):
             name = slot(epoch, part)
             if store.slots[part] == name:
-                rows, meta = cache.numpy(), self.identity(epoch)
-                path = self.buffers.write(name, rows)
+                path, rows, meta = self.buffers.path(name), cache.numpy(), self.identity(epoch)
                 self.disk.adopt(name, path, rows, meta, known if part == 0 else None)
             else:
                 self.disk.save(name, cache.numpy(), self.identity(epoch))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from coded_shuffle.codec.buffers import IN_MEMORY, FileBuffers, SlotFile
+from coded_shuffle.codec.buffers import IN_MEMORY
 from coded_shuffle.codec.decode import StreamDecoder, is_batch
 from coded_shuffle.codec.digest import digest
 from coded_shuffle.codec.ops import gather_rows
@@ -181,7 +181,6 @@ class WorkerSide:
         into the store's slot after ``epoch`` where they are the whole store."""
         slot = self.points_slot(epoch, points)
         out = self.buffers.empty(points.size, self.ctx.record_bytes, slot)
-        store_file = None if slot is None else self.stream_store(epoch, slot, out)
         return self.ctx.link.deliver(
             epoch=epoch,
             part=0,
@@ -190,7 +189,6 @@ class WorkerSide:
             row_bytes=self.ctx.record_bytes,
             routes=routes,
             out=out,
-            on_rows=None if store_file is None else store_file.advance,
         )
 
     def store_of(self, epoch: int, points: np.ndarray, rows: torch.Tensor) -> WorkerStore:
@@ -224,7 +222,6 @@ class WorkerSide:
         ]
         decoders = delivery.decoders(k, buffers, store, self.buffers, batch_slots)
         check = delivery.digest_stream(k, decoders)  # and hash the batch as its points are final
-        store_file = self.store_file(tr.epoch, batch_slots, decoders)
         ahead = self.sends[1] if self.sends is not None and self.sends[0] is store else None
         for part, plan in enumerate(delivery.plans):
             routes, row_ids, rows = ahead[part] if ahead is not None else self.peer_part(part)
@@ -232,8 +229,6 @@ class WorkerSide:
             def on_rows(available: int, decoder: StreamDecoder = decoders[part]) -> None:
                 decoder.advance(available)
                 check.update()
-                if store_file is not None:  # the points hashed are final: to the disk
-                    store_file.advance(check.hashed)
 
             on_rows(0)  # what needs no symbol: while the first ones travel
             link.deliver(
@@ -254,8 +249,6 @@ class WorkerSide:
         self.store = store.updated(workspaces, next_caches, self.buffers, store_slots)
         seconds = time.perf_counter() - t0 + sum(d.seconds for d in decoders)
         batch_digest = check.digest()
-        if store_file is not None:  # the points the last symbols finished
-            store_file.advance(check.hashed)
         self.send_report(batch_digest, seconds, self.store.stored_bytes(), cpu)
         if self.ctx.pending(tr.epoch):  # after the report: a worker lost before it persisted
             known = batch_digest if self.store_is_batch(batch_slots, batch) else None
@@ -281,27 +274,6 @@ class WorkerSide:
         }
 
     # -- the store on disk, and resuming -------------------------------------------------------
-
-    def store_file(
-        self, epoch: int, batch_slots: list[str | None], decoders: list[StreamDecoder]
-    ) -> SlotFile | None:
-        """Where the next store is the new batch (one part of whole records, decoded into its
-        slot's rows): its file, written as the batch's points become final
-        (:meth:`stream_store`)."""
-        if len(batch_slots) != 1 or batch_slots[0] is None:
-            return None
-        program, rows = decoders[0].program, decoders[0].batch
-        whole = program.batch_rows.shape[1] == 1 and rows.shape[1] == self.ctx.record_bytes
-        return self.stream_store(epoch, batch_slots[0], rows) if whole else None
-
-    def stream_store(self, epoch: int, slot: str, rows: torch.Tensor) -> SlotFile | None:
-        """The file of the store after ``epoch`` (``rows``, made for ``slot``) where it will
-        be persisted, written a leading run of rows at a time as they are final, so that the
-        disk takes it while the rest arrives (as when the rows were made in a mapping of the
-        file) and persisting it writes nothing again."""
-        if not isinstance(self.buffers, FileBuffers) or not self.ctx.pending(epoch):
-            return None
-        return self.buffers.stream(slot, rows.numpy())
 
     def store_is_batch(self, batch_slots: list[str | None], batch: torch.Tensor) -> bool:
         """Whether the new store is the new batch, byte for byte: one part, decoded straight
