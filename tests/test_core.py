@@ -447,6 +447,22 @@ def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_pa
     assert files.empty(rows, width).data_ptr() != address
 
 
+def test_a_message_payload_buffer_is_reused_only_once_no_view_of_it_lives():
+    """``payload_rows``: a message's payload comes on a pooled buffer; while the tensor or any
+    view of it lives (a transport sending a segment of it) the buffer is not handed out
+    again; once they are gone the next payload of that size reuses it."""
+    from coded_shuffle.codec.buffers import payload_rows
+
+    first = payload_rows(32, 8004)
+    address = first.data_ptr()
+    segment = first.view(-1)[65536:131072]  # what a transport may still hold
+    del first
+    assert payload_rows(32, 8004).data_ptr() != address
+    del segment
+    assert payload_rows(32, 8004).data_ptr() == address
+    assert payload_rows(0, 8004).shape == (0, 8004)
+
+
 def test_warming_a_planner_compiles_every_loop_its_plans_and_bounds_use(monkeypatch):
     """``warm_planner``: the numba loops that planning and bounding ``K = 48`` run (triangle
     packing, cycle decomposition, the ordering bound's local search) are compiled (or loaded

@@ -27,6 +27,10 @@ FILE_MIN_BYTES = 1 << 20  # FileBuffers keeps scratch rows smaller than this in 
 GRANULE = 2 << 20  # a recycled buffer's size is a multiple of this
 FILE_HEADROOM = 1 / 32  # a fresh scratch file this much larger: the next epoch's stream fits
 REUSE_WITHIN = 1.25  # an idle buffer serves a request of at least 1/1.25 of its size
+PAYLOAD_GRANULE = 4 << 10  # a message payload's buffer: a multiple of a page
+PAYLOAD_IDLE_BYTES_MAX = 8 << 20  # ... and idle ones kept, a window of messages or more
+
+Buffer = mmap.mmap | bytearray  # what a pool hands out (``torch.frombuffer`` exports it)
 
 
 class Recycled:
@@ -36,16 +40,21 @@ class Recycled:
     virtual machines several times the XORs that fill them; a scratch file's pages a
     read of a hole and its zeroing too); a buffer that the caller dropped is reused instead.
     ``make(size)`` maps ``size`` bytes; a fresh buffer is ``headroom`` larger than asked
-    (rounded up to ``GRANULE``). Idle buffers beyond ``idle_max`` bytes are unmapped, the
+    (rounded up to ``granule``). Idle buffers beyond ``idle_max`` bytes are unmapped, the
     oldest first. A forked child does not reuse its parent's (a shared mapping would be
     written by both).
     """
 
     def __init__(
-        self, make: Callable[[int], mmap.mmap], idle_max: int, headroom: float = 0.0
+        self,
+        make: Callable[[int], Buffer],
+        idle_max: int,
+        headroom: float = 0.0,
+        granule: int = GRANULE,
     ) -> None:
         self.make, self.idle_max, self.headroom = make, idle_max, headroom
-        self.items: list[mmap.mmap] = []
+        self.granule = granule
+        self.items: list[Buffer] = []
         self.lock = threading.Lock()  # held until the caller exports the buffer
         self.pid = os.getpid()
 
@@ -57,14 +66,14 @@ class Recycled:
         """
         return sys.getrefcount(self.items[i]) == 2
 
-    def take(self, nbytes: int) -> mmap.mmap:
+    def take(self, nbytes: int) -> Buffer:
         """The smallest idle buffer of ``nbytes`` to ``REUSE_WITHIN`` times that (or to a fresh
         one's size), else a fresh one; call with :attr:`lock` held, and export the buffer
         before releasing it."""
         if os.getpid() != self.pid:
             self.items, self.pid = [], os.getpid()
         idle = [i for i in range(len(self.items)) if self._idle(i)]
-        size = -(-int(nbytes * (1 + self.headroom)) // GRANULE) * GRANULE  # a fresh one's
+        size = -(-int(nbytes * (1 + self.headroom)) // self.granule) * self.granule
         most = max(size, nbytes * REUSE_WITHIN)
         fits = [i for i in idle if nbytes <= len(self.items[i]) <= most]
         if fits:
@@ -102,6 +111,20 @@ def empty_rows(rows: int, row_bytes: int) -> torch.Tensor:
     if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty((rows, row_bytes), dtype=torch.uint8)
     return _export(_huge, rows, row_bytes)
+
+
+_payloads = Recycled(bytearray, PAYLOAD_IDLE_BYTES_MAX, granule=PAYLOAD_GRANULE)
+
+
+def payload_rows(rows: int, row_bytes: int) -> torch.Tensor:
+    """Uninitialised ``(rows, row_bytes)`` uint8 rows for one message's payload, on a buffer
+    handed out again once no tensor or view uses it. A message of 256 KiB or just under (the
+    default ``chunk_bytes``) is below the ranks' mmap threshold: one fresh allocation per
+    message made glibc's heap grow by 7-13 MB at the master over the first few hundred
+    messages (docs/benchmarks.md, "Memory")."""
+    if rows * row_bytes == 0:
+        return torch.empty((rows, row_bytes), dtype=torch.uint8)
+    return _export(_payloads, rows, row_bytes)
 
 
 def _export(pool: Recycled, rows: int, row_bytes: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from coded_shuffle.codec.buffers import payload_rows
 from coded_shuffle.codec.kernel import copy_rows
 from coded_shuffle.costs.wire import (  # the sizes' one home, torch-free
     HEADER_BYTES,
@@ -162,7 +163,7 @@ def frame_parts(
         if isinstance(rows, torch.Tensor) and rows.is_contiguous():
             payload = rows[first : first + count].reshape(-1)
         else:
-            payload = torch.empty(count * w, dtype=torch.uint8)
+            payload = payload_rows(count, w).view(-1)
             if isinstance(rows, torch.Tensor):
                 payload.view(count, w).copy_(rows[first : first + count])
             else:
