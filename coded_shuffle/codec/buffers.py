@@ -34,13 +34,14 @@ Buffer = mmap.mmap | bytearray  # what a pool hands out (``torch.frombuffer`` ex
 
 
 class Recycled:
-    """Mappings handed out as buffers and handed out again once no tensor uses them.
+    """Buffers (mappings; heap ``bytearray`` for message payloads) handed out, and handed out
+    again once no tensor uses them.
 
     Fresh pages cost a fault and the kernel's zeroing on first touch (on this project's
     virtual machines several times the XORs that fill them; a scratch file's pages a
     read of a hole and its zeroing too); a buffer that the caller dropped is reused instead.
-    ``make(size)`` maps ``size`` bytes; a fresh buffer is ``headroom`` larger than asked
-    (rounded up to ``granule``). Idle buffers beyond ``idle_max`` bytes are unmapped, the
+    ``make(size)`` makes a buffer of ``size`` bytes; a fresh buffer is ``headroom`` larger than
+    asked (rounded up to ``granule``). Idle buffers beyond ``idle_max`` bytes are let go, the
     oldest first. A forked child does not reuse its parent's (a shared mapping would be
     written by both).
     """
