@@ -401,7 +401,7 @@ class Multicast(Transport):
         while True:
             lost, done = self._receive_round(out, have, rnd, complete, parity, src)
             self._report_missing(~have, lost, src)  # (nothing missing: sent before "round sent")
-            complete(int(np.argmin(have)) if not have.all() else n)  # while the others report
+            complete(first_missing(have, 0))  # while the others report
             todo = self._receive_union(n, src)
             done.wait()  # the master's "round sent", in by now
             self._control(ingress=4)
