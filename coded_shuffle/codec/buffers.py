@@ -118,11 +118,11 @@ _payloads = Recycled(bytearray, PAYLOAD_IDLE_BYTES_MAX, granule=PAYLOAD_GRANULE)
 
 
 def payload_rows(rows: int, row_bytes: int) -> torch.Tensor:
-    """Uninitialised ``(rows, row_bytes)`` uint8 rows for one message's payload, on a buffer
-    handed out again once no tensor or view uses it. A message of 256 KiB or just under (the
-    default ``chunk_bytes``) is below the ranks' mmap threshold: one fresh allocation per
-    message made glibc's heap grow by 7-13 MB at the master over the first few hundred
-    messages (docs/benchmarks.md, "Memory")."""
+    """Uninitialised ``(rows, row_bytes)`` uint8 rows for one message's payload (or a whole
+    framed message), on a buffer handed out again once no tensor or view uses it. A message
+    of 256 KiB or just under (the default ``chunk_bytes``) is below the ranks' mmap
+    threshold: one fresh allocation per message made glibc's heap grow by 7-13 MB at the
+    master over the first few hundred messages (docs/benchmarks.md, "Memory")."""
     if rows * row_bytes == 0:
         return torch.empty((rows, row_bytes), dtype=torch.uint8)
     return _export(_payloads, rows, row_bytes)

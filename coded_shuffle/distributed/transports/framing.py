@@ -129,7 +129,7 @@ def frame(
     """
     n, w = rows.shape
     for first, count in message_ranges(n, w, chunk_bytes):
-        buf = torch.empty(HEADER_BYTES + count * w, dtype=torch.uint8)
+        buf = payload_rows(1, HEADER_BYTES + count * w).view(-1)
         payload = buf[HEADER_BYTES:]
         if isinstance(rows, torch.Tensor):
             payload.copy_(rows[first : first + count].reshape(-1))
