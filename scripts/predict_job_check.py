@@ -133,13 +133,13 @@ TABLES = (
         tuple(
             Measured(a, 6, s)
             for a, s in (
-                ("full/cycles/multicast", 74.8),
-                ("full/uncoded/unicast", 114.4),
-                ("full/uncoded/p2p", 117.4),
-                ("full/uncoded/multicast", 114.6),
-                ("partial0.25/cycles/multicast", 48.5),
-                ("partial0.25/uncoded/unicast", 56.1),
-                ("none/uncoded/unicast", 39.3),
+                ("full/cycles/multicast", 76.3),
+                ("full/uncoded/unicast", 115.3),
+                ("full/uncoded/p2p", 120.1),
+                ("full/uncoded/multicast", 115.3),
+                ("partial0.25/cycles/multicast", 45.1),
+                ("partial0.25/uncoded/unicast", 56.0),
+                ("none/uncoded/unicast", 39.4),
             )
         ),
     ),
