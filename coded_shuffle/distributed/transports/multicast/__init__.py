@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -79,6 +80,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     segment_size,
     set_buffer,
 )
+from coded_shuffle.distributed.transports.multicast.drain import DONE, EMPTY, Drain
 from coded_shuffle.distributed.transports.multicast.feedback import (
     CONTROL_TAG,
     REPORT_TAG,
@@ -147,9 +149,15 @@ class Multicast(Transport):
         if self.batch is not None:
             wanted = send_buffer_bytes(self.rate, self.batch.capacity * self.frame_bytes)
             self.send_buffer = enlarge_send_buffer(self.batch.sock, wanted)
+        self.reads = np.empty(RECEIVE_BYTES + self.datagram_bytes, dtype=np.uint8)
+        self.drain: Drain | None = None  # a receiver's common reads, compiled (no debug knob)
+        self.poller = select.poll()
         if self.sock is not None:
             enable_gro(self.sock)  # where the kernel cannot, one datagram per read
-        self.reads = np.empty(RECEIVE_BYTES + self.datagram_bytes, dtype=np.uint8)
+            self.poller.register(self.sock, select.POLLIN)
+            if not (self.drop or self.slow):
+                self.drain = Drain(self.sock, self.reads)
+                self.drain.warm()
         self.sources = self._agree_sources()
         self.master = self.sources[0]
         self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
@@ -437,34 +445,80 @@ class Multicast(Transport):
         done = Arrival(self.peer, src)
         debug = Debug(self.drop, self.slow, self.rng)
         now = Round(self.job, self.stream_id, rnd, out, have, parity, self.counts, debug)
-        reads, sock, master = self.reads, self.sock, self.sources[src]
+        master = self.sources[src]
         job_senders = {a for a in self.sources if a is not None}
-        into = [memoryview(reads)[:RECEIVE_BYTES]]
+        reader = _Reader(self, now, master)
         expect = 0
         draining = False
-        sock.settimeout(POLL_SECONDS)
         while now.count < n:
             if expect < n and have[expect]:
                 expect = first_missing(have, expect)
                 complete(expect)
-            try:
-                nbytes, ancdata, _, source = sock.recvmsg_into(into, GRO_CMSG_BYTES)
-            except TimeoutError:
+            read = reader.next()
+            if read is None:  # nothing came for a while
                 if draining:
                     break
                 if done.arrived():
                     draining = True
-                    sock.settimeout(self.grace)
+                    reader.wait(self.grace)
                 continue
-            segment = segment_size(ancdata, nbytes)
+            nbytes, segment, source = read
+            if nbytes == 0:
+                continue  # the compiled loop took what came: the messages it completed first
             if source != master and source in job_senders:
                 continue  # this job's, from another stream's sender (its own, looped back)
             if source != master:
                 self.counts.foreign += -(-nbytes // segment)  # a stranger's
                 self.stranger = source
                 continue
-            now.take(reads, nbytes, segment)
+            now.take(self.reads, nbytes, segment)
         self.rebuilt += now.rebuilt
         rebuilt = parity.rebuild_all(out, have)  # parity that arrived before a late datagram
         self.rebuilt += rebuilt
         return lacked - now.received + now.late, done  # lost on the way (parity or not), late
+
+
+class _Reader:
+    """A receiver's reads in one round: the common ones taken by the compiled loop
+    (:class:`~.drain.Drain`) where the transport has one, the rest handed back to be taken
+    apart by :class:`~.receive.Round` (every read, where it has none)."""
+
+    def __init__(self, transport: Multicast, now: Round, master: tuple[str, int]) -> None:
+        self.sock, self.poller, self.drain, self.now = (
+            transport.sock,
+            transport.poller,
+            transport.drain,
+            now,
+        )
+        self.into = [memoryview(transport.reads)[:RECEIVE_BYTES]]
+        self.emptied = False  # the compiled loop found the socket empty: wait before reading
+        self.wait(POLL_SECONDS)
+        if self.drain is not None:
+            self.drain.expect(master)
+
+    def wait(self, seconds: float) -> None:
+        """How long :meth:`next` waits for a datagram before it says none came."""
+        self.seconds = seconds
+        self.sock.settimeout(seconds)
+
+    def next(self) -> tuple[int, int, Any] | None:
+        """The next read to take apart: ``(bytes, segment, source)``; ``(0, 0, None)`` after
+        the compiled loop took reads (or the socket became readable); None when nothing came
+        within the wait."""
+        if self.drain is None:
+            try:
+                nbytes, ancdata, _, source = self.sock.recvmsg_into(self.into, GRO_CMSG_BYTES)
+            except TimeoutError:
+                return None
+            return nbytes, segment_size(ancdata, nbytes), source
+        if not self.emptied:
+            status = self.drain.run(self.now)
+            if status not in (EMPTY, DONE):
+                return self.drain.nbytes, self.drain.segment, self.drain.sender()
+            self.emptied = status == EMPTY
+            if self.drain.taken or status == DONE:
+                return 0, 0, None
+        if not self.poller.poll(self.seconds * 1000):
+            return None
+        self.emptied = False
+        return 0, 0, None

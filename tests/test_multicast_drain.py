@@ -1,0 +1,179 @@
+"""A multicast receiver's compiled loop (:class:`Drain`) over a loopback socket: it takes the
+common reads exactly as :class:`Round` would, and leaves every other read to it."""
+
+from __future__ import annotations
+
+import select
+import socket
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
+from coded_shuffle.distributed.transports.base import HostBytes
+from coded_shuffle.distributed.transports.multicast.batches import (
+    RECEIVE_BYTES,
+    SendBatch,
+    enable_gro,
+)
+from coded_shuffle.distributed.transports.multicast.drain import DONE, EMPTY, OTHER, Drain
+from coded_shuffle.distributed.transports.multicast.parity import Parity
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
+
+JOB, STREAM, D = 0x0BAD_F00D_1234_5678, 3, 1000
+
+
+class Loopback:
+    """A sender and a receiver (coalescing where asked) on 127.0.0.1, and a drain on it."""
+
+    def __init__(self, gro: bool) -> None:
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.bind(("127.0.0.1", 0))
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        if gro:
+            enable_gro(self.rx)
+        self.tx.connect(self.rx.getsockname())
+        self.reads = np.zeros(RECEIVE_BYTES + D, dtype=np.uint8)
+        self.drain = Drain(self.rx, self.reads)
+        self.drain.expect(self.tx.getsockname())
+        self.poller = select.poll()
+        self.poller.register(self.rx, select.POLLIN)
+
+    def send(self, data: np.ndarray, seqs: list[int], total: int, rnd: int = 0) -> int:
+        """Datagrams ``seqs`` of round ``rnd`` in one batch; the bytes sent."""
+        batch = SendBatch(self.tx, max(len(seqs), 1), D)
+        return batch.send(data, np.asarray(seqs), (JOB, STREAM, rnd), total)
+
+    def receive(self, now: Round, sent: int, others: list[tuple[str, int]] | None = None) -> None:
+        """Reads until ``sent`` bytes of the sender's are counted: the drain's, and the rest
+        taken by ``now`` (a stranger's reads are noted in ``others``)."""
+        while now.counts.ingress < sent:
+            status = self.drain.run(now)
+            if status == OTHER and self.drain.sender() == self.tx.getsockname():
+                now.take(self.reads, self.drain.nbytes, self.drain.segment)
+            elif status == OTHER and others is not None:
+                others.append(self.drain.sender())
+            elif status == EMPTY and not self.drain.taken:
+                assert self.poller.poll(2000), "nothing arrived"
+
+    def close(self) -> None:
+        self.rx.close()
+        self.tx.close()
+
+
+@pytest.fixture
+def loopbacks() -> Iterator[Callable[[bool], Loopback]]:
+    """Makes fresh loopback pairs (coalescing or not), closed after the test."""
+    made: list[Loopback] = []
+
+    def make(gro: bool = True) -> Loopback:
+        made.append(Loopback(gro))
+        return made[-1]
+
+    yield make
+    for pair in made:
+        pair.close()
+
+
+def stream(total: int, seed: int = 0) -> np.ndarray:
+    data = np.zeros(-(-total // D) * D, dtype=np.uint8)
+    data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
+    return data
+
+
+def new_round(total: int, rnd: int = 0) -> Round:
+    n = -(-total // D)
+    out, have = np.zeros(n * D, dtype=np.uint8), np.zeros(n, dtype=bool)
+    debug = Debug(0.0, 0.0, np.random.default_rng(0))
+    return Round(JOB, STREAM, rnd, out, have, Parity(total, D, 0), HostBytes(), debug)
+
+
+@pytest.mark.parametrize("gro", [True, False])
+def test_the_loop_takes_a_whole_stream_byte_for_byte(loopbacks, gro):
+    """Runs of 16 (coalesced where asked, one datagram per read where not), the stream's
+    last datagram short: every byte in its slot, every datagram and byte counted once, and
+    the drain says the round is complete."""
+    loopback = loopbacks(gro)
+    total = 40 * D - 321
+    data = stream(total)
+    sent = sum(loopback.send(data, list(range(i, min(40, i + 16))), total) for i in (0, 16, 32))
+    now = new_round(total)
+    loopback.receive(now, sent)
+    assert np.array_equal(now.out[:total], data[:total])
+    assert now.have.all() and now.count == now.received == 40
+    assert now.counts.ingress == sent == total + 40 * DGRAM_HEADER_BYTES
+
+
+def test_a_stranger_another_round_and_held_datagrams_are_left_to_the_round(loopbacks):
+    """A stranger's read, a read of another round and runs with held datagrams come back as
+    OTHER and take nothing: the round counts them as it always did (datagram 19 never comes,
+    so the round stays open)."""
+    loopback = loopbacks()
+    total = 20 * D
+    data = stream(total, seed=1)
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        stranger.connect(loopback.rx.getsockname())
+        stranger.send(b"x" * 64)
+        address = stranger.getsockname()
+        now = new_round(total, rnd=1)
+        others: list[tuple[str, int]] = []
+        sent = loopback.send(data, list(range(10)), total, rnd=0)  # late: an earlier round's
+        sent += loopback.send(data, list(range(5, 16)), total, rnd=1)  # 5-9 held by now
+        sent += loopback.send(data, [7, 8, 9], total, rnd=1)
+        sent += loopback.send(data, [16, 17, 18], total, rnd=1)  # the common case
+        loopback.receive(now, sent, others)
+    finally:
+        stranger.close()
+    assert others == [address]
+    assert now.have[:19].all() and not now.have[19]
+    assert np.array_equal(now.out[: 19 * D], data[: 19 * D])
+    assert now.received == 19 and now.late == 10
+
+
+def test_a_loop_on_a_complete_round_reads_nothing(loopbacks):
+    """A round that holds every datagram: DONE at once, the socket left as it was."""
+    loopback = loopbacks()
+    total = 4 * D
+    data = stream(total, seed=2)
+    now = new_round(total)
+    now.have[:] = True
+    now.count = 4
+    loopback.send(data, [0, 1], total)
+    assert loopback.drain.run(now) == DONE and loopback.drain.taken == 0
+    assert loopback.poller.poll(2000)  # still queued
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    runs=st.lists(
+        st.tuples(st.integers(0, 28), st.integers(1, 12), st.integers(0, 1)), min_size=1, max_size=8
+    )
+)
+def test_any_runs_end_as_the_round_alone_would_take_them(loopbacks, runs):
+    """Runs of any start, length and round (some repeated, some late), sent in turn: the slots,
+    the datagrams held and the counts are those of the datagrams sent (the last datagram never
+    comes: the round stays open until every read is in)."""
+    loopback = loopbacks()
+    total = 30 * D - 17
+    data = stream(total, seed=3)
+    now = new_round(total, rnd=1)
+    sent, held, late = 0, set(), 0
+    for start, length, rnd in runs:
+        seqs = list(range(start, min(29, start + length)))
+        sent += loopback.send(data, seqs, total, rnd=rnd)
+        held |= set(seqs)
+        late += len(seqs) * (rnd == 0)
+    loopback.receive(now, sent)
+    mine = np.zeros(30, dtype=bool)
+    mine[sorted(held)] = True
+    assert np.array_equal(now.have, mine) and now.received == len(held)
+    slots, want = now.out.reshape(30, D)[mine], data.reshape(30, D)[mine]
+    assert np.array_equal(slots, want) and now.late == late
+    assert now.counts.ingress == sent
