@@ -447,6 +447,34 @@ def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_pa
     assert files.empty(rows, width).data_ptr() != address
 
 
+@pytest.mark.parametrize("rows", [40, 25, 60])
+def test_a_retired_slot_file_is_written_over_by_the_next_slot(tmp_path, rows):
+    """A slot retired (``BlockStore.retire``) and given back (``FileBuffers.recycle``): the
+    next slot is the same file (its blocks and cached pages), with its own header and size
+    whatever the old one's; it loads as the rows written into it, and no file is left over."""
+    import os
+
+    from coded_shuffle.codec.blockstore import BlockStore
+    from coded_shuffle.codec.buffers import FileBuffers
+
+    files, disk = FileBuffers(tmp_path), BlockStore(tmp_path, dtype=None)
+    old = files.empty(40, 16, "e1")
+    old.numpy()[:] = 9
+    disk.adopt("e1", files.path("e1"), old.numpy(), {"epoch": 1})
+    inode = os.stat(tmp_path / "e1.npy").st_ino
+    del old
+    files.recycle(disk.retire("e1"))
+    assert disk.load("e1") is None and not (tmp_path / "e1.json").exists()
+    new = files.empty(rows, 16, "e3")
+    assert os.stat(files.path("e3")).st_ino == inode and not files.spares
+    assert int(new.numpy()[0, 0]) == 9  # the old bytes, until the caller writes every row
+    want = np.random.default_rng(rows).integers(0, 256, (rows, 16), dtype=np.uint8)
+    new.numpy()[:] = want
+    disk.adopt("e3", files.path("e3"), new.numpy(), {"epoch": 3})
+    assert np.array_equal(BlockStore(tmp_path, dtype=None).load("e3"), want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e3.json", "e3.npy"]
+
+
 def test_a_message_payload_buffer_is_reused_only_once_no_view_of_it_lives():
     """``payload_rows``: a message's payload comes on a pooled buffer; while the tensor or any
     view of it lives (a transport sending a segment of it) the buffer is not handed out

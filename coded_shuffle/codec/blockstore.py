@@ -123,6 +123,14 @@ class BlockStore:
         self._cache[slot] = array
         return array
 
+    def retire(self, slot: str) -> Path | None:
+        """Forgets ``slot`` but leaves its data file (returned; None where it has none) for the
+        caller to reuse or delete."""
+        self._cache.pop(slot, None)
+        data, info = self._paths(slot)
+        info.unlink(missing_ok=True)
+        return data if data.exists() else None
+
     def remove(self, slot: str) -> None:
         """Forgets ``slot`` (on disk too; absent is fine)."""
         self._cache.pop(slot, None)

@@ -29,6 +29,7 @@ FILE_HEADROOM = 1 / 32  # a fresh scratch file this much larger: the next epoch'
 REUSE_WITHIN = 1.25  # an idle buffer serves a request of at least 1/1.25 of its size
 PAYLOAD_GRANULE = 4 << 10  # a message payload's buffer: a multiple of a page
 PAYLOAD_IDLE_BYTES_MAX = 8 << 20  # ... and idle ones kept, a window of messages or more
+SPARES_MAX = 4  # files a FileBuffers keeps to write the next slots over (the oldest go first)
 
 Buffer = mmap.mmap | bytearray  # what a pool hands out (``torch.frombuffer`` exports it)
 
@@ -165,6 +166,7 @@ class FileBuffers(Buffers):
         self.root.mkdir(parents=True, exist_ok=True)
         self._count = 0
         self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
+        self.spares: list[Path] = []  # files of slots given back (:meth:`recycle`), oldest first
 
     def path(self, slot: str) -> Path:
         return self.root / f"{slot}.npy.tmp"
@@ -174,7 +176,39 @@ class FileBuffers(Buffers):
             return empty_rows(rows, width)
         if slot is None:
             return _export(self._scratch, rows, width)
-        return torch.from_numpy(mapped_rows(self.path(slot), rows, width))
+        return torch.from_numpy(
+            mapped_rows(self.path(slot), rows, width, self._spare(rows * width))
+        )
+
+    def recycle(self, path: Path) -> None:
+        """Keeps the file at ``path`` (a slot's, which the caller no longer needs, and which
+        no tensor of the caller's maps any more) to write a later slot of about its size over:
+        its blocks are allocated and its pages cached, where a new file's first write of every
+        page faults, allocates and zeroes it (several times the cost of writing over a cached
+        page here; docs/benchmarks.md, "What a worker's CPU goes to")."""
+        self._count += 1
+        spare = self.root / f"spare-{os.getpid()}-{self._count}.tmp"
+        try:
+            os.replace(path, spare)
+        except FileNotFoundError:
+            return
+        self.spares.append(spare)
+        while len(self.spares) > SPARES_MAX:
+            self.spares.pop(0).unlink(missing_ok=True)
+
+    def _spare(self, nbytes: int) -> Path | None:
+        """The spare file closest in size to ``nbytes`` (taken out of the spares), if any."""
+        sizes = []
+        for path in list(self.spares):
+            try:
+                sizes.append((abs(path.stat().st_size - nbytes), path))
+            except FileNotFoundError:
+                self.spares.remove(path)
+        if not sizes:
+            return None
+        best = min(sizes)[1]
+        self.spares.remove(best)
+        return best
 
     def _scratch_file(self, size: int) -> mmap.mmap:
         """A shared mapping of a new file of ``size`` bytes, unlinked at once (the mapping
@@ -190,14 +224,26 @@ class FileBuffers(Buffers):
             path.unlink()
 
 
-def mapped_rows(path: Path, rows: int, width: int) -> np.ndarray:
-    """A new ``.npy`` file of ``(rows, width)`` uint8, memory-mapped for writing."""
+def mapped_rows(path: Path, rows: int, width: int, over: Path | None = None) -> np.ndarray:
+    """A ``.npy`` file of ``(rows, width)`` uint8 at ``path``, memory-mapped for writing: a
+    new file, or the file ``over`` renamed and written over (its bytes are not the rows':
+    the caller writes every row, as into a new file's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     if rows * width == 0:  # numpy cannot map an empty file: a plain array, same shape
+        if over is not None:
+            over.unlink(missing_ok=True)
         empty = np.zeros((rows, width), dtype=np.uint8)
         with open(path, "wb") as f:
             np.save(f, empty)
         return empty
-    return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))
+    if over is None:
+        return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))
+    os.replace(over, path)
+    header = {"descr": "|u1", "fortran_order": False, "shape": (rows, width)}
+    with open(path, "r+b") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        offset = f.tell()
+        f.truncate(offset + rows * width)
+    return np.memmap(path, dtype=np.uint8, mode="r+", offset=offset, shape=(rows, width))

@@ -66,7 +66,14 @@ class StorePersistence:
                 self.disk.adopt(name, path, rows, meta, known if part == 0 else None)
             else:
                 self.disk.save(name, cache.numpy(), self.identity(epoch))
-            self.disk.remove(slot(epoch - 2, part))
+            self._retire(slot(epoch - 2, part))
+
+    def _retire(self, name: str) -> None:
+        """Slot ``name`` dropped, its file kept for the next slots to be written over
+        (:meth:`~coded_shuffle.codec.buffers.FileBuffers.recycle`)."""
+        path = self.disk.retire(name)
+        if path is not None:
+            self.buffers.recycle(path)
 
     def save_points(self, epoch: int, points: np.ndarray) -> None:
         """The point ids of the store after ``epoch`` where it is whole points (a job that
