@@ -473,6 +473,9 @@ def test_a_retired_slot_file_is_written_over_by_the_next_slot(tmp_path, rows):
     disk.adopt("e3", files.path("e3"), new.numpy(), {"epoch": 3})
     assert np.array_equal(BlockStore(tmp_path, dtype=None).load("e3"), want)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e3.json", "e3.npy"]
+    files.recycle(disk.retire("e3"))
+    FileBuffers(tmp_path)  # a process after this one (a restart): no spare of old is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_message_payload_buffer_is_reused_only_once_no_view_of_it_lives():

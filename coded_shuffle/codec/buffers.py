@@ -167,6 +167,8 @@ class FileBuffers(Buffers):
         self._count = 0
         self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
         self.spares: list[Path] = []  # files of slots given back (:meth:`recycle`), oldest first
+        for stale in self.root.glob("spare-*.tmp"):  # a process before this one's (restarted)
+            stale.unlink(missing_ok=True)
 
     def path(self, slot: str) -> Path:
         return self.root / f"{slot}.npy.tmp"
@@ -238,9 +240,13 @@ def mapped_rows(path: Path, rows: int, width: int, over: Path | None = None) -> 
         with open(path, "wb") as f:
             np.save(f, empty)
         return empty
+    try:
+        if over is not None:
+            os.replace(over, path)
+    except FileNotFoundError:  # gone meanwhile: a new file
+        over = None
     if over is None:
         return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))
-    os.replace(over, path)
     header = {"descr": "|u1", "fortran_order": False, "shape": (rows, width)}
     with open(path, "r+b") as f:
         np.lib.format.write_array_header_1_0(f, header)
