@@ -133,13 +133,13 @@ TABLES = (
         tuple(
             Measured(a, 6, s)
             for a, s in (
-                ("full/cycles/multicast", 76.3),
-                ("full/uncoded/unicast", 115.3),
-                ("full/uncoded/p2p", 120.1),
-                ("full/uncoded/multicast", 115.3),
-                ("partial0.25/cycles/multicast", 45.1),
-                ("partial0.25/uncoded/unicast", 56.0),
-                ("none/uncoded/unicast", 39.4),
+                ("full/cycles/multicast", 74.5),
+                ("full/uncoded/unicast", 113.9),
+                ("full/uncoded/p2p", 115.6),
+                ("full/uncoded/multicast", 113.6),
+                ("partial0.25/cycles/multicast", 43.6),
+                ("partial0.25/uncoded/unicast", 53.9),
+                ("none/uncoded/unicast", 37.0),
             )
         ),
     ),
