@@ -187,7 +187,7 @@ class FileBuffers(Buffers):
         no tensor of the caller's maps any more) to write a later slot of about its size over:
         its blocks are allocated and its pages cached, where a new file's first write of every
         page faults, allocates and zeroes it (several times the cost of writing over a cached
-        page here; docs/benchmarks.md, "What a worker's CPU goes to")."""
+        page here; docs/benchmarks.md, "Multicast at the cluster's default MTU")."""
         self._count += 1
         spare = self.root / f"spare-{os.getpid()}-{self._count}.tmp"
         try:

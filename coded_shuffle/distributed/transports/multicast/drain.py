@@ -4,11 +4,12 @@ At 400 Mbit/s a receiver keeps up with the stream, so nearly every read is one c
 of at most 64 KiB (``UDP_GRO``, :mod:`.batches`): about 350 reads for 15 MB, each of which
 cost the interpreter tens of microseconds (the call, its control message, the source's
 address, the headers' comparison, the copy) on top of the kernel's copy (docs/benchmarks.md,
-"What a worker's CPU goes to"). :class:`Drain` reads (``recvmsg`` through libc, never waiting)
-and takes every read that is :meth:`~.receive.Round._consecutive`'s case (this round's data
-datagrams from the stream's sender, full, numbered one after the other, none held yet) in a
-numba-compiled loop, until the socket is empty, the round holds every datagram, or a read is
-anything else: that read is left in the buffer for :class:`~.receive.Round` to take apart.
+"Multicast at the cluster's default MTU"). :class:`Drain` reads (``recvmsg`` through libc,
+never waiting) and takes every read that is :meth:`~.receive.Round._consecutive`'s case (this
+round's data datagrams from the stream's sender, full, numbered one after the other, none held
+yet) in a numba-compiled loop, until the socket is empty, the round holds every datagram, or a
+read is anything else: that read is left in the buffer for :class:`~.receive.Round` to take
+apart.
 """
 
 from __future__ import annotations
