@@ -96,7 +96,7 @@ def _common(buf: np.ndarray, nbytes: int, segment: int, head: np.ndarray, have: 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _drain(
     fd: int,
-    io: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    io: tuple[np.ndarray, ...],
     head: np.ndarray,
     have: np.ndarray,
     out: np.ndarray,
@@ -105,7 +105,7 @@ def _drain(
     """Reads until the socket is empty, ``missing`` datagrams were taken, or a read is not
     the common case (left in the buffer; its size and segment in ``state``). ``io``: the
     ``msghdr``, its name, the sender's address, its control buffer, the read buffer and the
-    state; ``d``: bytes of stream per datagram (``out.size // have.size``)."""
+    state; ``out``: the round's slots, ``out.size // have.size`` stream bytes per datagram."""
     msg, name, source, control, buf, state = io
     d = out.size // have.size
     state[TAKEN] = 0
