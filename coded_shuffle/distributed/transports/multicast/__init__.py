@@ -484,12 +484,8 @@ class _Reader:
     apart by :class:`~.receive.Round` (every read, where it has none)."""
 
     def __init__(self, transport: Multicast, now: Round, master: tuple[str, int]) -> None:
-        self.sock, self.poller, self.drain, self.now = (
-            transport.sock,
-            transport.poller,
-            transport.drain,
-            now,
-        )
+        self.sock, self.poller, self.drain = transport.sock, transport.poller, transport.drain
+        self.now = now
         self.into = [memoryview(transport.reads)[:RECEIVE_BYTES]]
         self.emptied = False  # the compiled loop found the socket empty: wait before reading
         self.wait(POLL_SECONDS)

@@ -5,11 +5,10 @@ of at most 64 KiB (``UDP_GRO``, :mod:`.batches`): about 350 reads for 15 MB, eac
 cost the interpreter tens of microseconds (the call, its control message, the source's
 address, the headers' comparison, the copy) on top of the kernel's copy (docs/benchmarks.md,
 "Multicast at the cluster's default MTU"). :class:`Drain` reads (``recvmsg`` through libc,
-never waiting) and takes every read that is :meth:`~.receive.Round._consecutive`'s case (this
-round's data datagrams from the stream's sender, full, numbered one after the other, none held
-yet) in a numba-compiled loop, until the socket is empty, the round holds every datagram, or a
-read is anything else: that read is left in the buffer for :class:`~.receive.Round` to take
-apart.
+never waiting) and takes every read of the common case (this round's data datagrams from the
+stream's sender, full, numbered one after the other, none held yet) in a numba-compiled loop,
+until the socket is empty, the round holds every datagram, or a read is anything else: that
+read is left in the buffer for :class:`~.receive.Round` to take apart.
 """
 
 from __future__ import annotations
@@ -185,9 +184,8 @@ class Drain:
         """Takes the common reads into ``now``'s slots (its counts updated); returns
         :data:`EMPTY`, :data:`DONE`, or :data:`OTHER` (:attr:`nbytes` and :attr:`segment`
         describe the read left in the buffer, :meth:`sender` where it came from)."""
-        head = now.expected[:1].view(np.uint8)
         slots = now.out[: now.have.size * now.d]
-        _drain(self.fd, self._io(), head, now.have, slots, now.have.size - now.count)
+        _drain(self.fd, self._io(), now.head, now.have, slots, now.have.size - now.count)
         taken = int(self.state[TAKEN])
         now.count += taken
         now.received += taken

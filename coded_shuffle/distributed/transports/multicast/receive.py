@@ -2,8 +2,9 @@
 
 A read holds one datagram or a run of them that the kernel coalesced (``UDP_GRO``,
 :mod:`.batches`); a run is taken apart with array operations over its headers, a single
-datagram by a plain header unpack (the path of a receiver without the offload, where the
-cost per datagram matters most).
+datagram by a plain header unpack. The common read (this round's data datagrams, full,
+numbered one after the other, none held yet) is taken by :mod:`.drain`'s compiled loop before
+it gets here, except where a debug knob is set.
 """
 
 from __future__ import annotations
@@ -17,15 +18,12 @@ from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import (
     DGRAM,
-    GRO_MAX_SEGMENTS,
     HEADER,
     headers,
     payloads,
 )
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 
-RUN_MAX = GRO_MAX_SEGMENTS  # datagrams a coalesced read holds at most
-STEPS = np.arange(RUN_MAX, dtype=np.uint32)  # a run's datagram numbers from its first
 WINDOW = 4096  # datagrams :func:`first_missing` looks at in one go
 
 
@@ -74,11 +72,9 @@ class Round:
     def __post_init__(self) -> None:
         self.d = self.parity.d
         self.count = int(self.have.sum())
-        mine = np.array([(self.job, self.stream, 0, self.rnd, 0)], dtype=HEADER).view(np.uint8)
-        self.prefix = mine[:12]  # the job and the stream
-        # the headers of a run of this round's data datagrams, their numbers set per read
-        self.expected = np.zeros(RUN_MAX, dtype=HEADER)
-        self.expected[["job", "stream", "round"]] = (self.job, self.stream, self.rnd)
+        # this round's data datagram's header, its number 0
+        self.head = np.array([(self.job, self.stream, 0, self.rnd, 0)], dtype=HEADER).view(np.uint8)
+        self.prefix = self.head[:12]  # the job and the stream
 
     def take(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
         """Every datagram of one read of ``nbytes`` (``segment`` bytes apart)."""
@@ -120,29 +116,8 @@ class Round:
         return True
 
     def _run(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
-        taken = self._consecutive(buffer, nbytes, segment) or self._in_order(
-            buffer, nbytes, segment
-        )
-        if not taken:
+        if not self._in_order(buffer, nbytes, segment):
             self._any(buffer, nbytes, segment)
-
-    def _consecutive(self, buffer: np.ndarray, nbytes: int, segment: int) -> bool:
-        """The most common run, taken with one comparison of its headers: this round's data
-        datagrams, full, numbered one after the other from the first, none held yet (False,
-        having taken nothing, for any other run)."""
-        k, d = nbytes // segment, self.d
-        if k * segment != nbytes or k > RUN_MAX or self.debug.drop or self.debug.slow:
-            return False
-        first = DGRAM.unpack_from(buffer)[2]
-        if first + k > self.have.size or np.count_nonzero(self.have[first : first + k]):
-            return False
-        want = self.expected[:k]
-        np.add(STEPS[:k], first, out=want["seq"])
-        got = np.ndarray((k, DGRAM_HEADER_BYTES), np.uint8, buffer, 0, (segment, 1))
-        if got.tobytes() != want.tobytes():  # (bytes: a third of an array comparison's cost)
-            return False
-        self._keep(first, payloads(buffer, k, segment, d), nbytes)
-        return True
 
     def _keep(self, first: int, rows: np.ndarray, nbytes: int) -> None:
         """A read's data datagrams ``first``, ``first + 1``, ... (``rows``, full) into their
