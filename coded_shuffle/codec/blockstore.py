@@ -133,9 +133,9 @@ class BlockStore:
 
     def remove(self, slot: str) -> None:
         """Forgets ``slot`` (on disk too; absent is fine)."""
-        self._cache.pop(slot, None)
-        for path in self._paths(slot):
-            path.unlink(missing_ok=True)
+        data = self.retire(slot)
+        if data is not None:
+            data.unlink(missing_ok=True)
 
     def meta(self, slot: str) -> dict[str, Any]:
         try:

@@ -178,9 +178,8 @@ class FileBuffers(Buffers):
             return empty_rows(rows, width)
         if slot is None:
             return _export(self._scratch, rows, width)
-        return torch.from_numpy(
-            mapped_rows(self.path(slot), rows, width, self._spare(rows * width))
-        )
+        over = self._spare(rows * width) if rows * width else None
+        return torch.from_numpy(mapped_rows(self.path(slot), rows, width, over))
 
     def recycle(self, path: Path) -> None:
         """Keeps the file at ``path`` (a slot's, which the caller no longer needs, and which
@@ -240,11 +239,11 @@ def mapped_rows(path: Path, rows: int, width: int, over: Path | None = None) -> 
         with open(path, "wb") as f:
             np.save(f, empty)
         return empty
-    try:
-        if over is not None:
+    if over is not None:
+        try:
             os.replace(over, path)
-    except FileNotFoundError:  # gone meanwhile: a new file
-        over = None
+        except FileNotFoundError:  # gone meanwhile: a new file
+            over = None
     if over is None:
         return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))
     header = {"descr": "|u1", "fortran_order": False, "shape": (rows, width)}
