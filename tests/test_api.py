@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 
@@ -20,7 +21,7 @@ from coded_shuffle.costs.wire import REACH_DTYPE
 from coded_shuffle.distributed.transports.framing import HEADER_BYTES
 from coded_shuffle.errors import UsageError
 from tests.helpers import mapped_file
-from tests.ranks import run_ranks
+from tests.ranks import is_root, private_netns, run_ranks
 
 # every dtype a record can hold: two of the same size (float16, bfloat16) must not be confused
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -393,6 +394,65 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
     for k in range(1, 4):
         assert intact[k][1][4] == unbroken[k][1][4]
         assert resumed[k][1][5] == unbroken[k][1][5]
+
+
+def files_made_per_epoch(rank, world, transport, store_dir):
+    """Epochs 1..3 of a job with every buffer in a file: the files this rank made anew in
+    each epoch (scratch files, and slot files not written over a spare)."""
+    from coded_shuffle import CodedShuffle
+
+    made = []
+    scratch_file, mapped_rows = buffers.FileBuffers._scratch_file, buffers.mapped_rows
+
+    def new_scratch(self, size, filled=False):
+        made.append(("scratch", size))
+        return scratch_file(self, size, filled)
+
+    def new_slot(path, rows, width, over=None):
+        if over is None:
+            made.append(("slot", rows * width))
+        return mapped_rows(path, rows, width, over)
+
+    buffers.FileBuffers._scratch_file, buffers.mapped_rows = new_scratch, new_slot  # forked
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 256, (48, 24), dtype=torch.uint8, generator=gen)
+    cs = CodedShuffle(
+        TensorDataset(x) if rank == 0 else None,
+        scheme="cycles",
+        seed=2,
+        epochs=3,
+        store_dir=store_dir,
+        transport=transport,
+        transport_options={"rate": "200mbit"} if transport == "multicast" else None,
+    )
+    per_epoch = []
+    for epoch in (1, 2, 3):
+        made.clear()
+        cs.epoch(epoch)
+        per_epoch.append(list(made))
+    cs.close()
+    return per_epoch
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("transport", ["tree", "multicast"])
+def test_the_first_coded_deliveries_write_into_buffers_the_placement_primed(
+    tmp_path, transport, monkeypatch
+):
+    """While the placement's bytes move, every rank makes the rows its first coded delivery
+    takes (the worker's kept symbols, decoder rows and next stores; the transport's own) with
+    their pages in place: no rank makes a new file in the first two coded epochs, where
+    without it each would (docs/benchmarks.md: several times a later delivery's CPU)."""
+    if transport == "multicast" and not is_root():
+        pytest.skip("multicast runs only inside a private namespace (root)")
+    monkeypatch.setattr(buffers, "FILE_MIN_BYTES", 0)
+    with contextlib.ExitStack() as stack:
+        ns = stack.enter_context(private_netns()) if transport == "multicast" else None
+        made = run_ranks(4, files_made_per_epoch, transport, tmp_path, netns=ns)
+    for rank, (placement, first, second) in enumerate(made):
+        assert first == [] and second == [], (rank, first, second)
+        if rank:  # the workers' primed rows and spare files, made in the placement
+            assert placement, rank
 
 
 @pytest.mark.parametrize(

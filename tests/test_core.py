@@ -447,6 +447,37 @@ def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_pa
     assert files.empty(rows, width).data_ptr() != address
 
 
+def test_primed_rows_are_the_ones_handed_out_next_and_a_large_delivery_primes_nothing(
+    tmp_path, monkeypatch
+):
+    """``FileBuffers.prime``: scratch rows of every shape (two of one shape are two buffers)
+    made with their pages in place and idle, so the next requests of those shapes make no
+    file; a slot's spare file per slot shape, which the next slot is written over. Rows
+    beyond ``PRIME_BYTES_MAX`` prime nothing."""
+    import os
+
+    from coded_shuffle.codec import buffers
+    from coded_shuffle.codec.buffers import FILE_MIN_BYTES, FileBuffers
+
+    files = FileBuffers(tmp_path / "a")
+    rows, width = 3 * FILE_MIN_BYTES // 1000, 1000
+    files.prime([(rows, width), (rows, width), (10, 10)], [(50, 16)])
+    primed = [id(buf) for buf in files._scratch.items]
+    assert len(primed) == 2 and len(files.spares) == 1
+    spare = os.stat(files.spares[0]).st_ino
+    made = files._count
+    held = [files.empty(rows, width), files.empty(rows, width)]
+    assert sorted(id(buf) for buf in files._scratch.items) == sorted(primed)
+    slot = files.empty(50, 16, "e2")
+    assert files._count == made and not files.spares
+    assert os.stat(files.path("e2")).st_ino == spare and slot.shape == (50, 16)
+    del held
+    monkeypatch.setattr(buffers, "PRIME_BYTES_MAX", 2 * rows * width - 1)
+    large = FileBuffers(tmp_path / "b")
+    large.prime([(rows, width)], [(rows, width)])
+    assert large._scratch.items == [] and large.spares == []
+
+
 @pytest.mark.parametrize("rows", [40, 25, 60])
 def test_a_retired_slot_file_is_written_over_by_the_next_slot(tmp_path, rows):
     """A slot retired (``BlockStore.retire``) and given back (``FileBuffers.recycle``): the
@@ -467,7 +498,7 @@ def test_a_retired_slot_file_is_written_over_by_the_next_slot(tmp_path, rows):
     assert disk.load("e1") is None and not (tmp_path / "e1.json").exists()
     new = files.empty(rows, 16, "e3")
     assert os.stat(files.path("e3")).st_ino == inode and not files.spares
-    assert int(new.numpy()[0, 0]) == 9  # the old bytes, until the caller writes every row
+    assert int(new.numpy()[0, 1]) == 9  # the old bytes, until the caller writes every row
     want = np.random.default_rng(rows).integers(0, 256, (rows, 16), dtype=np.uint8)
     new.numpy()[:] = want
     disk.adopt("e3", files.path("e3"), new.numpy(), {"epoch": 3})

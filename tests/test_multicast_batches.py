@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES, default_datagram_bytes, wire_bytes
 from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import (
+    GATHER_MAX_SECONDS,
+    GATHER_MIN_SECONDS,
     GRO_CMSG_BYTES,
     HEADER,
     RECEIVE_BYTES,
@@ -21,6 +23,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     SendBatch,
     batch_datagrams,
     enable_gro,
+    gather_seconds,
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
@@ -75,6 +78,21 @@ def test_a_batch_is_a_millisecond_at_the_rate_within_the_kernels_limits():
     assert batch_datagrams(1e6, frame, d) == 1  # slower than a frame per millisecond
     assert batch_datagrams(100e9, frame, d) == 65507 // (DGRAM_HEADER_BYTES + d)  # 64 KiB
     assert batch_datagrams(100e9, 546, 512) == 64  # the kernel's cap on segments
+
+
+def test_a_receivers_pause_lets_at_most_a_quarter_of_its_buffer_gather():
+    """The pause between reads: 3 ms where the buffer holds plenty (the cluster's forced
+    256 MiB), shorter where a quarter of it fills sooner at the rate, none below 0.5 ms."""
+    assert gather_seconds(400e6, 512 << 20) == GATHER_MAX_SECONDS == 0.003
+    quarter = 425_984 / 4  # an unprivileged socket's buffer (the kernel's default cap)
+    assert gather_seconds(400e6, 425_984) == pytest.approx(quarter / 50e6)  # 2.1 ms
+    assert gather_seconds(10e9, 425_984) == 0.0  # 85 us: read at the next datagram
+    assert gather_seconds(0.0, 512 << 20) == 0.0
+    for rate in (1e6, 1e8, 1e9, 1e10):
+        for held in (1 << 16, 1 << 20, 1 << 24, 1 << 28):
+            pause = gather_seconds(rate, held)
+            assert pause == 0.0 or GATHER_MIN_SECONDS <= pause <= GATHER_MAX_SECONDS
+            assert pause * rate / 8 <= held / 4 + 1e-9
 
 
 def test_segment_size_reads_the_coalescing_control_message_or_the_whole_read():

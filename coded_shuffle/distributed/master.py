@@ -87,7 +87,21 @@ class MasterSide:
             del ready  # its plan and programs go before the next epoch's are made
         if self.ctx.epochs is not None and epoch < self.ctx.epochs:
             self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train
+            if epoch == self.ctx.chain.first_epoch:
+                self.prime(self.ready)
         return row
+
+    def prime(self, ready: ReadyEpoch) -> None:
+        """The rows the transport takes from its buffers in the first coded delivery, every
+        page touched (:meth:`Buffers.prime`) while the workers train: that delivery then
+        runs as a later one does."""
+        link, delivery = self.ctx.link, ready.delivery
+        shapes = [
+            shape
+            for plan, sub in zip(delivery.plans, delivery.symbol_bytes(), strict=True)
+            for shape in link.scratch_shapes(KIND_SYMBOLS, plan.num_symbols, sub)
+        ]
+        link.carrier(KIND_SYMBOLS).buffers.prime(shapes)
 
     def placement(self, epoch: int) -> dict[str, Any]:
         """The first epoch: every point sent uncoded; each worker gets (or keeps) what it

@@ -6,7 +6,11 @@ file the worker decoded into), so that its own memory does not grow with the dat
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,6 +42,8 @@ from coded_shuffle.distributed.transports.framing import KIND_PLACEMENT, KIND_SY
 from coded_shuffle.errors import UsageError, VerificationError
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.state import CacheState
+
+log = logging.getLogger("coded_shuffle")
 
 
 class WorkerSide:
@@ -124,9 +130,12 @@ class WorkerSide:
         first = batches(ctx.chain.first, ctx.workers)[k]
         keep = placement_points(ctx.scheme, ctx.chain.initial, k)
         if ctx.settings.previous_workers is None:
-            rows = self.receive_points(epoch, keep, ctx.shape.num_points, self.mine(keep))
+            out = self.buffers.empty(keep.size, ctx.record_bytes, self.points_slot(epoch, keep))
+            with self.priming():  # its slot made first: the spares primed are the next ones'
+                rows = self.receive_points(epoch, keep, ctx.shape.num_points, self.mine(keep), out)
         else:
-            rows = self.receive_beyond_held(epoch, keep)
+            with self.priming():
+                rows = self.receive_beyond_held(epoch, keep)
         t0 = time.perf_counter()
         where = np.searchsorted(keep, first)
         batch = rows if np.array_equal(keep, first) else gather_rows(rows, where, self.buffers)
@@ -140,6 +149,65 @@ class WorkerSide:
         self.send_ahead()  # the next epoch's sends, while the workers train
         self.keep(epoch, batch)
         return batch
+
+    @contextlib.contextmanager
+    def priming(self) -> Iterator[None]:
+        """:meth:`prime` in a thread of its own while the caller waits on the network;
+        joined before the caller reports (its CPU is the placement's). A disk that refuses
+        the primed files is logged, not fatal (the delivery makes its rows as before);
+        anything else is raised here."""
+        failed: list[BaseException] = []
+
+        def prime() -> None:
+            try:
+                self.prime()
+            except BaseException as exc:  # handed to the caller's thread
+                failed.append(exc)
+
+        primer = threading.Thread(target=prime, name="prime-buffers", daemon=True)
+        primer.start()
+        try:
+            yield
+        finally:
+            primer.join()
+        if failed and isinstance(failed[0], OSError):
+            log.warning(f"worker {self.worker}: buffers not primed: {failed[0]}")
+        elif failed:
+            raise failed[0]
+
+    def prime(self) -> None:
+        """The rows the first coded delivery asks its buffers for (:meth:`buffer_shapes`),
+        every page touched (:meth:`Buffers.prime`); on disk as many spare files again, for the
+        store of the epoch after it (the store file of two epochs before is written over
+        only from the third coded epoch on)."""
+        if self.upcoming is None or self.delivery is None:
+            return
+        scratch, slots = self.buffer_shapes(self.upcoming, self.delivery)
+        self.buffers.prime(scratch, slots * (2 if self.persistence is not None else 1))
+
+    def buffer_shapes(
+        self, tr: Transition, delivery: Delivery
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The ``(rows, width)`` of the scratch rows and of the store's slots that the
+        delivery of ``tr`` takes from the buffers (:meth:`deliver`): per part, the kept
+        symbols, the transport's own, the decoder's batch and scratch rows, the next store
+        (the batch itself where it is the batch)."""
+        k, link = self.worker, self.ctx.link
+        next_caches = self.ctx.scheme.part_caches(tr.next_state, k)
+        scratch: list[tuple[int, int]] = []
+        slots: list[tuple[int, int]] = []
+        for part, sub in enumerate(delivery.symbol_bytes()):
+            program = delivery.programs[part][k]
+            scratch.append((program.symbol_ids.size, sub))
+            scratch += link.scratch_shapes(KIND_SYMBOLS, delivery.plans[part].num_symbols, sub)
+            scratch.append((program.num_scratch, sub))
+            batch = (program.batch_rows.size, sub)
+            if is_batch(program, next_caches[part]):
+                slots.append(batch)
+            else:
+                scratch.append(batch)
+                slots.append((next_caches[part].size, sub))
+        return scratch, slots
 
     def receive_beyond_held(self, epoch: int, keep: np.ndarray) -> torch.Tensor:
         """The rows of ``keep`` (sorted): those its store held before the change in the
@@ -176,11 +244,20 @@ class WorkerSide:
         whole = self.delivery is not None and self.delivery.stores_whole_points(self.worker, points)
         return self.slots(epoch)[0] if whole else None
 
-    def receive_points(self, epoch: int, points: np.ndarray, rows: int, routes: Routes) -> Any:
+    def receive_points(
+        self,
+        epoch: int,
+        points: np.ndarray,
+        rows: int,
+        routes: Routes,
+        out: torch.Tensor | None = None,
+    ) -> Any:
         """Whole ``points`` (sorted) received uncoded in a stream of ``rows`` rows: straight
-        into the store's slot after ``epoch`` where they are the whole store."""
-        slot = self.points_slot(epoch, points)
-        out = self.buffers.empty(points.size, self.ctx.record_bytes, slot)
+        into the store's slot after ``epoch`` where they are the whole store (``out``: those
+        rows, made by the caller)."""
+        if out is None:
+            slot = self.points_slot(epoch, points)
+            out = self.buffers.empty(points.size, self.ctx.record_bytes, slot)
         return self.ctx.link.deliver(
             epoch=epoch,
             part=0,

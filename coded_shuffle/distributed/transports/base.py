@@ -233,6 +233,13 @@ class Transport(ABC):
         is every stream.
         """
 
+    def scratch_shapes(self, stream_bytes: int) -> list[tuple[int, int]]:
+        """The ``(rows, width)`` rows this transport takes from :attr:`buffers` to send or
+        receive one stream of ``stream_bytes`` framed bytes (none here: its messages land in
+        the caller's rows or in recycled payloads), for :meth:`Buffers.prime`."""
+        del stream_bytes
+        return []
+
     def network_bytes(self, stream: Stream, keepers: Any) -> int:
         """The bytes ``stream`` puts on all links, by the transport's byte model, where it
         depends on who keeps what (``keepers``: ``message_keepers``); only transports that

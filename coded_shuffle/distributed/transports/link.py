@@ -106,6 +106,14 @@ class Link:
             return self.placement
         return self.transport
 
+    def scratch_shapes(self, kind: int, num_rows: int, row_bytes: int) -> list[tuple[int, int]]:
+        """The rows the carrier of ``kind`` takes from its buffers for a stream of
+        ``num_rows`` rows of ``row_bytes`` from the master (:meth:`Transport.scratch_shapes`)."""
+        t = self.carrier(kind)
+        if t.routing != "broadcast":
+            return []
+        return t.scratch_shapes(sum(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
+
     def close(self) -> None:
         self.transport.close()
         if self.placement is not None:

@@ -55,6 +55,7 @@ import logging
 import os
 import select
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -77,6 +78,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     batch_datagrams,
     enable_gro,
     enlarge_send_buffer,
+    gather_seconds,
     segment_size,
     set_buffer,
 )
@@ -158,6 +160,13 @@ class Multicast(Transport):
             if not (self.drop or self.slow):
                 self.drain = Drain(self.sock, self.reads)
                 self.drain.warm()
+        self.gather_seconds = 0.0  # a receiver's pause between reads (:class:`_Reader`)
+        if self.drain is not None:
+            fastest = max(
+                self.rate, parse_rate(o.master_rate, "master_rate") if o.master_rate else 0
+            )
+            held = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            self.gather_seconds = gather_seconds(fastest, held)
         self.sources = self._agree_sources()
         self.master = self.sources[0]
         self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
@@ -252,6 +261,11 @@ class Multicast(Transport):
 
     def _count(self, total: int) -> int:
         return -(-total // self.datagram_bytes)
+
+    def scratch_shapes(self, stream_bytes: int) -> list[tuple[int, int]]:
+        """The stream's datagrams, whole: the sender keeps them for repairs, a receiver
+        puts them in place (:meth:`_serve`, :meth:`_receive`)."""
+        return [(self._count(stream_bytes), self.datagram_bytes)]
 
     def _serve(self, total: int, messages: Iterable[torch.Tensor], dsts: Sequence[int]) -> None:
         """The stream's sender (the master, or a worker under ``peer-multicast``), to ``dsts``:
@@ -488,13 +502,16 @@ class _Reader:
         self.now = now
         self.into = [memoryview(transport.reads)[:RECEIVE_BYTES]]
         self.emptied = False  # the compiled loop found the socket empty: wait before reading
-        self.wait(POLL_SECONDS)
+        self.gathering = False  # ... while the stream flows: pause, then read what gathered
+        self.wait(POLL_SECONDS, transport.gather_seconds)
         if self.drain is not None:
             self.drain.expect(master)
 
-    def wait(self, seconds: float) -> None:
-        """How long :meth:`next` waits for a datagram before it says none came."""
-        self.seconds = seconds
+    def wait(self, seconds: float, gather: float = 0.0) -> None:
+        """How long :meth:`next` waits for a datagram before it says none came, and how
+        long it pauses before reading again when the compiled loop emptied the socket while
+        datagrams flowed (0: it waits for the next one)."""
+        self.seconds, self.gather = seconds, gather
         self.sock.settimeout(seconds)
 
     def next(self) -> tuple[int, int, Any] | None:
@@ -513,7 +530,12 @@ class _Reader:
                 return self.drain.nbytes, self.drain.segment, self.drain.sender()
             self.emptied = status == EMPTY
             if self.drain.taken or status == DONE:
+                self.gathering = self.emptied and self.gather > 0
                 return 0, 0, None
+        if self.gathering:  # one wake-up for the datagrams of the pause, not one per read
+            self.gathering = self.emptied = False
+            time.sleep(self.gather)
+            return 0, 0, None
         if not self.poller.poll(self.seconds * 1000):
             return None
         self.emptied = False

@@ -23,6 +23,8 @@ UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
 GSO_MAX_BYTES = 65507  # one UDP send: what an IPv4 length field allows
 GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS (linux/udp.h): the kernel's cap on one send
 BURST_SECONDS = 0.001  # a batch is at most a millisecond on the wire at the rate
+GATHER_MAX_SECONDS = 0.003  # a receiver's pause between reads while the stream flows
+GATHER_MIN_SECONDS = 0.0005  # ... and none where its buffer allows less than this
 RECEIVE_BYTES = 1 << 17  # a read: a coalesced run (at most 64 KiB) or one datagram
 GRO_MAX_SEGMENTS = 64  # datagrams the kernel coalesces into one read at most (UDP_GRO_CNT_MAX)
 GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
@@ -42,6 +44,16 @@ def batch_datagrams(rate: float, frame_bytes: int, datagram_bytes: int) -> int:
     by_time = int(rate * BURST_SECONDS / 8 // frame_bytes)
     by_size = GSO_MAX_BYTES // (DGRAM_HEADER_BYTES + datagram_bytes)
     return max(1, min(by_time, by_size, GSO_MAX_SEGMENTS))
+
+
+def gather_seconds(rate: float, buffer_bytes: int) -> float:
+    """How long a receiver that emptied its socket while the stream flows pauses before it
+    reads again, so that one wake-up takes many datagrams (each wake-up costs a context
+    switch and the interpreter's turn): :data:`GATHER_MAX_SECONDS`, or less where a quarter
+    of the socket's receive buffer (``buffer_bytes``, as the kernel reports it) fills sooner
+    at ``rate`` bits/s; 0 (it reads at the next datagram) below :data:`GATHER_MIN_SECONDS`."""
+    seconds = min(GATHER_MAX_SECONDS, buffer_bytes / 4 / (rate / 8)) if rate > 0 else 0.0
+    return seconds if seconds >= GATHER_MIN_SECONDS else 0.0
 
 
 def enable_gro(sock: socket.socket) -> bool:

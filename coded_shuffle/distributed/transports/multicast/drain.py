@@ -6,9 +6,11 @@ cost the interpreter tens of microseconds (the call, its control message, the so
 address, the headers' comparison, the copy) on top of the kernel's copy (docs/benchmarks.md,
 "Multicast at the cluster's default MTU"). :class:`Drain` reads (``recvmsg`` through libc,
 never waiting) and takes every read of the common case (this round's data datagrams from the
-stream's sender, full, numbered one after the other, none held yet) in a numba-compiled loop,
-until the socket is empty, the round holds every datagram, or a read is anything else: that
-read is left in the buffer for :class:`~.receive.Round` to take apart.
+stream's sender, full, numbered one after the other, none held yet; parity datagrams of
+blocks that lack nothing, which rebuild nothing: dropped) in a numba-compiled loop, until the
+socket is empty, the round holds every datagram, or a read is anything else: that read is
+left in the buffer for :class:`~.receive.Round` to take apart (a parity datagram that can
+rebuild one among them).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     RECEIVE_BYTES,
     UDP_GRO,
 )
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY
 from coded_shuffle.distributed.transports.multicast.receive import Round
 
 EMPTY, OTHER, DONE = 0, 1, 2  # the socket held nothing more; a read for Round; all held
@@ -69,27 +72,52 @@ def _segment(control: np.ndarray, length: int, nbytes: int) -> int:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _common(buf: np.ndarray, nbytes: int, segment: int, head: np.ndarray, have: np.ndarray) -> int:
-    """The datagrams in a read of the common case (0: it is not), after checking every
-    header against ``head`` (this round's, sequence number aside)."""
+def _lacking(have: np.ndarray, block: int, b: int, lo: int, hi: int) -> int:
+    """Datagrams of parity block ``b`` that ``have`` lacks, those numbered ``lo .. hi - 1``
+    (taken by the read in hand) aside."""
+    lacking = 0
+    for j in range(b * block, min(have.size, (b + 1) * block)):
+        lacking += not have[j] and not lo <= j < hi
+    return lacking
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _common(
+    buf: np.ndarray, nbytes: int, segment: int, head: np.ndarray, have: np.ndarray, block: int
+) -> int:
+    """The data datagrams in a read of the common case (-1: it is not), after checking every
+    header against ``head`` (this round's, sequence number and flags aside): data datagrams
+    not held yet, numbered one after the other, and parity datagrams of blocks (of
+    ``block`` datagrams) that lack nothing once the read's data are in: these rebuild
+    nothing and are dropped (counted)."""
     d = segment - DGRAM_HEADER_BYTES
     k = nbytes // segment
     if d <= 0 or k * segment != nbytes or k > GRO_MAX_SEGMENTS or k == 0:
-        return 0
-    first = _u32(buf, 12)
-    if first + k > have.size:
-        return 0
+        return -1
+    first, data = -1, 0
     for i in range(k):
         at = i * segment
         for b in range(12):
             if buf[at + b] != head[b]:
-                return 0
-        for b in range(16, DGRAM_HEADER_BYTES):
-            if buf[at + b] != head[b]:
-                return 0
-        if _u32(buf, at + 12) != first + i or have[first + i]:
-            return 0
-    return k
+                return -1
+        if buf[at + 16] != head[16] or buf[at + 17] != head[17] or buf[at + 19] != 0:
+            return -1
+        seq = _u32(buf, at + 12)
+        if buf[at + 18] == 0:  # data
+            if first < 0:
+                first = seq
+            if seq != first + data or seq >= have.size or have[seq]:
+                return -1
+            data += 1
+        elif buf[at + 18] != FLAG_PARITY or block == 0:
+            return -1
+    for i in range(k):  # every parity datagram's block whole with the data read
+        at = i * segment
+        if buf[at + 18] == FLAG_PARITY:
+            b = _u32(buf, at + 12)
+            if b * block >= have.size or _lacking(have, block, b, first, first + data):
+                return -1
+    return data
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -100,11 +128,13 @@ def _drain(
     have: np.ndarray,
     out: np.ndarray,
     missing: int,
+    block: int,
 ) -> None:
     """Reads until the socket is empty, ``missing`` datagrams were taken, or a read is not
     the common case (left in the buffer; its size and segment in ``state``). ``io``: the
     ``msghdr``, its name, the sender's address, its control buffer, the read buffer and the
-    state; ``out``: the round's slots, ``out.size // have.size`` stream bytes per datagram."""
+    state; ``out``: the round's slots, ``out.size // have.size`` stream bytes per datagram;
+    ``block``: datagrams per parity datagram (0: none)."""
     msg, name, source, control, buf, state = io
     d = out.size // have.size
     state[TAKEN] = 0
@@ -120,22 +150,22 @@ def _drain(
         segment = _segment(control, msg[CONTROLLEN], nbytes)
         state[NBYTES] = nbytes
         state[SEGMENT] = segment
-        k = 0
+        k = -1
         if segment == DGRAM_HEADER_BYTES + d and msg[NAMELEN] == name.size:
             same = True
             for b in range(source.size):
                 same = same and name[b] == source[b]
             if same:
-                k = _common(buf, nbytes, segment, head, have)
-        if k == 0:
+                k = _common(buf, nbytes, segment, head, have, block)
+        if k < 0:
             state[STATUS] = OTHER
             return
-        first = _u32(buf, 12)
-        for i in range(k):
-            at = i * segment + DGRAM_HEADER_BYTES
-            slot = (first + i) * d
-            out[slot : slot + d] = buf[at : at + d]
-            have[first + i] = True
+        for i in range(nbytes // segment):
+            at = i * segment
+            if buf[at + 18] == 0:  # data (the parity datagrams rebuild nothing: dropped)
+                seq = _u32(buf, at + 12)
+                out[seq * d : (seq + 1) * d] = buf[at + DGRAM_HEADER_BYTES : at + segment]
+                have[seq] = True
         state[TAKEN] += k
         state[INGRESS] += nbytes
     state[STATUS] = DONE
@@ -178,14 +208,15 @@ class Drain:
         """Compiles (or loads from numba's cache) the loop now, not in the first delivery: a
         read of no socket, which takes nothing."""
         head = np.zeros(DGRAM_HEADER_BYTES, dtype=np.uint8)
-        _drain(-1, self._io(), head, np.zeros(1, dtype=bool), np.zeros(1, dtype=np.uint8), 1)
+        _drain(-1, self._io(), head, np.zeros(1, dtype=bool), np.zeros(1, dtype=np.uint8), 1, 0)
 
     def run(self, now: Round) -> int:
         """Takes the common reads into ``now``'s slots (its counts updated); returns
         :data:`EMPTY`, :data:`DONE`, or :data:`OTHER` (:attr:`nbytes` and :attr:`segment`
         describe the read left in the buffer, :meth:`sender` where it came from)."""
         slots = now.out[: now.have.size * now.d]
-        _drain(self.fd, self._io(), now.head, now.have, slots, now.have.size - now.count)
+        missing = now.have.size - now.count
+        _drain(self.fd, self._io(), now.head, now.have, slots, missing, now.parity.block)
         taken = int(self.state[TAKEN])
         now.count += taken
         now.received += taken
