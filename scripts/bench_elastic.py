@@ -55,9 +55,14 @@ def per_machine(rows: int, cols: int, workers: int, size: int, trials: int) -> l
             None if m == 0 else [{"step": 0, "leave": list(range(workers - m + 1, workers + 1))}]
         )
         settings = make_settings(
-            workers, size, trials, leave, PRODUCT_METHODS, max_workers=workers,
+            workers,
+            size,
+            trials,
+            leave,
+            PRODUCT_METHODS,
+            max_workers=workers,
             valid_methods=PRODUCT_METHODS,
-        )  # fmt: skip
+        )
         with tempfile.TemporaryDirectory() as root:
             records = simulate_products(problem, settings, root)
         for method in PRODUCT_METHODS:
@@ -121,11 +126,15 @@ def whole_job(
                 else f"[{{step: 0, leave: {list(range(workers - m + 1, workers + 1))}}}]"
             )
             args = [
-                "job=elastic_matmul", f"workers={workers}", f"job.steps={trials + 1}",
-                f"job.problem.rows={rows}", f"job.problem.cols={cols}",
-                f"job.elastic.recovery_threshold={size}", f"job.elastic.events={leave}",
+                "job=elastic_matmul",
+                f"workers={workers}",
+                f"job.steps={trials + 1}",
+                f"job.problem.rows={rows}",
+                f"job.problem.cols={cols}",
+                f"job.elastic.recovery_threshold={size}",
+                f"job.elastic.events={leave}",
                 "job.report_every=0",
-            ]  # fmt: skip
+            ]
             if not cluster:
                 args.append(f"hydra.run.dir={run_dir}")
             done = subprocess.run(command + args, capture_output=True, text=True, cwd=run_dir)
@@ -187,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-rows", type=int, default=6000, help="rows of A in the real job")
     ap.add_argument("--job-cols", type=int, default=2000, help="columns of A in the real job")
     ap.add_argument(
-        "--cluster", default=None, metavar="RATE",
+        "--cluster",
+        default=None,
+        metavar="RATE",
         help="run the job on the emulated cluster (one host per rank, NICs at RATE; root)",
-    )  # fmt: skip
+    )
     ap.add_argument("--out", type=Path, default=None, help="plot of table 1 (PNG)")
     args = ap.parse_args(argv)
     try:
@@ -209,9 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     per_machine_table(found, args.workers)
     if args.job:
         job = whole_job(
-            args.job_rows, args.job_cols, args.workers, args.recovery_threshold, args.trials,
+            args.job_rows,
+            args.job_cols,
+            args.workers,
+            args.recovery_threshold,
+            args.trials,
             args.cluster,
-        )  # fmt: skip
+        )
         where = f"emulated cluster, NICs {args.cluster}" if args.cluster else "local processes"
         print(f"(whole job: A {args.job_rows} x {args.job_cols}, {where})")
         whole_job_table(job)

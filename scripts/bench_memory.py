@@ -85,11 +85,19 @@ def run(cmd: list[str], cwd: Path) -> None:
 def train(args: argparse.Namespace, packed: Path, run_dir: Path) -> tuple[Peak, list[dict]]:
     """The job on ``packed``, sampled until it ends; its peak and its metrics."""
     cmd = [
-        sys.executable, "-m", "train.launch", "data=file", f"data.path={packed}",
-        "model=logreg", f"workers={args.workers}", f"epochs={args.epochs}",
-        f"dist.transport={args.transport}", "optim.batch_size=512",
-        f"hydra.run.dir={run_dir}", *args.set,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "train.launch",
+        "data=file",
+        f"data.path={packed}",
+        "model=logreg",
+        f"workers={args.workers}",
+        f"epochs={args.epochs}",
+        f"dist.transport={args.transport}",
+        "optim.batch_size=512",
+        f"hydra.run.dir={run_dir}",
+        *args.set,
+    ]
     peak = Peak()
     job = subprocess.Popen(cmd, cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     while job.poll() is None:
@@ -189,9 +197,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, size in sizes.items():
             points = int(size // record)
             packed = work / name
-            run([sys.executable, "-m", "train.pack", str(packed), "--", "data=synthetic",
-                 f"data.points={points}", f"data.features={args.features}",
-                 "data.test_points=2000"], work)  # fmt: skip
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "train.pack",
+                    str(packed),
+                    "--",
+                    "data=synthetic",
+                    f"data.points={points}",
+                    f"data.features={args.features}",
+                    "data.test_points=2000",
+                ],
+                work,
+            )
             on_disk = sum(f.stat().st_size for f in packed.glob("*.npy"))
             (work / f"run-{name}").mkdir()
             peak, rows = train(args, packed, work / f"run-{name}" / "job")

@@ -164,8 +164,19 @@ def sizes(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def print_table(rows: list[dict], markdown: bool) -> None:
-    head = ("scheme", "K", "N", "place s", "plan s", "proof s", "bound s", "peak MB", "load",
-            "bound", "load/bound")  # fmt: skip
+    head = (
+        "scheme",
+        "K",
+        "N",
+        "place s",
+        "plan s",
+        "proof s",
+        "bound s",
+        "peak MB",
+        "load",
+        "bound",
+        "load/bound",
+    )
     lines = [head]
     for r in rows:
         bound = f"{r['bound']:.0f}" + ("" if r["bound_exact"] else " (search)")

@@ -131,10 +131,24 @@ def cluster(
         return verified(run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(args.workers + 1),
-           "--rate", rate, "--medium", args.medium,
-           *(["--master-rate", master_rate] if master_rate else []), "--",
-           f"hydra.run.dir={run_dir}", f"seed={args.seed}", *overrides, *args.set]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "coded_shuffle",
+        "cluster",
+        "--hosts",
+        str(args.workers + 1),
+        "--rate",
+        rate,
+        "--medium",
+        args.medium,
+        *(["--master-rate", master_rate] if master_rate else []),
+        "--",
+        f"hydra.run.dir={run_dir}",
+        f"seed={args.seed}",
+        *overrides,
+        *args.set,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(
@@ -162,10 +176,12 @@ def delivery(scheme: str, transport: str, policy: str, args: argparse.Namespace)
 
 def run_one(args: argparse.Namespace, every: int, policy: str, scheme: str, transport: str):
     overrides = [
-        *delivery(scheme, transport, policy, args), f"data.placement={args.placement}",
-        f"optim.average_every={every}", f"epochs={args.epochs}",
+        *delivery(scheme, transport, policy, args),
+        f"data.placement={args.placement}",
+        f"optim.average_every={every}",
+        f"epochs={args.epochs}",
         f"dist.chunk_bytes={args.chunk_bytes}",
-    ]  # fmt: skip
+    ]
     if transport == "multicast":
         overrides.append(f"dist.multicast.rate={args.multicast_rate}")
     run_dir = Path(args.out) / f"H{every}" / f"{policy}-{scheme}-{transport}"
@@ -184,10 +200,15 @@ def run_big(
 ) -> Result:
     """Logistic regression on the packed set larger than memory."""
     overrides = [
-        *delivery(scheme, transport, policy, args), "data=file", f"data.path={packed}",
-        "model=logreg", f"epochs={args.big_epochs}", "optim.batch_size=512",
-        "optim.lr=0.01", f"dist.store_dir={Path(args.out) / 'big-stores'}",
-    ]  # fmt: skip
+        *delivery(scheme, transport, policy, args),
+        "data=file",
+        f"data.path={packed}",
+        "model=logreg",
+        f"epochs={args.big_epochs}",
+        "optim.batch_size=512",
+        "optim.lr=0.01",
+        f"dist.store_dir={Path(args.out) / 'big-stores'}",
+    ]
     if transport == "multicast" and args.big_multicast_rate:
         overrides.append(f"dist.multicast.rate={args.big_multicast_rate}")
     run_dir = Path(args.out) / "big" / f"{policy}-{scheme}-{transport}"
@@ -212,10 +233,14 @@ def remote(args: argparse.Namespace) -> list[Result]:
     results = []
     for policy, scheme, transport in REMOTE_RUNS:
         overrides = [
-            *delivery(scheme, transport, policy, args), "data=synthetic",
-            f"data.points={args.remote_points}", f"data.features={args.remote_features}",
-            "model=logreg", f"epochs={args.remote_epochs}", "optim.batch_size=1024",
-        ]  # fmt: skip
+            *delivery(scheme, transport, policy, args),
+            "data=synthetic",
+            f"data.points={args.remote_points}",
+            f"data.features={args.remote_features}",
+            "model=logreg",
+            f"epochs={args.remote_epochs}",
+            "optim.batch_size=1024",
+        ]
         run_dir = Path(args.out) / "remote" / f"{policy}-{scheme}-{transport}"
         rows = cluster(args, args.remote_rate, run_dir, overrides, args.remote_store)
         results.append(Result(0, policy, scheme, transport, rows))
@@ -231,11 +256,21 @@ def big(args: argparse.Namespace) -> list[Result]:
         points = int(args.big_gb * 1e9 // record)
         packed = work / "set"
         subprocess.run(
-            [sys.executable, "-m", "train.pack", str(packed), "--", "data=synthetic",
-             f"data.points={points}", f"data.features={args.big_features}",
-             "data.test_points=2000", f"seed={args.seed}"],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "train.pack",
+                str(packed),
+                "--",
+                "data=synthetic",
+                f"data.points={points}",
+                f"data.features={args.big_features}",
+                "data.test_points=2000",
+                f"seed={args.seed}",
+            ],
+            check=True,
+            capture_output=True,
+        )
         size = sum(f.stat().st_size for f in packed.glob("*.npy"))
         print(
             f"larger than memory: {points:,} synthetic points of {record} bytes ({size / 1e9:.2f}"
@@ -326,9 +361,10 @@ def epoch_table(results: list[Result], fraction: float) -> list[str]:
     accuracy = full[0].series("test_accuracy")
     same = all(np.array_equal(r.series("test_accuracy"), accuracy) for r in full)
     lines.append(
-        "test accuracy at every epoch (full): " + ", ".join(f"{a:.4f}" for a in accuracy)
+        "test accuracy at every epoch (full): "
+        + ", ".join(f"{a:.4f}" for a in accuracy)
         + (" (every full run the same)" if same else " (the full runs differ)")
-    )  # fmt: skip
+    )
     return lines
 
 
@@ -392,12 +428,22 @@ def plot(results: list[Result], path: Path, args: argparse.Namespace) -> None:
     cmap = plt.get_cmap("tab10")
     for ax, every in zip(axes[0], everies, strict=True):
         for i, r in enumerate(r for r in results if r.average_every == every):
-            ax.plot(r.series("elapsed_seconds"), 100 * r.series("test_accuracy"), "-o", ms=3,
-                    color=cmap(i), label=label(r, args.fraction))  # fmt: skip
+            ax.plot(
+                r.series("elapsed_seconds"),
+                100 * r.series("test_accuracy"),
+                "-o",
+                ms=3,
+                color=cmap(i),
+                label=label(r, args.fraction),
+            )
         ax.axhline(100 * args.target, color="black", lw=0.8, ls=":")
         sync = "gradients every step" if every == 0 else f"local SGD, models every {every} steps"
-        ax.set(xlabel="seconds since the first epoch began", ylabel="test accuracy (%)",
-               title=f"{sync}", ylim=(80, 100))  # fmt: skip
+        ax.set(
+            xlabel="seconds since the first epoch began",
+            ylabel="test accuracy (%)",
+            title=f"{sync}",
+            ylim=(80, 100),
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(
@@ -441,9 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--multicast-rate", default="3800kbit", help="multicast's pacing")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument(
-        "--chunk-bytes", type=int, default=8192,
+        "--chunk-bytes",
+        type=int,
+        default=8192,
         help="message payload: small enough that a relay pipelines an epoch of ~100 KiB",
-    )  # fmt: skip
+    )
     parser.add_argument("--target", type=float, default=0.96, help="test accuracy to reach")
     parser.add_argument("--fraction", type=float, default=0.25, help="Q of the partial runs")
     parser.add_argument("--placement", default="by_label")
@@ -453,9 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="test accuracy against seconds (PNG)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument(
-        "--medium", default="switch", choices=("switch", "shared"),
+        "--medium",
+        default="switch",
+        choices=("switch", "shared"),
         help="every NIC on a switch, or one shared medium of --rate (the papers' link)",
-    )  # fmt: skip
+    )
     parser.add_argument("--big-gb", type=float, default=0.0, help="a set larger than memory")
     parser.add_argument("--big-rate", default="400mbit", help="NICs and medium of the big runs")
     parser.add_argument("--big-epochs", type=int, default=6)
@@ -466,9 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-features", type=int, default=2000, help="records of 4*F+4 bytes")
     parser.add_argument("--big-dir", type=Path, default=None, help="where the big set is packed")
     parser.add_argument(
-        "--remote-store", metavar="MASTER_RATE",
+        "--remote-store",
+        metavar="MASTER_RATE",
         help="the remote-store runs: the master behind this rate (e.g. 50mbit)",
-    )  # fmt: skip
+    )
     parser.add_argument("--remote-rate", default="200mbit", help="the workers' shared medium")
     parser.add_argument("--remote-points", type=int, default=20000)
     parser.add_argument("--remote-features", type=int, default=500)
@@ -476,9 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-digits", action="store_true", help="only the big runs")
     parser.add_argument("--big-plot", type=Path, help="the big runs' seconds per epoch (PNG)")
     parser.add_argument(
-        "--reuse", action="store_true",
+        "--reuse",
+        action="store_true",
         help="read the finished runs already in --out instead of running them again",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target} out of range (0, 1]")

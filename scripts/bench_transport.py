@@ -159,17 +159,36 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
         shutil.rmtree(run_dir)
     name, _, storage = scheme.partition("@")  # SCHEME@T: storage T
     overrides = [
-        f"scheme={name}", *([f"storage={storage}"] if storage else []),
+        f"scheme={name}",
+        *([f"storage={storage}"] if storage else []),
         f"dist.transport={transport}",
         "data=synthetic",
-        f"data.points={args.points}", f"data.features={args.features}", "model=logreg",
-        f"epochs={args.epochs}", "optim.batch_size=1024", f"seed={args.seed}",
-        f"hydra.run.dir={run_dir}", *args.set,
-    ]  # fmt: skip
-    cmd = [sys.executable, "-m", "coded_shuffle", "cluster", "--hosts", str(k + 1),
-           "--rate", args.rate, "--mtu", str(args.mtu), "--medium", args.medium,
-           *(["--master-rate", args.master_rate] if args.master_rate else []),
-           "--", *overrides]  # fmt: skip
+        f"data.points={args.points}",
+        f"data.features={args.features}",
+        "model=logreg",
+        f"epochs={args.epochs}",
+        "optim.batch_size=1024",
+        f"seed={args.seed}",
+        f"hydra.run.dir={run_dir}",
+        *args.set,
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "coded_shuffle",
+        "cluster",
+        "--hosts",
+        str(k + 1),
+        "--rate",
+        args.rate,
+        "--mtu",
+        str(args.mtu),
+        "--medium",
+        args.medium,
+        *(["--master-rate", args.master_rate] if args.master_rate else []),
+        "--",
+        *overrides,
+    ]
     with cpu_hog(args.cpu_hog):
         out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
@@ -264,8 +283,9 @@ def plot(results: list[Result], path: Path, rate: str) -> None:
         values = [r.median("delivery_seconds") for r in mine]
         colors = ["tab:blue" if r.scheme == "uncoded" else "tab:orange" for r in mine]
         ax.bar(range(len(mine)), values, color=colors)
-        ax.axhline(base.median("delivery_seconds"), color="black", lw=1, ls="--",
-                   label="uncoded unicast")  # fmt: skip
+        ax.axhline(
+            base.median("delivery_seconds"), color="black", lw=1, ls="--", label="uncoded unicast"
+        )
         ax.set_xticks(range(len(mine)), labels, fontsize=7)
         ax.set(title=f"K = {k} workers: delivery per coded epoch", ylabel="seconds (median)")
         ax.grid(alpha=0.3, axis="y")
@@ -296,10 +316,20 @@ def loopback(args: argparse.Namespace) -> int:
     lines = [LOOPBACK_HEADER, "-" * len(LOOPBACK_HEADER)]
     for p in args.processes:
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(p), str(script), "--mbytes", str(args.loopback_mbytes),
-            "--point-bytes", str(args.point_bytes), "--repeats", str(args.repeats),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(p),
+            str(script),
+            "--mbytes",
+            str(args.loopback_mbytes),
+            "--point-bytes",
+            str(args.point_bytes),
+            "--repeats",
+            str(args.repeats),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"bench_transport.py: error: loopback P={p}:\n{out.stderr[-2000:]}")
@@ -327,9 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         "--master-rate", help="the master's NIC rate (default --rate): a remote store"
     )
     parser.add_argument(
-        "--medium", default="switch", choices=("switch", "shared"),
+        "--medium",
+        default="switch",
+        choices=("switch", "shared"),
         help="the cluster's medium: every NIC on a switch, or one shared medium of --rate",
-    )  # fmt: skip
+    )
     parser.add_argument("--points", type=int, default=20000)
     parser.add_argument("--features", type=int, default=500, help="points of 4*F+4 bytes")
     parser.add_argument(
@@ -346,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for every run"
     )
     parser.add_argument(
-        "--combos", nargs="+", metavar="SCHEME[@T]/TRANSPORT",
+        "--combos",
+        nargs="+",
+        metavar="SCHEME[@T]/TRANSPORT",
         default=[f"{s}/{t}" for s, t in COMBOS],
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--cpu-hog", action="store_true", help="a CPU-bound process beside the cluster"
     )

@@ -31,9 +31,15 @@ def run(job: list[str], device: str, args: argparse.Namespace, where: Path) -> l
     """The job's metrics on ``device``."""
     run_dir = where / device
     cmd = [
-        sys.executable, "-m", "train.launch", *job, f"device={device}",
-        f"epochs={args.epochs}", f"workers={args.workers}", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "train.launch",
+        *job,
+        f"device={device}",
+        f"epochs={args.epochs}",
+        f"workers={args.workers}",
+        f"hydra.run.dir={run_dir}",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"check_gpu.py: error: {' '.join(cmd)}:\n{out.stderr[-2000:]}")

@@ -83,17 +83,30 @@ def main(argv: list[str] | None = None) -> int:
             )
         test = args.points if args.test_points is None else args.test_points
         problem = make_problem(
-            args.points, args.features, args.workers, heterogeneity=args.heterogeneity,
-            seed=args.seed, test_points=test,
-        )  # fmt: skip
+            args.points,
+            args.features,
+            args.workers,
+            heterogeneity=args.heterogeneity,
+            seed=args.seed,
+            test_points=test,
+        )
         events = failure_events(
-            args.workers, args.recovery_threshold, args.steps, args.failure_rate, args.repair,
+            args.workers,
+            args.recovery_threshold,
+            args.steps,
+            args.failure_rate,
+            args.repair,
             args.seed,
-        )  # fmt: skip
+        )
         settings = make_settings(
-            args.workers, args.recovery_threshold, args.steps, events, METHODS, seed=args.seed,
+            args.workers,
+            args.recovery_threshold,
+            args.steps,
+            events,
+            METHODS,
+            seed=args.seed,
             line_search=not args.fixed_step,
-        )  # fmt: skip
+        )
     except UsageError as exc:
         print(f"elastic_generalization: error: {exc}", file=sys.stderr)
         return 2
@@ -121,8 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             + f" {err:>13.1e}"
         )
     if args.out:
-        plot(curves, events, args.out, f"P = {args.workers}, L = {args.recovery_threshold}, "
-             f"{args.points} x {args.features} (synthetic)")  # fmt: skip
+        plot(
+            curves,
+            events,
+            args.out,
+            f"P = {args.workers}, L = {args.recovery_threshold}, "
+            f"{args.points} x {args.features} (synthetic)",
+        )
     return 0
 
 
@@ -136,8 +154,14 @@ def plot(curves: dict, events: list[dict], out: Path, title: str) -> None:
     }
     for method, rows in curves.items():
         colour, ls, lw = styles[method]
-        ax.plot([r["step"] for r in rows], [r["test_loss"] for r in rows], ls, color=colour,
-                lw=lw, label=method)  # fmt: skip
+        ax.plot(
+            [r["step"] for r in rows],
+            [r["test_loss"] for r in rows],
+            ls,
+            color=colour,
+            lw=lw,
+            label=method,
+        )
     for e in events:
         ax.axvline(e["step"], color="k", lw=0.6, alpha=0.3)
     ax.set_yscale("log")

@@ -68,9 +68,15 @@ def transport_step(name: str, rows: torch.Tensor | None, n: int, w: int, chunk: 
 
     def step() -> None:
         link.deliver(
-            epoch=1, part=0, kind=KIND_PLACEMENT, num_rows=n, row_bytes=w, routes=routes,
-            rows=rows, out=out,
-        )  # fmt: skip
+            epoch=1,
+            part=0,
+            kind=KIND_PLACEMENT,
+            num_rows=n,
+            row_bytes=w,
+            routes=routes,
+            rows=rows,
+            out=out,
+        )
 
     def check() -> None:  # untimed, after each run: the raw stream is not compared either
         if rank and not torch.equal(out, expected_rows(n, w)):

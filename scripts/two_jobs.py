@@ -30,8 +30,9 @@ def one_job(cluster: netns.Cluster, j: int, overrides: list[str], out: Path, res
     """Job ``j`` on every host, its master at port ``MASTER_PORT + j``, run in ``out / j``."""
     job = [*overrides, f"seed={j}", f"hydra.run.dir={out / str(j)}"]
     target, run_dir = run.training_overrides(job, cluster)
-    hosts = run.run_hosts(cluster, ["-m", "train", *target], run_dir / "hosts", grace=10,
-                          port=run.MASTER_PORT + j)  # fmt: skip
+    hosts = run.run_hosts(
+        cluster, ["-m", "train", *target], run_dir / "hosts", grace=10, port=run.MASTER_PORT + j
+    )
     results[j] = (hosts, run_dir)
 
 
@@ -47,8 +48,10 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
         netns.Cluster(args.hosts, parse_rate(args.rate)) as c,
     ):
-        threads = [threading.Thread(target=one_job, args=(c, j, args.overrides, Path(tmp), results))
-                   for j in range(2)]  # fmt: skip
+        threads = [
+            threading.Thread(target=one_job, args=(c, j, args.overrides, Path(tmp), results))
+            for j in range(2)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -72,15 +72,29 @@ def deliver_rows(rank: int, world: int, name: str, options: dict, knock=None) ->
                 known or tuple(n if k == rank - 1 else None for k, n in enumerate(needs))
             )
             mine = rows if rank == 0 else None
-            out = link.deliver(epoch=5, part=0, kind=KIND_SYMBOLS, num_rows=N_ROWS,
-                               row_bytes=WIDTH, routes=routes, rows=mine)  # fmt: skip
+            out = link.deliver(
+                epoch=5,
+                part=0,
+                kind=KIND_SYMBOLS,
+                num_rows=N_ROWS,
+                row_bytes=WIDTH,
+                routes=routes,
+                rows=mine,
+            )
         else:
             ids = np.unique(
                 np.concatenate([n[s == rank] for n, s in zip(needs, senders, strict=True)])
             )
-            out = link.deliver(epoch=5, part=0, kind=KIND_SYMBOLS, num_rows=N_ROWS,
-                               row_bytes=WIDTH, routes=Routes(needs, senders),
-                               rows=rows[torch.from_numpy(ids)], row_ids=ids)  # fmt: skip
+            out = link.deliver(
+                epoch=5,
+                part=0,
+                kind=KIND_SYMBOLS,
+                num_rows=N_ROWS,
+                row_bytes=WIDTH,
+                routes=Routes(needs, senders),
+                rows=rows[torch.from_numpy(ids)],
+                row_ids=ids,
+            )
         got = None if out is None else out.numpy().tobytes()
         counts, _ = link.take_counts()
         return got, counts.as_list()

@@ -121,9 +121,15 @@ def start_ranks(script: list[str], world: int) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "LOCAL_RANK": "0",
+            "OMP_NUM_THREADS": "1",
+        }
         procs.append(
             subprocess.Popen(
                 [sys.executable, *script],

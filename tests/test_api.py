@@ -24,10 +24,25 @@ from tests.helpers import mapped_file
 from tests.ranks import is_root, private_netns, run_ranks
 
 # every dtype a record can hold: two of the same size (float16, bfloat16) must not be confused
-DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-          torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.float16,
-          torch.bfloat16, torch.complex64, torch.complex128, torch.float8_e4m3fn,
-          torch.float8_e5m2]  # fmt: skip
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.bool,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 
 def raw_bytes(t: torch.Tensor) -> bytes:

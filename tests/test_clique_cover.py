@@ -89,8 +89,9 @@ def _decoded_everywhere(state, new, blocks, seed) -> DeliveryPlan:
     )
     n = state.num_points
     point_bytes = 8 * state.splits
-    data = torch.randint(0, 256, (n, point_bytes), dtype=torch.uint8,
-                         generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    data = torch.randint(
+        0, 256, (n, point_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
     delivery = Delivery.prepare(plan, point_bytes)
     symbols = delivery.encode(data)
     for w in range(state.num_workers):

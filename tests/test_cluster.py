@@ -92,8 +92,10 @@ def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     assert cli.main(["cluster", "--hosts", "3", "--rate", "1gbit", "--", "epochs=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["coded-shuffle: error: the emulated cluster needs root (network namespaces, "
-                   "veth pairs, tc); run as root"]  # fmt: skip
+    assert err == [
+        "coded-shuffle: error: the emulated cluster needs root (network namespaces, "
+        "veth pairs, tc); run as root"
+    ]
 
 
 def test_an_epoch_fault_fires_once_the_job_recorded_or_the_script_printed_that_epoch(tmp_path):
@@ -179,14 +181,41 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     before = our_namespaces()
     run_dir, local = tmp_path / "run", tmp_path / "local"
     unbroken = subprocess.Popen(  # the same job, on one machine, meanwhile (it mostly sleeps)
-        [sys.executable, "-m", "train.launch", "scheme=uncoded", "workers=2", *LONG, "epochs=4",
-         f"hydra.run.dir={local}"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    args = ["--hosts", "3", "--rate", "400mbit", "--medium", "shared", "--grace", "10",
-            "--kill", "2@e2", "--",
-            "scheme=cycles", "dist.transport=multicast", "dist.multicast.drop=0.1", *LONG,
-            "epochs=4", "dist.max_restarts=1", f"hydra.run.dir={run_dir}"]  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "train.launch",
+            "scheme=uncoded",
+            "workers=2",
+            *LONG,
+            "epochs=4",
+            f"hydra.run.dir={local}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    args = [
+        "--hosts",
+        "3",
+        "--rate",
+        "400mbit",
+        "--medium",
+        "shared",
+        "--grace",
+        "10",
+        "--kill",
+        "2@e2",
+        "--",
+        "scheme=cycles",
+        "dist.transport=multicast",
+        "dist.multicast.drop=0.1",
+        *LONG,
+        "epochs=4",
+        "dist.max_restarts=1",
+        f"hydra.run.dir={run_dir}",
+    ]
     try:
         out = run_cluster(args, tmp_path)
         _, err = unbroken.communicate(timeout=180)
@@ -253,11 +282,26 @@ def test_workers_multicast_their_own_coded_symbols_on_a_shared_medium(tmp_path):
     job = ["scheme=decentralized", "storage=2", *SMALL]
     unbroken = subprocess.Popen(
         [sys.executable, "-m", "train.launch", *job, "workers=3", f"hydra.run.dir={local}"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    args = ["--hosts", "4", "--rate", "200mbit", "--master-rate", "50mbit", "--medium",
-            "shared", "--", *job, "dist.transport=peer-multicast", "dist.multicast.drop=0.1",
-            f"hydra.run.dir={run_dir}"]  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    args = [
+        "--hosts",
+        "4",
+        "--rate",
+        "200mbit",
+        "--master-rate",
+        "50mbit",
+        "--medium",
+        "shared",
+        "--",
+        *job,
+        "dist.transport=peer-multicast",
+        "dist.multicast.drop=0.1",
+        f"hydra.run.dir={run_dir}",
+    ]
     try:
         out = run_cluster(args, tmp_path)
         _, err = unbroken.communicate(timeout=180)
@@ -293,14 +337,30 @@ def test_an_elastic_cluster_goes_on_without_a_host_lost_for_good(tmp_path):
     fresh one), every epoch verified."""
     before = our_namespaces()
     run_dir = tmp_path / "run"
-    args = ["--hosts", "3", "--rate", "1gbit", "--min-hosts", "2", "--grace", "10",
-            "--lose", "2@e2", "--", *LONG, "epochs=4", "dist.timeout_seconds=6",
-            "dist.heartbeat_seconds=0.5", "dist.max_restarts=1",
-            f"hydra.run.dir={run_dir}"]  # fmt: skip
+    args = [
+        "--hosts",
+        "3",
+        "--rate",
+        "1gbit",
+        "--min-hosts",
+        "2",
+        "--grace",
+        "10",
+        "--lose",
+        "2@e2",
+        "--",
+        *LONG,
+        "epochs=4",
+        "dist.timeout_seconds=6",
+        "dist.heartbeat_seconds=0.5",
+        "dist.max_restarts=1",
+        f"hydra.run.dir={run_dir}",
+    ]
     out = run_cluster(args, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
-    assert re.search(r"coded-shuffle cluster: lose host 2 at [\d.]+ s \(after epoch 2\)",
-                     out.stderr), out.stderr[-2000:]  # fmt: skip
+    assert re.search(
+        r"coded-shuffle cluster: lose host 2 at [\d.]+ s \(after epoch 2\)", out.stderr
+    ), out.stderr[-2000:]
     assert "dist.elastic: 2 processes: workers=1 (the config said 2)" in out.stdout
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(1, 5))
@@ -327,8 +387,20 @@ def test_a_cut_host_fails_every_process_within_the_bound_naming_it(tmp_path):
     """Host 2's link goes down mid-run (its processes alive): every host exits within
     dist.timeout_seconds and a margin, the error names rank 2 and its address."""
     before = our_namespaces()
-    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "5", "--cut", "2@e2", "--", *LONG,
-            "dist.timeout_seconds=6", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    args = [
+        "--hosts",
+        "3",
+        "--rate",
+        "1gbit",
+        "--grace",
+        "5",
+        "--cut",
+        "2@e2",
+        "--",
+        *LONG,
+        "dist.timeout_seconds=6",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     t0 = time.monotonic()
     out = run_cluster(args, tmp_path)
     elapsed = time.monotonic() - t0
@@ -360,9 +432,27 @@ def test_an_own_loop_with_a_cut_host_ends_on_every_host_naming_it(tmp_path):
     before = our_namespaces()
     logs = tmp_path / "logs"
     script = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
-    args = ["--hosts", "3", "--rate", "1gbit", "--grace", "60", "--cut", "2@e3",
-            "--logs", str(logs), "--script", str(script), "--",
-            "--epochs", "2000", "--points", "2000", "--timeout", "6"]  # fmt: skip
+    args = [
+        "--hosts",
+        "3",
+        "--rate",
+        "1gbit",
+        "--grace",
+        "60",
+        "--cut",
+        "2@e3",
+        "--logs",
+        str(logs),
+        "--script",
+        str(script),
+        "--",
+        "--epochs",
+        "2000",
+        "--points",
+        "2000",
+        "--timeout",
+        "6",
+    ]
     out = run_cluster(args, tmp_path)
     assert out.returncode == 1, out.stderr[-2000:]
     record = json.loads((logs / "cluster.json").read_text())
@@ -512,8 +602,10 @@ def test_a_shared_medium_is_one_budget_for_every_host_and_leaves_nothing():
         crossed = shared.medium_counters()["tx_bytes"] - first["tx_bytes"]
         ifbs = subprocess.run(
             ["ip", "-n", shared.bridge_ns, "-o", "link", "show", "type", "ifb"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert shared.medium_dev in ifbs
     assert alone < 0.6 and together > 1.5 * alone, (alone, together)
     assert 2 * nbytes < crossed < 2.2 * nbytes  # both flows, each frame once (and ACKs)

@@ -127,18 +127,32 @@ def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path)
     from train.pack import pack
 
     job = ["workers=3", "epochs=3", "seed=2", "model.channels=4", "optim.batch_size=4"]
-    out = _train(["-m", TINY, TINY_TEST, "scheme=uncoded,cycles", *job,
-                  f"hydra.sweep.dir={tmp_path}/tiny"], tmp_path)  # fmt: skip
+    out = _train(
+        ["-m", TINY, TINY_TEST, "scheme=uncoded,cycles", *job, f"hydra.sweep.dir={tmp_path}/tiny"],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     out = _train([*job, f"hydra.run.dir={tmp_path}/digits"], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     pack(tmp_path / "packed", ["data=dataset", TINY, TINY_TEST])
     out = subprocess.run(
-        [sys.executable, "-m", "train.launch", "data=file", f"data.path={tmp_path / 'packed'}",
-         "model=cnn", "scheme=cycles", *job, f"hydra.run.dir={tmp_path}/file"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "train.launch",
+            "data=file",
+            f"data.path={tmp_path / 'packed'}",
+            "model=cnn",
+            "scheme=cycles",
+            *job,
+            f"hydra.run.dir={tmp_path}/file",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = {}
     for path in tmp_path.rglob("summary.json"):
@@ -147,9 +161,11 @@ def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path)
         assert summary["all_verified"] and all(r["verified"] for r in rows)
         summaries[(summary["data"], summary["point_bytes"], summary["scheme"])] = summary
     assert set(summaries) == {
-        ("dataset", 200, "uncoded"), ("dataset", 200, "cycles"), ("dataset", 72, "cycles"),
+        ("dataset", 200, "uncoded"),
+        ("dataset", 200, "cycles"),
+        ("dataset", 72, "cycles"),
         ("file", 200, "cycles"),
-    }  # fmt: skip
+    }
     uncoded, coded = summaries["dataset", 200, "uncoded"], summaries["dataset", 200, "cycles"]
     mapped = summaries["file", 200, "cycles"]
     assert uncoded["points"] == coded["points"] == mapped["points"] == 240

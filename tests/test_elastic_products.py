@@ -20,10 +20,22 @@ from coded_shuffle.elastic.settings import make_settings
 from coded_shuffle.errors import UsageError
 
 KEYS = {
-    "method", "step", "workers_available", "result_rel_error", "step_seconds",
-    "compute_seconds", "compute_cpu_seconds", "decode_seconds", "comm_seconds", "comm_bytes",
-    "moved_bytes", "placement_bytes", "events", "rows_used_max", "rows_used_min",
-}  # fmt: skip
+    "method",
+    "step",
+    "workers_available",
+    "result_rel_error",
+    "step_seconds",
+    "compute_seconds",
+    "compute_cpu_seconds",
+    "decode_seconds",
+    "comm_seconds",
+    "comm_bytes",
+    "moved_bytes",
+    "placement_bytes",
+    "events",
+    "rows_used_max",
+    "rows_used_min",
+}
 
 
 def run(rows: int, cols: int, rhs: int, p: int, size: int, steps: int, events, methods=None):
@@ -60,8 +72,11 @@ def test_every_method_is_exact_under_random_departures_and_joins(p, data, rhs):
         n = r["workers_available"]
         assert r["rows_used_max"] - r["rows_used_min"] <= size
         assert abs(r["rows_used_max"] - size * b / n) <= size
-    assert all(r["rows_used_max"] == block_rows(7 * p * size, size) for r in records
-               if r["method"] == "nonadaptive")  # fmt: skip
+    assert all(
+        r["rows_used_max"] == block_rows(7 * p * size, size)
+        for r in records
+        if r["method"] == "nonadaptive"
+    )
     if gone:
         uncoded = [r for r in records if r["method"] == "uncoded"]
         assert uncoded[1]["moved_bytes"] > 0  # the departed rows are re-sent
@@ -97,8 +112,14 @@ def test_unknown_baseline_and_too_many_departures_are_refused():
     with pytest.raises(UsageError, match=r"methods=\['coded', 'distr'\] must list distinct names"):
         make_settings(6, 3, 4, methods=["coded", "distr"], valid_methods=PRODUCT_METHODS)
     with pytest.raises(UsageError, match="fewer than the recovery threshold L=3"):
-        make_settings(6, 3, 4, [{"step": 1, "leave": [1, 2, 3, 4]}], PRODUCT_METHODS,
-                      valid_methods=PRODUCT_METHODS)  # fmt: skip
+        make_settings(
+            6,
+            3,
+            4,
+            [{"step": 1, "leave": [1, 2, 3, 4]}],
+            PRODUCT_METHODS,
+            valid_methods=PRODUCT_METHODS,
+        )
 
 
 def test_a_b_matches_the_product_at_every_step():

@@ -72,8 +72,15 @@ def send_and_receive(
 ) -> torch.Tensor:
     master, worker, wire = wire_pair(chunk)
     n, w = rows.shape
-    master.deliver(epoch=3, part=1, kind=KIND_SYMBOLS, num_rows=n, row_bytes=w,
-                   routes=Routes((keep,)), rows=rows)  # fmt: skip
+    master.deliver(
+        epoch=3,
+        part=1,
+        kind=KIND_SYMBOLS,
+        num_rows=n,
+        row_bytes=w,
+        routes=Routes((keep,)),
+        rows=rows,
+    )
     if tamper:
         tamper(wire)
     args = {"epoch": 3, "part": 1, "kind": KIND_SYMBOLS, "num_rows": n, "row_bytes": w}
@@ -100,11 +107,19 @@ def test_kept_rows_arrive_across_every_message_boundary(n, width, chunk, data):
     keep = np.array(sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0))))) if n else [])
     keep = keep.astype(np.int64)
     master, worker, wire = wire_pair(chunk)
-    master.deliver(epoch=1, part=0, kind=KIND_SYMBOLS, num_rows=n, row_bytes=width,
-                   routes=Routes((keep,)), rows=rows)  # fmt: skip
+    master.deliver(
+        epoch=1,
+        part=0,
+        kind=KIND_SYMBOLS,
+        num_rows=n,
+        row_bytes=width,
+        routes=Routes((keep,)),
+        rows=rows,
+    )
     assert sum(m.numel() for m in wire) == framed(n, width, chunk)
-    got = worker.deliver(epoch=1, part=0, kind=KIND_SYMBOLS, num_rows=n, row_bytes=width,
-                         routes=Routes((keep,)))  # fmt: skip
+    got = worker.deliver(
+        epoch=1, part=0, kind=KIND_SYMBOLS, num_rows=n, row_bytes=width, routes=Routes((keep,))
+    )
     assert torch.equal(got, rows[torch.from_numpy(keep)] if keep.size else rows[:0])
 
 

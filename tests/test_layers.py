@@ -247,26 +247,19 @@ def test_no_function_over_80_lines():
     assert not long_functions, long_functions
 
 
-def test_the_formatter_lays_out_the_code_but_for_tables():
-    """``ruff format`` alone lays out the library and the jobs: ``# fmt: skip`` only on a
-    literal table of constants (a list or tuple of strings or numbers), at most five."""
-    skips = []
-    for path in [*library_modules(), *sorted((PACKAGE.parent / "train").rglob("*.py"))]:
-        text = path.read_text()
-        if "fmt: skip" not in text and "fmt: off" not in text:
-            continue
-        assert "fmt: off" not in text, path
-        lines = text.splitlines()
-        for node in ast.walk(ast.parse(text)):
-            if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
-                continue
-            if "fmt: skip" in lines[node.end_lineno - 1]:
-                value = node.value
-                assert isinstance(value, ast.List | ast.Tuple), f"{path}:{node.lineno}"
-                assert all(isinstance(e, ast.Constant) for e in value.elts), f"{path}:{node.lineno}"
-                skips.append(f"{path.name}:{node.lineno}")
-        assert text.count("fmt: skip") == sum(s.startswith(path.name + ":") for s in skips), path
-    assert len(skips) <= 5, skips
+def test_the_formatter_alone_lays_out_the_code():
+    """``ruff format`` alone lays out the library, the jobs, the scripts, the examples and
+    the tests: no line opts out of it (``# fmt: skip``, ``# fmt: off``)."""
+    root = PACKAGE.parent
+    opted = re.compile(r"#\s*fmt:\s*(skip|off)\s*$")
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for folder in ("coded_shuffle", "train", "scripts", "examples", "tests")
+        for path in sorted((root / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if opted.search(line)
+    ]
+    assert not found, found
 
 
 def test_the_jobs_read_typed_configs():

@@ -83,9 +83,15 @@ def _multicast_stream(rank: int, world: int, options: dict, streams: int) -> tup
             gen = torch.Generator().manual_seed(epoch)
             rows = torch.randint(0, 256, (MC_ROWS, MC_WIDTH), generator=gen).to(torch.uint8)
             everything = np.arange(MC_ROWS)
-            out = link.deliver(epoch=epoch, part=0, kind=KIND_SYMBOLS, num_rows=MC_ROWS,
-                               row_bytes=MC_WIDTH, routes=Routes((everything,) * (world - 1)),
-                               rows=rows if rank == 0 else None)  # fmt: skip
+            out = link.deliver(
+                epoch=epoch,
+                part=0,
+                kind=KIND_SYMBOLS,
+                num_rows=MC_ROWS,
+                row_bytes=MC_WIDTH,
+                routes=Routes((everything,) * (world - 1)),
+                rows=rows if rank == 0 else None,
+            )
             exact &= out is None or torch.equal(out, rows)
             rounds.append(transport.rounds)
             paces.append(transport.settings()["pace_bits"])
@@ -191,8 +197,9 @@ def test_multicast_drops_datagrams_not_from_the_jobs_master_and_counts_them():
     delivery is exact; the group and port came from the job's identifier."""
     options = {"rate": "200mbit", "datagram_bytes": 512, "parity_block": 0}
     with private_netns() as ns:
-        results = run_ranks(WORLD, deliver_rows, "multicast", options, _strangers_at_the_group,
-                            netns=ns)  # fmt: skip
+        results = run_ranks(
+            WORLD, deliver_rows, "multicast", options, _strangers_at_the_group, netns=ns
+        )
     check_rows(results, WORLD, "multicast")
     foreign = [r[1][-2] for r in results]
     assert foreign == [0, 2, 2, 2]

@@ -192,10 +192,22 @@ def test_pack_refuses_in_one_line_and_leaves_nothing(tmp_path):
 
 def test_the_pack_command_prints_the_set_in_one_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "coded_shuffle", "pack", str(tmp_path / "p"), "--",
-         "data=synthetic", "data.points=300", "data.features=4"],
-        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "coded_shuffle",
+            "pack",
+            str(tmp_path / "p"),
+            "--",
+            "data=synthetic",
+            "data.points=300",
+            "data.features=4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines() == [
         f"packed {tmp_path / 'p'}: N = 300 training records of 20 bytes (X float32 (4,), y "
@@ -204,8 +216,11 @@ def test_the_pack_command_prints_the_set_in_one_line(tmp_path):
     assert "pack: X.npy 1,300 of 1,300 records (100%)" in out.stderr
     bad = subprocess.run(
         [sys.executable, "-m", "coded_shuffle", "pack", str(tmp_path / "p"), "--", "data=digits"],
-        capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 

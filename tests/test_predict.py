@@ -20,8 +20,9 @@ from coded_shuffle.tools.predict import Workload, planned_load
 MB = 10**6
 
 
-@pytest.mark.parametrize(("scheme", "storage"), [("cycles", 1.0), ("attia-tandon", 1.0),
-                                                 ("uncoded", 1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("scheme", "storage"), [("cycles", 1.0), ("attia-tandon", 1.0), ("uncoded", 1.0)]
+)
 def test_the_planned_bytes_are_the_bytes_evaluate_encodes(scheme, storage):
     """Same seed, same shuffles: the prediction's R_c and R_u are ``evaluate``'s framed
     broadcast and uncoded bytes (which it encodes, decodes and verifies)."""
@@ -136,8 +137,19 @@ def test_every_prediction_is_positive_and_names_the_best_uncoded(k, q, b, topolo
 
 
 def test_the_command_prints_every_row_and_a_verdict(capsys):
-    argv = ["predict", "-K", "8", "-N", "8000", "-B", "2004", "--rate", "400mbit",
-            "--topology", "shared"]  # fmt: skip
+    argv = [
+        "predict",
+        "-K",
+        "8",
+        "-N",
+        "8000",
+        "-B",
+        "2004",
+        "--rate",
+        "400mbit",
+        "--topology",
+        "shared",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("predicted delivery seconds of one epoch: K = 8, N = 8,000")
@@ -158,8 +170,21 @@ def test_a_partial_reshuffle_moves_its_fraction_and_p2p_wins_on_a_switch(capsys)
     part = planned_load(Workload(4, 4000, 500, fraction=0.25))
     assert part.uncoded_points == pytest.approx(0.25 * full.uncoded_points, rel=0.05)
     assert 0.4 < part.load_points / part.uncoded_points < 0.6
-    argv = ["predict", "-K", "4", "-N", "4000", "-B", "500", "--rate", "1gbit", "--fraction",
-            "0.25", "--peer-seconds", "0"]  # fmt: skip
+    argv = [
+        "predict",
+        "-K",
+        "4",
+        "-N",
+        "4000",
+        "-B",
+        "500",
+        "--rate",
+        "1gbit",
+        "--fraction",
+        "0.25",
+        "--peer-seconds",
+        "0",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert "partial reshuffle Q = 0.25" in out[0]
@@ -244,8 +269,22 @@ def test_the_peer_transports_follow_the_cost_model(transport, topology):
 def test_a_decentralized_row_where_the_workers_store_more_than_their_batch(capsys):
     """``T = 2``: the decentralized delivery over both peer transports, its coded bytes half
     of what every symbol to each keeper takes; ``T = 1``: no such row (nothing to code)."""
-    argv = ["predict", "-K", "4", "-N", "4000", "-B", "2004", "--rate", "200mbit",
-            "--master-rate", "50mbit", "--topology", "shared", "--json"]  # fmt: skip
+    argv = [
+        "predict",
+        "-K",
+        "4",
+        "-N",
+        "4000",
+        "-B",
+        "2004",
+        "--rate",
+        "200mbit",
+        "--master-rate",
+        "50mbit",
+        "--topology",
+        "shared",
+        "--json",
+    ]
     assert cli.main([*argv, "-T", "2", "--scheme", "attia-tandon-excess"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     peers = {r["transport"]: r for r in rows if r["delivery"] == "decentralized"}

@@ -88,9 +88,14 @@ def run(command: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedPr
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the venv's commands first
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PATH": path}
     proc = subprocess.Popen(
-        ["bash", "-c", command], cwd=cwd, env=env, text=True, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -237,8 +242,11 @@ def test_elastic_job_shows_progress_and_a_summary(workdir):
 
 def test_the_own_loop_snippet_imports_and_builds_its_settings():
     """The README's ``CodedShuffle`` snippet: its imports, and its settings line as written."""
-    (body,) = [b for lang, b in re.findall(r"```(\w*)\n(.*?)```", section("Your own training loop"),
-                                            re.S) if lang == "python"]  # fmt: skip
+    (body,) = [
+        b
+        for lang, b in re.findall(r"```(\w*)\n(.*?)```", section("Your own training loop"), re.S)
+        if lang == "python"
+    ]
     lines = body.splitlines()
     namespace: dict = {"epochs": 3}
     exec("\n".join(ln for ln in lines if ln.startswith(("import ", "from "))), namespace)
@@ -394,8 +402,11 @@ def test_the_predict_example_prints_what_the_docs_show(capsys):
     line (the prediction is deterministic: the same seed plans the same shuffle)."""
     from coded_shuffle.tools import cli
 
-    (body,) = [b for _, b in re.findall(r"```(\w*)\n(.*?)```", DOCS, re.S)
-               if "$ coded-shuffle predict" in b and "--job" not in b]  # fmt: skip
+    (body,) = [
+        b
+        for _, b in re.findall(r"```(\w*)\n(.*?)```", DOCS, re.S)
+        if "$ coded-shuffle predict" in b and "--job" not in b
+    ]
     lines = textwrap.dedent(body).strip().splitlines()
     assert lines[0].startswith("$ coded-shuffle predict")
     assert cli.main(shlex.split(lines[0][2:])[1:]) == 0

@@ -154,10 +154,24 @@ def test_the_search_budget_grows_like_k_squared():
 @pytest.mark.parametrize("name", ["elmahdy-mohajer", "attia-tandon-excess"])
 def test_the_excess_storage_schemes_refuse_more_than_their_workers_in_one_line(name):
     out = subprocess.run(
-        [sys.executable, "-m", "coded_shuffle.tools.cli", "evaluate", "--scheme", name,
-         "-K", "64", "-N", "640", "-T", "2"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "coded_shuffle.tools.cli",
+            "evaluate",
+            "--scheme",
+            name,
+            "-K",
+            "64",
+            "-N",
+            "640",
+            "-T",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0
     assert f"{name}: K=64 workers is above the 32 it plans for" in out.stderr

@@ -92,9 +92,16 @@ def test_a_worker_killed_mid_epoch_resumes_at_its_last_checkpointed_step(
     (the launcher's, or the same command again after a worker's kept batch was damaged)
     resumes at step 4 of epoch 2 without a new delivery (the damaged batch sent again, alone)
     and ends with the unbroken run's parameters."""
-    args = [f"scheme={scheme}", f"dist.transport={transport}", *JOB, "job.checkpoint_steps=4",
-            "debug.die_rank=2", "debug.die_epoch=2", "debug.die_step=7",
-            f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    args = [
+        f"scheme={scheme}",
+        f"dist.transport={transport}",
+        *JOB,
+        "job.checkpoint_steps=4",
+        "debug.die_rank=2",
+        "debug.die_epoch=2",
+        "debug.die_step=7",
+        f"hydra.run.dir={tmp_path}",
+    ]
     if damage:
         assert run_job(args, tmp_path).returncode == 1
         kept = tmp_path / "stores" / "worker-0" / "batch-e2.npy"

@@ -184,10 +184,21 @@ def test_compare_tables_what_each_run_took_to_reach_a_target(tmp_path, capsys):
 def test_the_epoch_line_says_what_was_turned_away_only_when_something_was():
     from train.metrics import progress_line
 
-    row = {"epoch": 2, "phase": "coded", "scheme": "cycles", "transport": "multicast",
-           "train_loss": 0.5, "test_loss": 0.4, "test_accuracy": 0.9, "broadcast_bytes": 2048,
-           "uncoded_bytes": 4096, "saved_percent": 50.0, "master_egress_bytes": 2100,
-           "delivery_seconds": 0.1, "verified": True}  # fmt: skip
+    row = {
+        "epoch": 2,
+        "phase": "coded",
+        "scheme": "cycles",
+        "transport": "multicast",
+        "train_loss": 0.5,
+        "test_loss": 0.4,
+        "test_accuracy": 0.9,
+        "broadcast_bytes": 2048,
+        "uncoded_bytes": 4096,
+        "saved_percent": 50.0,
+        "master_egress_bytes": 2100,
+        "delivery_seconds": 0.1,
+        "verified": True,
+    }
     assert "turned away" not in progress_line({**row, "foreign_datagrams": 0}, 3)
     line = progress_line({**row, "foreign_datagrams": 7, "refused_connections": 1}, 3)
     assert line.endswith("| turned away 7 datagrams, 1 connections")

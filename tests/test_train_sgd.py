@@ -130,13 +130,19 @@ def _averaged(rank: int, world: int) -> list[list[float]]:
         for i, p in enumerate(model.parameters()):
             p.add_(rank + i)
             opt.state[p]["momentum_buffer"].mul_(rank + 1)
-    before = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
-              torch.cat([opt.state[p]["momentum_buffer"].reshape(-1)
-                         for p in model.parameters()]).tolist()]  # fmt: skip
+    before = [
+        torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
+        torch.cat(
+            [opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]
+        ).tolist(),
+    ]
     shuffle_sgd.average_state(list(model.parameters()), opt, dist.group.WORLD, world)
-    after = [torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
-             torch.cat([opt.state[p]["momentum_buffer"].reshape(-1)
-                        for p in model.parameters()]).tolist()]  # fmt: skip
+    after = [
+        torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
+        torch.cat(
+            [opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]
+        ).tolist(),
+    ]
     return [before, after]
 
 

@@ -43,9 +43,8 @@ from tests.ranks import run_ranks
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     ("name", "options"),
-    [("tree", {}), ("chain", {}), ("unicast", {}), ("p2p", {}), ("chain", GLOO),
-     ("unicast", GLOO)],
-)  # fmt: skip
+    [("tree", {}), ("chain", {}), ("unicast", {}), ("p2p", {}), ("chain", GLOO), ("unicast", GLOO)],
+)
 def test_tcp_transports_deliver_exactly_and_count_their_model(name, options):
     results = run_ranks(WORLD, deliver_rows, name, options)
     check_rows(results, WORLD, name)
@@ -108,8 +107,15 @@ def _chain_pruned(rank: int, world: int, plane: str) -> tuple:
         routes = Routes(
             needs if rank == 0 else tuple(n if k == rank - 1 else None for k, n in enumerate(needs))
         )
-        out = link.deliver(epoch=3, part=0, kind=KIND_SYMBOLS, num_rows=N_ROWS, row_bytes=WIDTH,
-                           routes=routes, rows=rows if rank == 0 else None)  # fmt: skip
+        out = link.deliver(
+            epoch=3,
+            part=0,
+            kind=KIND_SYMBOLS,
+            num_rows=N_ROWS,
+            row_bytes=WIDTH,
+            routes=routes,
+            rows=rows if rank == 0 else None,
+        )
         counts, _ = link.take_counts()
         got = None if out is None else out.numpy().tobytes()
         return got, counts.egress, counts.ingress, counts.control, link.take_modelled()
@@ -156,9 +162,15 @@ def _relay_big(rank: int, world: int, plane: str = "gloo") -> bytes | None:
         gen = torch.Generator().manual_seed(11)
         rows = torch.randint(0, 256, (BIG_ROWS, BIG_WIDTH), generator=gen).to(torch.uint8)
         everything = np.arange(BIG_ROWS)
-        out = link.deliver(epoch=2, part=0, kind=KIND_SYMBOLS, num_rows=BIG_ROWS,
-                           row_bytes=BIG_WIDTH, routes=Routes((everything,) * (world - 1)),
-                           rows=rows if rank == 0 else None)  # fmt: skip
+        out = link.deliver(
+            epoch=2,
+            part=0,
+            kind=KIND_SYMBOLS,
+            num_rows=BIG_ROWS,
+            row_bytes=BIG_WIDTH,
+            routes=Routes((everything,) * (world - 1)),
+            rows=rows if rank == 0 else None,
+        )
         return None if out is None else hashlib.sha256(out.numpy().tobytes()).digest()
     finally:
         transport.close()

@@ -20,9 +20,17 @@ import numpy as np
 from coded_shuffle.codec.kernel_modes import ACC, ACC_XOR, COPY, XOR
 
 __all__ = [
-    "ACC", "ACC_XOR", "COPY", "XOR", "copy_rows", "gather_xor", "run_start", "set_threads",
-    "threads", "warm",
-]  # fmt: skip
+    "ACC",
+    "ACC_XOR",
+    "COPY",
+    "XOR",
+    "copy_rows",
+    "gather_xor",
+    "run_start",
+    "set_threads",
+    "threads",
+    "warm",
+]
 
 PARALLEL_MIN_BYTES = 1 << 20  # chunks smaller than this run on one thread (start-up cost)
 _threads = 1

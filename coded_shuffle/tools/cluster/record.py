@@ -14,8 +14,17 @@ from coded_shuffle.tools.cluster.netns import Cluster
 
 # the columns of /proc/stat's "cpu" line (proc(5)), in USER_HZ ticks
 PROC_STAT_FIELDS = (
-    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice"
-)  # fmt: skip
+    "user",
+    "nice",
+    "system",
+    "idle",
+    "iowait",
+    "irq",
+    "softirq",
+    "steal",
+    "guest",
+    "guest_nice",
+)
 
 
 def machine_cpu_ticks(stat: Path = Path("/proc/stat")) -> dict[str, int]:
