@@ -227,6 +227,9 @@ class Inbox:
         self.in_place: set[int] = set()  # messages whose payload was received into ``out``
         self.ranges = message_ranges(num_rows, row_bytes, chunk_bytes)
         self.keep, self.out, self.dest = keep, out.numpy(), dest
+        # kept rows before every message (and all of them last): message i keeps i..i+1
+        firsts = np.array([first for first, _ in self.ranges] + [num_rows], dtype=np.int64)
+        self.kept = np.searchsorted(keep, firsts).tolist()
         self.on_ready = on_ready  # told how many leading rows of ``out`` are complete
         self.received = 0
 
@@ -234,8 +237,8 @@ class Inbox:
         """Where message ``index``'s payload can be received in place: its rows in ``out``
         when this rank keeps all of them, in order and next to each other (else None: the
         message arrives in a buffer of its own and the kept rows are copied from it)."""
-        first, count = self.ranges[index]
-        lo, hi = np.searchsorted(self.keep, [first, first + count])
+        count = self.ranges[index][1]
+        lo, hi = self.kept[index], self.kept[index + 1]
         rows = self.dest[lo:hi]
         if hi - lo != count or (count > 1 and not np.all(np.diff(rows) == 1)):
             return None
@@ -255,7 +258,7 @@ class Inbox:
         self._skip_to(index)
         first, count = self.ranges[index]
         expected = Header(*self.header, first, count, self.row_bytes)
-        lo, hi = np.searchsorted(self.keep, [first, first + count])
+        lo, hi = self.kept[index], self.kept[index + 1]
         if index in self.in_place:
             check_header(message, expected)
         else:  # the digest only where rows are kept: a relay's next hop checks the rest
