@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import mmap
 import os
 import sys
@@ -224,7 +225,7 @@ class FileBuffers(Buffers):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._count = 0
+        self._names = itertools.count(1)  # a file's number (next() is atomic: two threads)
         self._scratch = Recycled(self._scratch_file, FILE_IDLE_BYTES_MAX, FILE_HEADROOM)
         self.spares: list[Path] = []  # files of slots given back (:meth:`recycle`), oldest first
         self._spares_lock = threading.Lock()
@@ -261,14 +262,17 @@ class FileBuffers(Buffers):
     def _written_file(self, nbytes: int) -> Path:
         """A new spare file of ``nbytes`` and room for a ``.npy`` header, written with zeros
         (:func:`zero_fill`: its blocks reserved, its pages cached)."""
-        self._count += 1
-        path = self.root / f"spare-{os.getpid()}-{self._count}.tmp"
+        path = self._file("spare")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             zero_fill(fd, 0, nbytes + PAGE_BYTES)
         finally:
             os.close(fd)
         return path
+
+    def _file(self, kind: str) -> Path:
+        """A new ``<kind>-<pid>-<n>.tmp`` in the root, named once whatever thread asks."""
+        return self.root / f"{kind}-{os.getpid()}-{next(self._names)}.tmp"
 
     def _keep_spare(self, spare: Path) -> None:
         with self._spares_lock:
@@ -282,8 +286,7 @@ class FileBuffers(Buffers):
         its blocks are allocated and its pages cached, where a new file's first write of every
         page faults, allocates and zeroes it (several times the cost of writing over a cached
         page here; docs/benchmarks.md, "Multicast at the cluster's default MTU")."""
-        self._count += 1
-        spare = self.root / f"spare-{os.getpid()}-{self._count}.tmp"
+        spare = self._file("spare")
         try:
             os.replace(path, spare)
         except FileNotFoundError:
@@ -309,8 +312,7 @@ class FileBuffers(Buffers):
         """A shared mapping of a new file of ``size`` bytes (written with zeros where
         ``filled``: :func:`zero_fill`), unlinked at once (the mapping keeps its pages;
         nothing stays on disk)."""
-        self._count += 1
-        path = self.root / f"scratch-{os.getpid()}-{self._count}.tmp"
+        path = self._file("scratch")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             if filled:
