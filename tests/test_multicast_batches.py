@@ -63,11 +63,11 @@ def run_of(
     return buf, end
 
 
-def new_round(total: int, rnd: int = 0, d: int = D) -> Round:
+def new_round(total: int, rnd: int = 0, d: int = D, block: int = 0) -> Round:
     n = -(-total // d)
     out, have = np.zeros(n * d, dtype=np.uint8), np.zeros(n, dtype=bool)
     debug = Debug(0.0, 0.0, np.random.default_rng(0))
-    return Round(JOB, STREAM, rnd, out, have, Parity(total, d, 0), HostBytes(), debug)
+    return Round(JOB, STREAM, rnd, out, have, Parity(total, d, block), HostBytes(), debug)
 
 
 def test_a_batch_is_a_millisecond_at_the_rate_within_the_kernels_limits():
@@ -207,6 +207,44 @@ def test_datagrams_sent_in_a_batch_arrive_whole_over_loopback(gro):
     assert np.array_equal(r.out[:total], data[:total]) and r.received == seqs.size
     assert batch.gso  # the kernel segmented every batch (Linux >= 4.18)
     assert (calls < seqs.size) == gro  # coalesced only where the receiver asked
+
+
+@pytest.mark.parametrize("gro", [True, False])
+def test_parity_datagrams_sent_in_one_batch_rebuild_what_their_blocks_lack(gro):
+    """``SendBatch.send_parity``: the parity of several blocks in one call (the stream's last
+    block short, its padding zero) arrives as datagrams a round takes apart, coalesced or
+    not: each rebuilds the one datagram its block lacks."""
+    d, block, total = 1000, 4, 10 * 1000 - 77
+    data = stream_bytes(total, d, seed=2)
+    data[total:] = 0
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2.0)
+        if gro:
+            enable_gro(rx)
+        tx.connect(rx.getsockname())
+        batch = SendBatch(tx, 16, d)
+        r = new_round(total, d=d, block=block)
+        lost = [1, 6, 9]  # one in each block
+        r.out[:total] = data[:total]
+        r.have[:] = True
+        r.have[lost] = False
+        r.out.reshape(-1, d)[lost] = 0
+        r.count = r.have.size - len(lost)
+        sent = batch.send_parity(data, [0, 1, 2], block, (JOB, STREAM, 0))
+        assert sent == 3 * (DGRAM_HEADER_BYTES + d)
+        reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
+        into = [memoryview(reads)[:RECEIVE_BYTES]]
+        while r.counts.ingress < sent:
+            nbytes, ancdata, _, _ = rx.recvmsg_into(into, GRO_CMSG_BYTES)
+            r.take(reads, nbytes, segment_size(ancdata, nbytes))
+    finally:
+        rx.close()
+        tx.close()
+    assert r.have.all() and r.rebuilt == 3
+    assert np.array_equal(r.out[:total], data[:total])
 
 
 def test_parity_in_an_in_order_run_rebuilds_the_one_datagram_its_block_lacks():

@@ -102,7 +102,7 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     adapt,
     send_buffer_bytes,
 )
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
+from coded_shuffle.distributed.transports.multicast.parity import Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
 
 POLL_SECONDS = 0.005
@@ -312,17 +312,16 @@ class Multicast(Transport):
     def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:
         """The parity datagram of every block that ends in ``[lo, hi)`` (the last block may be
         shorter: it ends with the stream)."""
-        d, n = self.datagram_bytes, data.size // self.datagram_bytes
+        assert self.batch is not None
+        n, step = data.size // self.datagram_bytes, self.batch.capacity
+        ends = range(lo // block, -(-hi // block))
+        blocks = [b for b in ends if lo < min(n, (b + 1) * block) <= hi]
         sent = 0
-        for b in range(lo // block, -(-hi // block)):
-            a, z = b * block, min(n, (b + 1) * block)
-            if not lo < z <= hi:
-                continue
-            parity = np.bitwise_xor.reduce(data[a * d : z * d].reshape(-1, d), axis=0)
+        for at in range(0, len(blocks), step):  # a batch of them per pause, as the data's
+            some = blocks[at : at + step]
             pacer.wait()
-            head = DGRAM.pack(self.job, self.stream_id, b, 0, FLAG_PARITY)
-            sent += self.tx.sendmsg([head, memoryview(parity)])
-            pacer.sent(1.0)
+            sent += self.batch.send_parity(data, some, block, (self.job, self.stream_id, 0))
+            pacer.sent(len(some))
         return sent
 
     def _send(self, data: np.ndarray, todo: np.ndarray, rnd: int, pacer: Pacer, size: int) -> int:

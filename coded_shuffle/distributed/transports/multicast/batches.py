@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
 from coded_shuffle.costs.wire import DGRAM_FORMAT, DGRAM_HEADER_BYTES
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY
 
 UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
 GSO_MAX_BYTES = 65507  # one UDP send: what an IPv4 length field allows
@@ -125,7 +127,26 @@ class SendBatch:
         else:
             self.rows["payload"][:k] = data.reshape(-1, d)[seqs]
         last = min(d, size - int(seqs[-1]) * d)  # the stream's last datagram may be shorter
-        length = (k - 1) * self.segment + DGRAM_HEADER_BYTES + last
+        return self._flush(k, (k - 1) * self.segment + DGRAM_HEADER_BYTES + last)
+
+    def send_parity(
+        self, data: np.ndarray, blocks: Sequence[int], block: int, stream: tuple[int, int, int]
+    ) -> int:
+        """The parity datagrams of ``blocks`` (at most ``capacity``; each the XOR of the
+        ``block`` datagrams of ``data``, whole and zero padded, that the block holds) with
+        header ``stream`` and the parity flag, in one call; returns the bytes handed over."""
+        k, d = len(blocks), self.d
+        rows = data.reshape(-1, d)
+        head = self.rows["head"][:k]
+        head["job"], head["stream"], head["round"] = stream
+        head["seq"], head["flags"] = blocks, FLAG_PARITY
+        payload = self.rows["payload"]
+        for i, b in enumerate(blocks):
+            np.bitwise_xor.reduce(rows[b * block : (b + 1) * block], axis=0, out=payload[i])
+        return self._flush(k, k * self.segment)
+
+    def _flush(self, k: int, length: int) -> int:
+        """The first ``k`` datagrams of the buffer (``length`` bytes) handed to the socket."""
         view = memoryview(self.raw)[:length]
         if k > 1 and self.gso:
             try:
