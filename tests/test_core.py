@@ -443,8 +443,10 @@ def test_scratch_rows_in_files_are_recycled_once_dropped_and_never_shared(tmp_pa
     small = files.empty(int(rows / REUSE_WITHIN / 1.1), width)
     assert small.data_ptr() != address  # too small for it: a buffer of its own size
     del small
+    parents = list(files._scratch.items)  # a forked child keeps its parent's mappings mapped
     files._scratch.pid = -1  # as in a forked child: the parent's buffers are not reused
     assert files.empty(rows, width).data_ptr() != address
+    del parents
 
 
 def test_primed_rows_are_the_ones_handed_out_next_and_a_large_delivery_primes_nothing(
