@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -208,9 +209,14 @@ class Buffers:
         the kernel writes back while the placement writes its own) cost the placement more
         than they save (a 1 GB set's placement: 4.5 s longer). In memory: the recycled
         huge-page buffers."""
-        sizes = [rows * width for rows, width in (*scratch, *slots)]
-        if sum(sizes) <= PRIME_BYTES_MAX:
-            _huge.prime([n for n in sizes if n >= HUGE_PAGE_BYTES])
+        scratch_bytes = [rows * width for rows, width in scratch]
+        slot_bytes = [rows * width for rows, width in slots]
+        if sum(scratch_bytes) + sum(slot_bytes) <= PRIME_BYTES_MAX:
+            self._prime([n for n in scratch_bytes if n], [n for n in slot_bytes if n])
+
+    def _prime(self, scratch: list[int], slots: list[int]) -> None:
+        """:meth:`prime`'s rows by their bytes (none empty), within the cap."""
+        _huge.prime([n for n in (*scratch, *slots) if n >= HUGE_PAGE_BYTES])
 
 
 IN_MEMORY = Buffers()
@@ -243,32 +249,35 @@ class FileBuffers(Buffers):
         over = self._spare(rows * width) if rows * width else None
         return torch.from_numpy(mapped_rows(self.path(slot), rows, width, over))
 
-    def prime(
-        self, scratch: Sequence[tuple[int, int]], slots: Sequence[tuple[int, int]] = ()
-    ) -> None:
-        """Scratch rows: the recycled scratch files' pages (rows under ``FILE_MIN_BYTES``
-        are the process's own, fresh each time: nothing to prime); slots: a spare file
-        (:meth:`recycle`) of each size, every page written, for the next slots to be
-        written over."""
-        if sum(rows * width for rows, width in (*scratch, *slots)) > PRIME_BYTES_MAX:
-            return
-        sizes = [rows * width for rows, width in scratch]
-        filled = self._filled_scratch_file
-        self._scratch.prime([n for n in sizes if n and n >= FILE_MIN_BYTES], filled)
-        for rows, width in slots[:SPARES_MAX]:
-            if rows * width:
-                self._keep_spare(self._written_file(rows * width))
+    def _prime(self, scratch: list[int], slots: list[int]) -> None:
+        """Scratch rows: the recycled scratch files' pages, the files written with zeros
+        (rows under ``FILE_MIN_BYTES`` are the process's own, fresh each time: nothing to
+        prime); slots: a spare file (:meth:`recycle`) of each size, written with zeros, for
+        the next slots to be written over."""
+        filled = functools.partial(self._scratch_file, filled=True)
+        self._scratch.prime([n for n in scratch if n >= FILE_MIN_BYTES], filled)
+        for nbytes in slots[:SPARES_MAX]:  # and room for a ``.npy`` header
+            with self._new_file("spare", nbytes + PAGE_BYTES, filled=True) as (path, _):
+                self._keep_spare(path)
 
-    def _written_file(self, nbytes: int) -> Path:
-        """A new spare file of ``nbytes`` and room for a ``.npy`` header, written with zeros
-        (:func:`zero_fill`: its blocks reserved, its pages cached)."""
-        path = self._file("spare")
+    @contextlib.contextmanager
+    def _new_file(self, kind: str, size: int, filled: bool) -> Iterator[tuple[Path, int]]:
+        """A new file of ``size`` bytes (written with zeros where ``filled``:
+        :func:`zero_fill`, its blocks reserved and its pages cached; else a hole), and its
+        descriptor while the caller needs it; removed where anything fails."""
+        path = self._file(kind)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            zero_fill(fd, 0, nbytes + PAGE_BYTES)
+            if filled:
+                zero_fill(fd, 0, size)
+            else:
+                os.ftruncate(fd, size)
+            yield path, fd
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
-        return path
 
     def _file(self, kind: str) -> Path:
         """A new ``<kind>-<pid>-<n>.tmp`` in the root, named once whatever thread asks."""
@@ -309,23 +318,13 @@ class FileBuffers(Buffers):
             return best
 
     def _scratch_file(self, size: int, filled: bool = False) -> mmap.mmap:
-        """A shared mapping of a new file of ``size`` bytes (written with zeros where
-        ``filled``: :func:`zero_fill`), unlinked at once (the mapping keeps its pages;
-        nothing stays on disk)."""
-        path = self._file("scratch")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            if filled:
-                zero_fill(fd, 0, size)
-            else:
-                os.ftruncate(fd, size)
-            return mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-            path.unlink()
-
-    def _filled_scratch_file(self, size: int) -> mmap.mmap:
-        return self._scratch_file(size, filled=True)
+        """A shared mapping of a new file of ``size`` bytes (:meth:`_new_file`), unlinked at
+        once (the mapping keeps its pages; nothing stays on disk)."""
+        with self._new_file("scratch", size, filled) as (path, fd):
+            try:
+                return mmap.mmap(fd, size)
+            finally:
+                path.unlink()
 
 
 def zero_fill(fd: int, start: int, end: int) -> None:
