@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CodedShuffle", "ShuffleSettings"]
+from coded_shuffle.version import __version__
+
+__all__ = ["CodedShuffle", "ShuffleSettings", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -116,7 +116,7 @@ def whole_job(
         command = [*base, "cluster", "--hosts", str(workers + 1), "--rate", cluster, "--"]
     else:
         exe = shutil.which("coded-shuffle-train")
-        command = [exe] if exe else [sys.executable, "-m", "train.launch"]
+        command = [exe] if exe else [sys.executable, "-m", "coded_shuffle_train.launch"]
     out = []
     for m in range(workers - size + 1):
         with tempfile.TemporaryDirectory() as run_dir:

@@ -87,7 +87,7 @@ def train(args: argparse.Namespace, packed: Path, run_dir: Path) -> tuple[Peak, 
     cmd = [
         sys.executable,
         "-m",
-        "train.launch",
+        "coded_shuffle_train.launch",
         "data=file",
         f"data.path={packed}",
         "model=logreg",
@@ -116,7 +116,18 @@ def pack(work: Path, name: str, features: int, points: int, test: bool) -> Path:
     """A synthetic set packed into ``work / name`` (without its test split unless ``test``)."""
     packed = work / name
     options = [f"data.points={points}", f"data.features={features}", "data.test_points=2000"]
-    run([sys.executable, "-m", "train.pack", str(packed), "--", "data=synthetic", *options], work)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "coded_shuffle_train.pack",
+            str(packed),
+            "--",
+            "data=synthetic",
+            *options,
+        ],
+        work,
+    )
     if not test:
         for f in ("X_test.npy", "y_test.npy"):
             (packed / f).unlink()
@@ -201,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "train.pack",
+                    "coded_shuffle_train.pack",
                     str(packed),
                     "--",
                     "data=synthetic",

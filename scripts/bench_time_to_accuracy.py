@@ -259,7 +259,7 @@ def big(args: argparse.Namespace) -> list[Result]:
             [
                 sys.executable,
                 "-m",
-                "train.pack",
+                "coded_shuffle_train.pack",
                 str(packed),
                 "--",
                 "data=synthetic",

@@ -33,7 +33,7 @@ def run(job: list[str], device: str, args: argparse.Namespace, where: Path) -> l
     cmd = [
         sys.executable,
         "-m",
-        "train.launch",
+        "coded_shuffle_train.launch",
         *job,
         f"device={device}",
         f"epochs={args.epochs}",

@@ -180,7 +180,7 @@ def unbroken_sha(args: argparse.Namespace, workers: int) -> str | None:
     """The final parameters of the same job on one machine, no fault, ``workers`` workers."""
     run_dir = Path(args.out) / "unbroken"
     exe = shutil.which("coded-shuffle-train")
-    cmd = [exe] if exe else [sys.executable, "-m", "train.launch"]
+    cmd = [exe] if exe else [sys.executable, "-m", "coded_shuffle_train.launch"]
     cmd += [f"workers={workers}", f"epochs={args.epochs}", f"seed={args.seed}", *JOB[:1]]
     cmd += [f"hydra.run.dir={run_dir}"]
     if subprocess.run(cmd, capture_output=True).returncode != 0:

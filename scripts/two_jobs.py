@@ -31,7 +31,11 @@ def one_job(cluster: netns.Cluster, j: int, overrides: list[str], out: Path, res
     job = [*overrides, f"seed={j}", f"hydra.run.dir={out / str(j)}"]
     target, run_dir = run.training_overrides(job, cluster)
     hosts = run.run_hosts(
-        cluster, ["-m", "train", *target], run_dir / "hosts", grace=10, port=run.MASTER_PORT + j
+        cluster,
+        ["-m", "coded_shuffle_train", *target],
+        run_dir / "hosts",
+        grace=10,
+        port=run.MASTER_PORT + j,
     )
     results[j] = (hosts, run_dir)
 

@@ -17,7 +17,7 @@ import torch
 from coded_shuffle.codec import buffers
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.math.schemes import get_scheme
-from train.compose import CONF_DIR
+from coded_shuffle_train.compose import CONF_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 # a small job of 4 workers that the multi-process tests vary
@@ -37,12 +37,12 @@ RUNS = [
 
 
 def compose(*overrides: str):
-    """The typed config (:class:`train.config.Config`) the jobs receive."""
+    """The typed config (:class:`coded_shuffle_train.config.Config`) the jobs receive."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from train.compose import register_configs
-    from train.entry import typed
+    from coded_shuffle_train.compose import register_configs
+    from coded_shuffle_train.entry import typed
 
     register_configs()  # the typed schemas the YAMLs name
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -52,7 +52,7 @@ def compose(*overrides: str):
 def train_command() -> list[str]:
     """``coded-shuffle-train`` as installed (else the module)."""
     exe = shutil.which("coded-shuffle-train")
-    return [exe] if exe else [sys.executable, "-m", "train.launch"]
+    return [exe] if exe else [sys.executable, "-m", "coded_shuffle_train.launch"]
 
 
 def run_job(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

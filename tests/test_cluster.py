@@ -184,7 +184,7 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
         [
             sys.executable,
             "-m",
-            "train.launch",
+            "coded_shuffle_train.launch",
             "scheme=uncoded",
             "workers=2",
             *LONG,
@@ -281,7 +281,14 @@ def test_workers_multicast_their_own_coded_symbols_on_a_shared_medium(tmp_path):
     run_dir, local = tmp_path / "run", tmp_path / "local"
     job = ["scheme=decentralized", "storage=2", *SMALL]
     unbroken = subprocess.Popen(
-        [sys.executable, "-m", "train.launch", *job, "workers=3", f"hydra.run.dir={local}"],
+        [
+            sys.executable,
+            "-m",
+            "coded_shuffle_train.launch",
+            *job,
+            "workers=3",
+            f"hydra.run.dir={local}",
+        ],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -17,10 +17,10 @@ import torch
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.errors import UsageError
+from coded_shuffle_train import data, shuffle_sgd
+from coded_shuffle_train.shuffle_sgd import model_inputs
 from tests.helpers import compose
 from tests.image_sets import TinyImages
-from train import data, shuffle_sgd
-from train.shuffle_sgd import model_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = "data.dataset._target_=tests.image_sets.TinyImages"
@@ -106,7 +106,14 @@ def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)}
     flags = [a for a in args if a == "-m"]  # Hydra's multirun flag before the overrides
     overrides = [a for a in args if a != "-m"]
-    command = [sys.executable, "-m", "train.launch", *flags, "data=dataset", "model=cnn"]
+    command = [
+        sys.executable,
+        "-m",
+        "coded_shuffle_train.launch",
+        *flags,
+        "data=dataset",
+        "model=cnn",
+    ]
     command += overrides
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -124,7 +131,7 @@ def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path)
     packed by ``coded-shuffle pack`` and read memory-mapped (``data=file``: the same
     parameters again, the records being the same bytes), and the digits as a Dataset: every
     epoch verified, a point's bytes are the item's."""
-    from train.pack import pack
+    from coded_shuffle_train.pack import pack
 
     job = ["workers=3", "epochs=3", "seed=2", "model.channels=4", "optim.batch_size=4"]
     out = _train(
@@ -139,7 +146,7 @@ def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path)
         [
             sys.executable,
             "-m",
-            "train.launch",
+            "coded_shuffle_train.launch",
             "data=file",
             f"data.path={tmp_path / 'packed'}",
             "model=cnn",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from coded_shuffle.errors import UsageError
-from train import device as dev
+from coded_shuffle_train import device as dev
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,9 @@
 """The elastic_gd job over real torch.distributed processes (P = 4 workers + master = 5).
 
-The job runs through the training harness (``python -m train.launch job=elastic_gd``, the
-``coded-shuffle-train`` command: torch's elastic launcher, restarts from ``max_restarts``). One
-run applies scheduled events to all four methods; another has a worker process SIGKILLed by
-this test mid-run and must resume with the survivors' stored blocks.
-"""
+The job runs through the training harness (``python -m coded_shuffle_train.launch job=elastic_gd``,
+the ``coded-shuffle-train`` command: torch's elastic launcher, restarts from ``max_restarts``). One
+run applies scheduled events to all four methods; another has a worker process SIGKILLed by this
+test mid-run and must resume with the survivors' stored blocks."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["job=elastic_gd", "workers=4", "job.elastic.recovery_threshold=2"]
 BASE += ["dist.timeout_seconds=60"]
-N, D = 360, 20  # conf/job/elastic_gd.yaml defaults
+N, D = 360, 20  # coded_shuffle_train/conf/job/elastic_gd.yaml defaults
 
 
 class Job:
@@ -38,7 +37,14 @@ class Job:
         self.log = run_dir.parent / f"{run_dir.name}.log"
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "train.launch", *BASE, *args, f"hydra.run.dir={run_dir}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "coded_shuffle_train.launch",
+                    *BASE,
+                    *args,
+                    f"hydra.run.dir={run_dir}",
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=out,

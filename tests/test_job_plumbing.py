@@ -19,9 +19,9 @@ def _groups_the_job_makes(rank: int, world: int, run_dir: Path) -> list:
     the launcher's entry does) and returns the ranks of every group created meanwhile."""
     import torch.distributed as dist
 
-    import train.dist as job_dist
+    import coded_shuffle_train.dist as job_dist
     from coded_shuffle.distributed.liveness import default_store_address
-    from train.shuffle_sgd import JOB
+    from coded_shuffle_train.shuffle_sgd import JOB
 
     host, port = default_store_address()  # the watchdog reaches the job's store there
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
@@ -45,9 +45,9 @@ def _groups_the_job_makes(rank: int, world: int, run_dir: Path) -> list:
 
 @pytest.mark.distributed
 def test_the_job_makes_no_group_beside_the_coded_shuffles_workers_group(tmp_path):
-    """On the CPU every rank creates exactly one group while the job runs: the coded
-    shuffle's workers' group (ranks 1..K), which the job's DDP and all-reduces use too (on
-    CUDA the model's NCCL group of the same ranks joins it: train.device.model_group)."""
+    """On the CPU every rank creates exactly one group while the job runs: the coded shuffle's
+    workers' group (ranks 1..K), which the job's DDP and all-reduces use too (on CUDA the model's
+    NCCL group of the same ranks joins it: coded_shuffle_train.device.model_group)."""
     made = run_ranks(3, _groups_the_job_makes, tmp_path)
     assert made == [[[1, 2]]] * 3
 
@@ -57,7 +57,7 @@ def test_one_home_for_the_watched_wait_the_restart_count_and_torchs_private_sett
     timeout setter each appear in one place of the library and the jobs."""
     sources = {
         path: path.read_text()
-        for folder in ("coded_shuffle", "train")
+        for folder in ("coded_shuffle", "coded_shuffle_train")
         for path in sorted((REPO / folder).rglob("*.py"))
     }
 

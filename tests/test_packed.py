@@ -20,8 +20,8 @@ from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import EpochChain
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle_train import data, pack, shuffle_sgd, standardise
 from tests.helpers import compose, huge_page_advised, in_huge_buffer, mapped_file
-from train import data, pack, shuffle_sgd, standardise
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["data=dataset", "data.dataset._target_=tests.image_sets.TinyImages"]

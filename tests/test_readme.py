@@ -82,8 +82,8 @@ def sized(command: str) -> str:
 
 
 def run(command: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Runs ``command`` in its own session. On a timeout every process of the session prints
-    its Python stacks (SIGUSR1, :func:`train.entry.stacks_on_signal`) before it is killed,
+    """Runs ``command`` in its own session. On a timeout every process of the session prints its
+    Python stacks (SIGUSR1, :func:`coded_shuffle_train.entry.stacks_on_signal`) before it is killed,
     and the test fails with the output: a hang in CI is diagnosable from the log."""
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # the venv's commands first
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PATH": path}
@@ -181,9 +181,9 @@ def test_every_training_command_has_a_valid_config(workdir, monkeypatch):
     """The documented training commands: their overrides compose and validate (what
     the launcher checks before any process starts), after the documented ``pack`` commands
     (smaller) wrote the directories they read."""
-    from train.compose import compose_argv
-    from train.entry import typed, validate
-    from train.pack import pack
+    from coded_shuffle_train.compose import compose_argv
+    from coded_shuffle_train.entry import typed, validate
+    from coded_shuffle_train.pack import pack
 
     monkeypatch.chdir(workdir)
     # the documented device=cuda commands validate as on a host with CUDA (this one has none)
@@ -309,9 +309,10 @@ def test_cluster_commands_pass_their_checks(workdir, monkeypatch, capsys):
     """The documented cluster commands, checked without building hosts (``--dry-run``)."""
     from coded_shuffle.tools import cli
     from coded_shuffle.tools.cluster import command as cluster_command
-    from train.entry import check_main
+    from coded_shuffle_train.entry import check_main
 
-    # the job's config check in this process (the command runs ``python -m train --check``)
+    # the job's config check in this process (the command runs ``python -m coded_shuffle_train
+    # --check``)
     monkeypatch.setattr(cluster_command, "check_training_config", check_main)
     cluster = [c for c in commands(DOCS) if c.startswith("coded-shuffle cluster")]
     assert len(cluster) >= 3
@@ -380,7 +381,7 @@ def test_the_cifar10_line_composes():
     """The CIFAR-10 line of docs/training.md (torchvision is not a dependency here): its
     overrides compose into the data set, test set and transform nodes that the ``dataset``
     source builds."""
-    from train.compose import compose_argv
+    from coded_shuffle_train.compose import compose_argv
 
     (line,) = [
         line

@@ -16,7 +16,8 @@ OUTSIDE = re.compile(
 )
 CITED = re.compile(r"(Attia & Tandon|Elmahdy & Mohajer|Yang et al\.) (\d{4})")
 DOC_PATH = re.compile(
-    r"\b(?:docs|coded_shuffle|train|scripts|tests|examples|conf)/[\w./-]+\.(?:md|py|yaml)\b"
+    r"(?<![\w/])(?:docs|coded_shuffle|coded_shuffle_train|scripts|tests|examples)/[\w./-]+"
+    r"\.(?:md|py|yaml)\b"
 )
 
 

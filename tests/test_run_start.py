@@ -1,5 +1,5 @@
 """A run's start as one typed value: what the run directory holds decides it, in one function
-(train/shuffle_sgd/start.py), and every mode carries exactly the fields it needs."""
+(coded_shuffle_train/shuffle_sgd/start.py), and every mode carries exactly the fields it needs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from train.shuffle_sgd.start import (
+from coded_shuffle_train.shuffle_sgd.start import (
     AfterEpoch,
     Complete,
     Fresh,

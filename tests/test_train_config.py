@@ -8,12 +8,12 @@ import torch
 from omegaconf import OmegaConf
 
 from coded_shuffle.errors import UsageError
+from coded_shuffle_train import shuffle_sgd
+from coded_shuffle_train.compose import CONF_DIR
 from tests.helpers import (
     compose,
     run_job,
 )
-from train import shuffle_sgd
-from train.compose import CONF_DIR
 
 # --- validation: before any process starts -------------------------------------------------
 
@@ -67,7 +67,7 @@ def test_invalid_configs_raise_one_usage_error(overrides, message):
     ],
 )
 def test_the_launcher_reads_the_start_method_before_composing(argv, method):
-    from train.launch import start_method_of
+    from coded_shuffle_train.launch import start_method_of
 
     assert start_method_of(argv) == method
     assert compose().dist.start_method == "forkserver"
@@ -103,7 +103,7 @@ def test_command_line_errors_are_one_line_and_start_nothing(tmp_path, args, mess
 
 def test_the_job_hands_its_placement_and_policy_to_the_coded_shuffle():
     """``data.placement=by_label`` (and the shuffle policy) reach the library's settings."""
-    from train.shuffle_sgd.settings import shuffle_settings
+    from coded_shuffle_train.shuffle_sgd.settings import shuffle_settings
 
     settings = shuffle_settings(
         compose("data.placement=by_label", "shuffle=partial", "shuffle.fraction=0.5")
@@ -115,8 +115,8 @@ def test_the_job_hands_its_placement_and_policy_to_the_coded_shuffle():
 def test_an_elastic_job_takes_its_workers_from_the_world(monkeypatch, capsys):
     """``dist.elastic``: ``workers`` becomes WORLD_SIZE - 1 (rank 0 says so); a world without
     a worker, or torch's store shared across attempts, stops with one line."""
-    from train.compose import compose_argv
-    from train.entry import follow_world, typed
+    from coded_shuffle_train.compose import compose_argv
+    from coded_shuffle_train.entry import follow_world, typed
 
     cfg = typed(compose_argv(["dist.elastic=true"])[0])
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
@@ -134,7 +134,7 @@ def test_an_elastic_job_takes_its_workers_from_the_world(monkeypatch, capsys):
 def test_the_composed_default_config_is_the_dataclasses_defaults():
     """One home for every default: the typed schema. The YAMLs only select (the default
     groups, the scheme's name); what they compose is the dataclasses' own defaults."""
-    from train.config import (
+    from coded_shuffle_train.config import (
         Config,
         DigitsConf,
         MLPConf,
@@ -169,7 +169,7 @@ def _overrides(node, schema, path=""):
 def test_every_group_file_sets_only_what_its_option_changes():
     """A group option's file names its schema and sets only keys whose value differs from
     the schema's default (no default written twice: ``max_restarts`` has one home)."""
-    from train.config import SCHEMAS
+    from coded_shuffle_train.config import SCHEMAS
 
     schema_of = {f"schema_{o}": c for options in SCHEMAS.values() for o, c in options.items()}
     files = sorted(CONF_DIR.glob("*/*.yaml"))

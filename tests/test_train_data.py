@@ -13,10 +13,10 @@ from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import EpochChain, placement_points, store_from_points
 from coded_shuffle.math.assignment import batches
 from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle_train import data
 from tests.helpers import (
     compose,
 )
-from train import data
 
 # --- records and data ------------------------------------------------------------------------
 

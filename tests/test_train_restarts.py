@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from coded_shuffle.errors import UsageError
+from coded_shuffle_train import checkpoint
+from coded_shuffle_train.metrics import RESIZE_KEYS
 from tests.helpers import (
     JOB,
     compose,
@@ -17,8 +19,6 @@ from tests.helpers import (
     read_summary,
     run_job,
 )
-from train import checkpoint
-from train.metrics import RESIZE_KEYS
 
 
 @pytest.mark.distributed

@@ -14,13 +14,13 @@ import torch
 from omegaconf import OmegaConf
 
 from coded_shuffle.costs.wire import REACH_DTYPE
+from coded_shuffle_train.metrics import EPOCH_KEYS
 from tests.helpers import (
     REPO,
     RUNS,
     read_metrics,
     read_summary,
 )
-from train.metrics import EPOCH_KEYS
 
 
 @pytest.mark.distributed
@@ -182,7 +182,7 @@ def test_compare_tables_what_each_run_took_to_reach_a_target(tmp_path, capsys):
 
 
 def test_the_epoch_line_says_what_was_turned_away_only_when_something_was():
-    from train.metrics import progress_line
+    from coded_shuffle_train.metrics import progress_line
 
     row = {
         "epoch": 2,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from coded_shuffle.errors import UsageError
+from coded_shuffle_train import data, shuffle_sgd
 from tests.helpers import (
     JOB,
     compose,
@@ -15,7 +16,6 @@ from tests.helpers import (
     read_summary,
     run_job,
 )
-from train import data, shuffle_sgd
 
 
 def test_local_sgd_averages_every_h_steps_and_at_the_epochs_end():
@@ -191,7 +191,7 @@ def test_workers_start_from_one_model_checked_by_digest_not_broadcast():
 def test_the_master_evaluates_the_test_split_transformed_once():
     """data=dataset with a transform that is not idempotent (``x / 255 - 0.5``): the master's
     evaluation reads the raw test inputs and transforms them once."""
-    from train.shuffle_sgd.master import Master
+    from coded_shuffle_train.shuffle_sgd.master import Master
 
     cfg = compose("data=dataset", "+data.transform.mean=0.5", "model=logreg")
     ds = data.load(cfg.data, workers=4, seed=0)

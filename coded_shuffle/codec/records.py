@@ -202,7 +202,7 @@ class Records:
     def gather(self, points: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``(n, B)`` rows of ``points`` (any order): fresh, or in ``out[:n]`` (a buffer the
         caller reuses, so that no read takes fresh pages: the job maps every array of 256 KiB
-        and more on its own, ``train/dist.py``)."""
+        and more on its own, ``coded_shuffle_train/dist.py``)."""
         rows = np.asarray(points, dtype=np.int64)
         if self.index is not None:
             rows = self.index[rows]

@@ -21,9 +21,8 @@ and a CPU-bound one (seconds of the CPU work on the cores that the hosts share):
 * **end of epoch**: worker 0's parameters to the master, the test forward, and
   :data:`EPOCH_SECONDS` (records, the checkpoint).
 
-No torch: the compute figures come in a :class:`Compute` (``python -m train --profile``
-measures them).
-"""
+No torch: the compute figures come in a :class:`Compute` (``python -m coded_shuffle_train
+--profile`` measures them)."""
 
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ HOP_FRAMES = {"shared": 2.0, "switch": 0.5, "uplink": 0.5}
 
 @dataclass(frozen=True)
 class Compute:
-    """The job's compute, measured on this machine (``python -m train --profile``)."""
+    """The job's compute, measured on this machine (``python -m coded_shuffle_train --profile``)."""
 
     step_seconds: float  # one optimiser step on one minibatch, one process alone
     eval_seconds_per_point: float

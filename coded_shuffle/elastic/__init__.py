@@ -2,7 +2,7 @@
 
 Pure numpy: the generator, the encoding, the cyclic usage and group decoding, the events and
 the master's loop behind a transport interface. The torch.distributed job is
-``train/elastic_gd.py``.
+``coded_shuffle_train/elastic_gd.py``.
 """
 
 from coded_shuffle.elastic.cyclic import CyclicUsage, GroupCode

@@ -9,9 +9,8 @@ Every available worker holds its coded block, every generator row in use and the
    sub-blocks, eq. (13)), multiplies, and an **all-reduce** sums ``X~_{s,used}^T r`` into
    ``X^T (X w - y)`` at every worker; every worker takes the same step.
 
-The functions below are one worker's share; :func:`simulate_peers` runs them in one process
-(the collectives are a list and a sum) and ``train/elastic_gd.py`` runs them over gloo.
-"""
+The functions below are one worker's share; :func:`simulate_peers` runs them in one process (the
+collectives are a list and a sum) and ``coded_shuffle_train/elastic_gd.py`` runs them over gloo."""
 
 from __future__ import annotations
 

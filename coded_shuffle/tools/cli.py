@@ -16,6 +16,7 @@ import numpy as np
 
 from coded_shuffle.errors import UndecodableError, UsageError, VerificationError
 from coded_shuffle.math.schemes import REGISTRY
+from coded_shuffle.version import __version__
 
 if TYPE_CHECKING:  # the commands import what they run: `--help` and `schemes` load no torch
     from coded_shuffle.tools.evaluate import EpochReport, Evaluation
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="coded-shuffle", description="Coded data shuffling: plan, encode, decode, measure."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_evaluate(sub)
     _add_predict(sub)
@@ -461,11 +463,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    """Runs the training package's packer (the data sources are the job's: ``train.pack``)."""
+    """Runs the training package's packer (the data sources are the job's:
+    ``coded_shuffle_train.pack``)."""
     import subprocess
 
     rest = list(args.args)
-    return subprocess.run([sys.executable, "-m", "train.pack", str(args.out), *rest]).returncode
+    return subprocess.run(
+        [sys.executable, "-m", "coded_shuffle_train.pack", str(args.out), *rest]
+    ).returncode
 
 
 COMMANDS = {

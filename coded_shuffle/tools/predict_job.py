@@ -2,12 +2,11 @@
 job that ``coded-shuffle cluster ... -- OVERRIDES`` would run and for every alternative a
 user would weigh it against (docs/command.md, "The verdict for a run").
 
-The job's shape and its compute come from ``python -m train --profile OVERRIDES`` (the job's
-own config, the model's step timed on this machine); the loads from the schemes' plans on a
+The job's shape and its compute come from ``python -m coded_shuffle_train --profile OVERRIDES`` (the
+job's own config, the model's step timed on this machine); the loads from the schemes' plans on a
 random reshuffle (:func:`~coded_shuffle.tools.predict.planned_load`); the seconds from the
 transports' cost models (:mod:`coded_shuffle.costs.model`) and the run's
-(:mod:`coded_shuffle.costs.run`). No torch here.
-"""
+(:mod:`coded_shuffle.costs.run`). No torch here."""
 
 from __future__ import annotations
 
@@ -29,7 +28,9 @@ from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.tools.predict import Load, Workload, planned_load
 
 MEDIA = ("switch", "shared")
-DEFAULT_FRACTION = 0.25  # shuffle=partial's default Q (conf/shuffle/partial.yaml)
+DEFAULT_FRACTION = (
+    0.25  # shuffle=partial's default Q (coded_shuffle_train/conf/shuffle/partial.yaml)
+)
 MASTER_SCHEMES_AT_T1 = "cycles"  # the coded alternative where the job's scheme is uncoded
 
 
@@ -83,7 +84,7 @@ class PricedRun:
 
 @dataclass(frozen=True)
 class JobRun:
-    """The job's profile (``python -m train --profile``) as the pricing reads it."""
+    """The job's profile (``python -m coded_shuffle_train --profile``) as the pricing reads it."""
 
     workers: int
     epochs: int
@@ -110,11 +111,13 @@ class JobRun:
 def profile_job(overrides: Sequence[str]) -> JobRun:
     """The job's profile from its own config (one line on a bad override)."""
     out = subprocess.run(
-        [sys.executable, "-m", "train", "--profile", *overrides], capture_output=True, text=True
+        [sys.executable, "-m", "coded_shuffle_train", "--profile", *overrides],
+        capture_output=True,
+        text=True,
     )
     if out.returncode:
         lines = (out.stderr.strip() or out.stdout.strip() or "invalid config").splitlines()
-        raise UsageError(lines[-1].removeprefix("python -m train: error: "))
+        raise UsageError(lines[-1].removeprefix("python -m coded_shuffle_train: error: "))
     p = json.loads(out.stdout.strip().splitlines()[-1])
     p["label_shares"] = tuple(p["label_shares"])
     training = Training(**fields_of(Training, p))

@@ -113,7 +113,11 @@ def what_runs(
     check_training_config(overrides)
     for fault in faults:
         fault.metrics = run_dir / "metrics.jsonl"
-    return ["-m", "train", *overrides], args.logs or run_dir / "hosts", run_dir / "cluster.json"
+    return (
+        ["-m", "coded_shuffle_train", *overrides],
+        args.logs or run_dir / "hosts",
+        run_dir / "cluster.json",
+    )
 
 
 def print_dry_run(

@@ -1,18 +1,17 @@
 """``coded-shuffle cluster``: one ``torchrun`` node per emulated host
 (docs/transports.md, "The emulated cluster").
 
-Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>``
-inside its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real
-multi-host code path, rendezvous by address. With ``--min-hosts M`` the nodes are elastic
-instead (``--nnodes M:P``, torch's c10d rendezvous at host 0, every node named by its address,
-so that host 0, whose address sorts first, is rank 0: the master): after a failure the agents
-start the job again with the hosts that are left (``--lose``: a host gone for good). The first
-form runs the training job (``-m train``; ``workers = P - 1`` is set, and ``dist.elastic``
-with ``--min-hosts``), the second any torchrun script. Host 0's output
-goes to the console, every host's to ``LOGS/h<i>.log``; ``cluster.json`` beside them records
-the rates and what every NIC sent and received. When a host fails the others get ``grace``
-seconds to finish, then everything is killed; the namespaces go on every exit path.
-"""
+Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>`` inside
+its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code
+path, rendezvous by address. With ``--min-hosts M`` the nodes are elastic instead (``--nnodes M:P``,
+torch's c10d rendezvous at host 0, every node named by its address, so that host 0, whose address
+sorts first, is rank 0: the master): after a failure the agents start the job again with the hosts
+that are left (``--lose``: a host gone for good). The first form runs the training job (``-m
+coded_shuffle_train``; ``workers = P - 1`` is set, and ``dist.elastic`` with ``--min-hosts``), the
+second any torchrun script. Host 0's output goes to the console, every host's to ``LOGS/h<i>.log``;
+``cluster.json`` beside them records the rates and what every NIC sent and received. When a host
+fails the others get ``grace`` seconds to finish, then everything is killed; the namespaces go on
+every exit path."""
 
 from __future__ import annotations
 
@@ -104,7 +103,9 @@ def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> l
 def check_training_config(overrides: Sequence[str]) -> None:
     """Validates the job's config before any namespace exists (one line on a bad value)."""
     out = subprocess.run(
-        [sys.executable, "-m", "train", "--check", *overrides], capture_output=True, text=True
+        [sys.executable, "-m", "coded_shuffle_train", "--check", *overrides],
+        capture_output=True,
+        text=True,
     )
     if out.returncode:
         lines = (out.stderr.strip() or out.stdout.strip() or "invalid config").splitlines()
@@ -120,7 +121,7 @@ def max_restarts(target: Sequence[str]) -> int:
 def host_env(min_hosts: int | None = None) -> dict[str, str]:
     """What every host's torchrun runs with, besides the caller's environment: gloo on the
     host's NIC, and for elastic nodes a rendezvous store of each attempt's own
-    (``train.entry.follow_world``)."""
+    (``coded_shuffle_train.entry.follow_world``)."""
     env = {"GLOO_SOCKET_IFNAME": IFACE, "PYTHONUNBUFFERED": "1"}
     if min_hosts is not None:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
