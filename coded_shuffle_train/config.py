@@ -312,6 +312,12 @@ class DistConf:
     store_dir: str | None = None
     """Where every worker's store lives, memory-mapped (one folder per worker); null: the
     run directory's stores/."""
+    master_rank: int = 0
+    """The rank that holds the data set and sends the deliveries (the master); the workers
+    are the other ranks in order. 0..workers."""
+    prefetch: bool = True
+    """Epoch e + 1's delivery runs while the workers train on epoch e (false: each epoch's
+    delivery waits for the training before it)."""
     chain: ChainOptions = field(default_factory=ChainOptions)
     """The transports' own options: their dataclasses, the library's (one source)."""
     multicast: MulticastOptions = field(default_factory=MulticastOptions)
@@ -343,7 +349,7 @@ class Config:
     model: Any = MISSING
     optim: SGDConf = MISSING
     workers: int = 4
-    """K worker processes (ranks 1..K); rank 0 is the master."""
+    """K worker processes; one more, the master (dist.master_rank), holds the data set."""
     epochs: int = 10
     """Epoch 1 is the uncoded placement, epochs 2.. are coded deliveries."""
     seed: int = 0

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.distributed.liveness import WATCHED_WAIT
+from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.errors import UsageError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,13 +62,13 @@ def ddp_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def model_group(kind: str, workers_group: Any) -> Any:
+def model_group(kind: str, workers_group: Any, roles: Roles | None = None) -> Any:
     """The group the workers' DDP and model averaging run over: ``workers_group`` (gloo) on
     the CPU; on CUDA a new NCCL group of the same ranks (``new_group`` is collective: every
     rank calls this, the master too), waiting as long as the job's watchdog allows."""
     if kind != "cuda":
         return workers_group
-    ranks = list(range(1, dist.get_world_size()))
+    ranks = (roles or Roles(0, dist.get_world_size())).worker_ranks()
     backend = ddp_backend(torch.device("cuda"))
     return dist.new_group(ranks, timeout=WATCHED_WAIT, backend=backend)
 

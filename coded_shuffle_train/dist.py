@@ -1,4 +1,5 @@
-"""Process-group setup shared by every job (rank 0 = master, ranks 1..K = workers).
+"""Process-group setup shared by every job (the master on ``dist.master_rank``, rank 0 by
+default; the workers on the other ranks).
 
 Every job module calls :func:`context` (or :func:`setup`, which is idempotent) to get its
 :class:`RankContext`; the per-rank entry point (:mod:`coded_shuffle_train.entry`) has already set
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from coded_shuffle.codec.kernel import set_threads as set_codec_threads
 from coded_shuffle.distributed.launcher_env import agent_store, attempt
 from coded_shuffle.distributed.liveness import Heartbeat, Liveness, wait_long
+from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.errors import UsageError
 
 from .config import Config, DistConf
@@ -40,10 +42,15 @@ class RankContext:
     world_size: int
     run_dir: Path
     timeout: timedelta  # dist.timeout_seconds: how soon a lost peer must fail the job
+    master_rank: int = 0  # dist.master_rank: the rank that holds the data set
+
+    @property
+    def roles(self) -> Roles:
+        return Roles(self.master_rank, self.world_size)
 
     @property
     def is_master(self) -> bool:
-        return self.rank == 0
+        return self.rank == self.master_rank
 
     @property
     def workers(self) -> int:
@@ -51,8 +58,12 @@ class RankContext:
 
     @property
     def worker(self) -> int:
-        """0-based worker index (``rank - 1``); -1 on the master."""
-        return self.rank - 1
+        """0-based worker index; -1 on the master."""
+        return self.roles.role(self.rank) - 1
+
+    def rank_of_worker(self, worker: int) -> int:
+        """The rank of worker ``worker`` (0-based)."""
+        return self.roles.rank(worker + 1)
 
 
 _CONTEXT: RankContext | None = None
@@ -100,10 +111,10 @@ def setup(cfg: Config, run_dir: str | Path | None = None) -> RankContext:
     if world != expected:
         raise UsageError(
             f"the job has {world} processes but workers={cfg.workers} needs {expected} "
-            "(workers + 1: rank 0 is the master)"
+            f"(workers + 1: rank {cfg.dist.master_rank}, dist.master_rank, is the master)"
         )
     path = Path(run_dir) if run_dir is not None else Path(os.getcwd())
-    _CONTEXT = RankContext(rank, world, path, timeout)
+    _CONTEXT = RankContext(rank, world, path, timeout, int(cfg.dist.master_rank))
     return _CONTEXT
 
 
@@ -168,6 +179,7 @@ def start_liveness(
         on_progress,
         float(dist_conf.progress_seconds),
         watch_progress=True,
+        master=ctx.master_rank,
     )
     wait_long()
     return _LIVENESS.start()

@@ -63,14 +63,14 @@ def write_config(cfg: Config, run_dir: str | Path) -> None:
     (path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
-def _logging(run_dir: str | Path, rank: int) -> None:
-    """Console (and ``train.log`` on rank 0) when the process did not inherit handlers."""
+def _logging(run_dir: str | Path, master: bool) -> None:
+    """Console (and ``train.log`` on the master) when the process did not inherit handlers."""
     logger = logging.getLogger("train")
-    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.setLevel(logging.INFO if master else logging.WARNING)
     if logging.getLogger().handlers:
         return
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s] %(message)s", datefmt="%X")
-    if rank == 0:
+    if master:
         handler = logging.FileHandler(Path(run_dir) / "train.log")
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
         logger.addHandler(handler)
@@ -87,7 +87,7 @@ def run_rank(cfg: Config, run_dir: str) -> None:
     stacks_on_signal()
     return_freed_arrays()
     deterministic(int(cfg.threads))
-    _logging(run_dir, rank)
+    _logging(run_dir, rank == int(cfg.dist.master_rank))
     found = job(str(cfg.job.name))
     try:
         setup(cfg, run_dir)
@@ -162,7 +162,7 @@ def follow_world(cfg: Config, world: int, rank: int) -> None:
             f"dist.elastic: the launcher started {world} process; the job needs a master and "
             "at least one worker (2 or more)"
         )
-    if world - 1 != cfg.workers and rank == 0:
+    if world - 1 != cfg.workers and rank == int(cfg.dist.master_rank):
         print(
             f"dist.elastic: {world} processes: workers={world - 1} (the config said {cfg.workers})",
             file=sys.stderr,
@@ -191,7 +191,7 @@ def torchrun_main(argv: list[str]) -> None:
     try:
         if cfg.dist.elastic:
             follow_world(cfg, int(os.environ.get("WORLD_SIZE", cfg.workers + 1)), rank)
-        if rank == 0:
+        if rank == int(cfg.dist.master_rank):
             validate(cfg)
             write_config(cfg, run_dir)
     except UsageError as exc:

@@ -33,7 +33,9 @@ log = logging.getLogger("train")
 MASTER_WAIT_SECONDS = 30.0  # how long a dying worker waits for the master to begin its epoch
 
 
-def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = None) -> None:
+def die_if_asked(
+    debug: DebugConf, rank: int, epoch: int, step: int | None = None, master: int = 0
+) -> None:
     """``debug.die_rank`` exits (or hangs) at the start of ``debug.die_epoch`` (``step``
     None), or at its step ``debug.die_step`` where that is set, in the first attempt only. A
     worker that dies at an epoch's start first waits for the master to begin that epoch, so
@@ -44,11 +46,11 @@ def die_if_asked(debug: DebugConf, rank: int, epoch: int, step: int | None = Non
     if int(debug.die_epoch) != epoch or step != debug.die_step:
         return
     live = liveness()
-    if rank > 0 and step is None and live is not None:
-        live.await_stage(0, f"epoch {epoch} ", MASTER_WAIT_SECONDS)
+    if rank != master and step is None and live is not None:
+        live.await_stage(master, f"epoch {epoch} ", MASTER_WAIT_SECONDS)
     mode = str(debug.die_mode)
     where = f"epoch {epoch}" + (f" step {step}" if step is not None else "")
-    print(f"debug: {rank_label(rank)} {mode}s at {where}", file=sys.stderr, flush=True)
+    print(f"debug: {rank_label(rank, master)} {mode}s at {where}", file=sys.stderr, flush=True)
     if mode == "hang":
         while True:
             time.sleep(3600)

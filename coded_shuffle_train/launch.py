@@ -41,8 +41,9 @@ from .start_methods import DEFAULT_START_METHOD, START_METHODS
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
 
 
-def failure_line(exc: Any) -> str:
-    """The first failed rank of a ``ChildFailedError`` and why, in one line."""
+def failure_line(exc: Any, master: int = 0) -> str:
+    """The first failed rank of a ``ChildFailedError`` and why, in one line (``master``: the
+    master's rank, as the line names it)."""
     rank, failure = exc.get_first_failure()
     detail = failure.message
     if isinstance(detail, dict):
@@ -56,7 +57,7 @@ def failure_line(exc: Any) -> str:
     detail = detail.strip().splitlines()[0] if detail.strip() else detail
     from coded_shuffle.distributed.liveness import rank_label
 
-    return f"{rank_label(rank)} failed: {detail}"
+    return f"{rank_label(rank, master)} failed: {detail}"
 
 
 def start_method_of(argv: list[str]) -> str:
@@ -139,7 +140,7 @@ def launch(composed: DictConfig, run_dir: str) -> None:
     try:
         elastic_launch(config, rank_main)(cfg, run_dir)
     except ChildFailedError as exc:
-        fail(f"{failure_line(exc)} (run directory {run_dir})", 1)
+        fail(f"{failure_line(exc, int(cfg.dist.master_rank))} (run directory {run_dir})", 1)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

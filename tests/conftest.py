@@ -41,6 +41,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "peers",
             ["-m", "scheme=decentralized", f"storage={storage}", "dist.transport=peer-unicast"],
         ),
+        ("blocking", ["-m", "scheme=cycles", "dist.prefetch=false"]),  # the others prefetch
     ):
         out = run_job([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -51,6 +52,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
                 "transports": f"uncoded/{first['transport']}",
                 "excess": f"{first['scheme']} T={storage}",
                 "peers": f"{first['scheme']}/{first['transport']} T={storage}",
+                "blocking": f"{first['scheme']}/blocking",
             }[name]
             key += "/gloo" if key == "uncoded/chain" else ""
             found[key] = metrics.parent

@@ -33,6 +33,7 @@ RUNS = [
     *(f"{n} T={t}" for n, t in EXCESS),
     "uncoded/chain/gloo",  # the gloo data plane
     "decentralized/peer-unicast T=2",  # the workers send their own symbols
+    "cycles/blocking",  # dist.prefetch=false: every other run prefetches
 ]
 
 

@@ -162,10 +162,11 @@ def test_the_job_names_its_hydra_keys():
 
 def test_each_option_has_one_default_the_job_schema_reuses():
     """The Hydra schema's ``dist.chain``/``dist.multicast`` are the transports' dataclasses."""
+    from coded_shuffle_train.compose import CONF_DIR
     from coded_shuffle_train.config import DistConf
 
     fields = {f.name: f.default_factory for f in dataclasses.fields(DistConf) if f.default_factory}
     assert fields["chain"] is ChainOptions and fields["multicast"] is MulticastOptions
     assert REGISTRY["chain"].Options is ChainOptions
-    conf = (Path(__file__).resolve().parent.parent / "coded_shuffle_train" / "conf" / "config.yaml").read_text()
+    conf = (CONF_DIR / "config.yaml").read_text()
     assert "window:" not in conf and "grace_seconds:" not in conf  # no second default

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.distributed.epochs import EpochChain, Transition
 from coded_shuffle.distributed.settings import ShuffleSettings
-from coded_shuffle.distributed.transports import Link
+from coded_shuffle.distributed.transports import Link, Peer
 from coded_shuffle.math.schemes import Scheme
 
 
@@ -40,6 +40,11 @@ class EpochContext:
     @property
     def workers(self) -> int:
         return self.shape.workers
+
+    @property
+    def peer(self) -> Peer:
+        """This rank's place in the delivery: its role, the delivery's group, the roles."""
+        return self.link.transport.peer
 
     @property
     def record_bytes(self) -> int:

@@ -36,12 +36,31 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from coded_shuffle.distributed.roles import Roles
+
 FIELDS = 6  # beat | stage count | stage | ticks | detail | address
 LINGER_BEATS = 2  # heartbeat intervals a failing rank waits before it exits (see _fail)
 
 
-def rank_label(rank: int) -> str:
-    return "rank 0 (master)" if rank == 0 else f"rank {rank} (worker {rank - 1})"
+def rank_label(rank: int, master: int = 0) -> str:
+    """``rank 0 (master)``, ``rank 2 (worker 1)``: how every message names a rank."""
+    return Roles(master, max(rank, master) + 1).label(rank)
+
+
+def end_process(label: str, reason: str, exc: BaseException, linger: float = 0.0) -> None:
+    """Prints ``label: reason`` (one line), records ``exc`` for a launcher's error file
+    (torchrun's, the jobs' own: its summary names this rank and the reason) and ends this
+    process with status 1; under a launcher's agent after ``linger`` seconds. For what cannot
+    be raised where the work waits: a thread's failure while the main thread is blocked in a
+    collective that gloo cannot interrupt."""
+    print(f"{label}: {reason}", file=sys.stderr, flush=True)
+    with contextlib.suppress(Exception):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        time.sleep(linger)
+    os._exit(1)
 
 
 class RankLost(RuntimeError):
@@ -156,8 +175,9 @@ class Liveness:
         on_progress: Callable[[dict[int, Heartbeat], float], None] | None = None,
         progress_seconds: float = 10.0,
         watch_progress: bool = True,
+        master: int = 0,
     ) -> None:
-        self.rank, self.world = rank, world_size
+        self.rank, self.world, self.master = rank, world_size, master
         self.deadline, self.interval = deadline, min(interval, deadline / 4)
         self.store_address, self.prefix = store_address, prefix
         self.on_progress, self.progress_seconds = on_progress, progress_seconds
@@ -360,8 +380,8 @@ class Liveness:
                 rec = self.seen.get(r)
                 where = f"on {rec.address} at {rec.stage!r}" if rec else "(never started)"
                 return (
-                    f"{rank_label(r)} {where} lost: no heartbeat for {now - since:.0f} s "
-                    "(killed, stopped, or its host unreachable)"
+                    f"{rank_label(r, self.master)} {where} lost: no heartbeat for "
+                    f"{now - since:.0f} s (killed, stopped, or its host unreachable)"
                 )
         if not self.watch_progress or before is not None:
             return ""
@@ -372,8 +392,8 @@ class Liveness:
             if idle > self.deadline:
                 rec = self.seen[r]
                 return (
-                    f"{rank_label(r)} on {rec.address} hung: no progress for {idle:.0f} s at "
-                    f"{rec.stage!r} (others reached {ahead!r})"
+                    f"{rank_label(r, self.master)} on {rec.address} hung: no progress for "
+                    f"{idle:.0f} s at {rec.stage!r} (others reached {ahead!r})"
                 )
         return ""
 
@@ -393,7 +413,7 @@ class Liveness:
         behind, ahead = self._behind()
         if not behind:
             return ""
-        names = ", ".join(f"{rank_label(r)} at {self.seen[r].stage!r}" for r in behind)
+        names = ", ".join(f"{rank_label(r, self.master)} at {self.seen[r].stage!r}" for r in behind)
         return f"stalled: {names} (others reached up to {ahead!r})"
 
     def _progress_line(self, now: float) -> None:
@@ -415,11 +435,5 @@ class Liveness:
         if self._failing:
             return
         self._failing = True
-        print(f"{rank_label(self.rank)}: {reason}", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception):
-            from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-            ErrorHandler().record_exception(RankLost(reason))
-        if os.environ.get("TORCHELASTIC_RUN_ID"):
-            time.sleep(LINGER_BEATS * self.interval)
-        os._exit(1)
+        label = rank_label(self.rank, self.master)
+        end_process(label, reason, RankLost(reason), LINGER_BEATS * self.interval)

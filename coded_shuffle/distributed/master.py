@@ -111,7 +111,7 @@ class MasterSide:
         ctx = self.ctx
         n, b, chunk = ctx.shape.num_points, ctx.record_bytes, ctx.link.chunk_bytes
         keeps = [placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)]
-        held = exchange_held(None, ctx.workers) if ctx.settings.previous_workers else None
+        held = exchange_held(None, ctx.peer) if ctx.settings.previous_workers else None
         expected = [self.records.digest(p) for p in batches(ctx.chain.first, ctx.workers)]
         sent, bound = n, (float(n), True)
         t0, cpu = time.perf_counter(), HostCpu.start()
@@ -231,7 +231,7 @@ class MasterSide:
         )
 
     def reports(self) -> np.ndarray:
-        reports = gather_reports(np.zeros(1, dtype=REPORT), 0, self.ctx.workers)
+        reports = gather_reports(np.zeros(1, dtype=REPORT), self.ctx.peer)
         assert reports is not None
         return reports
 

@@ -94,9 +94,11 @@ class StorePersistence:
         return points.numpy().astype(np.int64, copy=False), rows
 
     def save_batch(self, epoch: int, batch: torch.Tensor) -> None:
-        """Keeps the batch of ``epoch`` (the one of the epoch before is dropped)."""
+        """Keeps the batch of ``epoch``; the one of two epochs before is dropped (the loop
+        may still train on the epoch before while this one was delivered ahead: a restart
+        inside it finds its batch)."""
         self.disk.save(batch_slot(epoch), batch.numpy(), self.identity(epoch))
-        self.disk.remove(batch_slot(epoch - 1))
+        self.disk.remove(batch_slot(epoch - 2))
 
     def load_batch(self, epoch: int) -> torch.Tensor | None:
         """The kept batch of ``epoch``, if present and intact (memory-mapped)."""

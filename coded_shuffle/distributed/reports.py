@@ -4,6 +4,7 @@ batch digests (the delivery's verification) and every host's byte counts."""
 from __future__ import annotations
 
 import resource
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.distributed.transports import HostBytes
+from coded_shuffle.distributed.transports import HostBytes, Peer
 from coded_shuffle.errors import VerificationError
 
 DIGEST_BYTES = 32
@@ -45,11 +46,17 @@ class HostCpu:
     """CPU seconds this process (every thread: the transport's, gloo's, the decoder's) spent
     since :meth:`start`, split into user and kernel (``getrusage(RUSAGE_SELF)``), and the wall
     clock when it started (``started``: a delivery between the workers, ``p2p``, is timed by
-    their clocks, :func:`peers_seconds`)."""
+    their clocks, :func:`peers_seconds`).
+
+    Started on another thread than the main one (a delivery in the background while the loop
+    trains), the main thread's own CPU meanwhile is left out, from the user seconds: the
+    training's steps are not the delivery's (what the loop's other threads spend, torch's
+    intra-op pool and gloo's, still counts: with one thread, as the job runs, there are few)."""
 
     user: float = 0.0
     system: float = 0.0
     started: float = 0.0
+    main: float | None = None  # the main thread's CPU at the start, where it is left out
 
     @staticmethod
     def now() -> tuple[float, float]:
@@ -59,15 +66,28 @@ class HostCpu:
     @classmethod
     def start(cls) -> HostCpu:
         user, system = cls.now()
-        return cls(-user, -system, time.time())
+        return cls(-user, -system, time.time(), _main_thread_cpu())
 
     def stop(self) -> HostCpu:
         user, system = self.now()
+        if self.main is not None:
+            user -= max(0.0, _main_thread_cpu() - self.main)
         return HostCpu(self.user + user, self.system + system, self.started)
 
     @property
     def total(self) -> float:
         return self.user + self.system
+
+
+def _main_thread_cpu() -> float | None:
+    """The main thread's CPU seconds, where the caller runs on another thread (else None)."""
+    if threading.current_thread() is threading.main_thread():
+        return None
+    ident = threading.main_thread().ident
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident or 0))
+    except (OSError, AttributeError):  # a platform without per-thread clocks: all counted
+        return None
 
 
 def anon_bytes(status: str = "/proc/self/status") -> int:
@@ -168,13 +188,15 @@ def peers_seconds(reports: np.ndarray) -> float:
     return float(reports["finished"].max() - reports["started"].min())
 
 
-def gather_reports(mine: np.ndarray, rank: int, workers: int) -> np.ndarray | None:
-    """Every worker's :data:`REPORT` at the master (``None`` elsewhere; the master passes an
-    empty report of its own)."""
+def gather_reports(mine: np.ndarray, peer: Peer) -> np.ndarray | None:
+    """Every worker's :data:`REPORT` at the master, worker 0 first (``None`` elsewhere; the
+    master passes an empty report of its own), over the peer's group."""
     buf = torch.from_numpy(np.frombuffer(mine.tobytes(), dtype=np.uint8).copy())
-    if rank != 0:
-        dist.gather(buf, dst=0)
+    master = peer.at(0)
+    if peer.rank != 0:
+        dist.gather(buf, dst=master, group=peer.group)
         return None
-    out = [torch.zeros_like(buf) for _ in range(workers + 1)]
-    dist.gather(buf, gather_list=out, dst=0)
-    return np.frombuffer(b"".join(t.numpy().tobytes() for t in out[1:]), dtype=REPORT)
+    out = [torch.zeros_like(buf) for _ in range(peer.world_size)]
+    dist.gather(buf, gather_list=out, dst=master, group=peer.group)
+    workers = peer.of.by_role(out)[1:]
+    return np.frombuffer(b"".join(t.numpy().tobytes() for t in workers), dtype=REPORT)

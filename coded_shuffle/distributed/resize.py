@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.distributed.transports import Peer
 from coded_shuffle.math.schemes import Scheme
 from coded_shuffle.math.state import CacheState, part_states
 
@@ -24,20 +25,22 @@ def whole_store_points(scheme: Scheme, state: CacheState, worker: int) -> np.nda
     return np.asarray(caches[0], dtype=np.int64)
 
 
-def exchange_held(held: np.ndarray | None, workers: int) -> list[np.ndarray]:
-    """Every worker's held points (sorted), on every rank: a collective of the default group
-    (the master offers none)."""
+def exchange_held(held: np.ndarray | None, peer: Peer) -> list[np.ndarray]:
+    """Every worker's held points (sorted), worker 0 first, on every rank: a collective of the
+    peer's group (the master offers none)."""
     mine = torch.from_numpy(np.ascontiguousarray(held if held is not None else EMPTY))
-    world = workers + 1
+    world, workers = peer.world_size, peer.world_size - 1
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64))
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64), group=peer.group)
+    sizes = peer.of.by_role(sizes)
     top = max(int(s) for s in sizes)
     if top == 0:
         return [EMPTY] * workers
     padded = torch.zeros(top, dtype=torch.int64)
     padded[: mine.numel()] = mine
     every = [torch.zeros(top, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(every, padded)
+    dist.all_gather(every, padded, group=peer.group)
+    every = peer.of.by_role(every)
     return [every[k + 1][: int(sizes[k + 1])].numpy() for k in range(workers)]
 
 

@@ -23,9 +23,33 @@ from coded_shuffle.distributed.transports import transport_class
 from coded_shuffle.distributed.transports.base import LIBRARY_NAMES, SettingNames
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.policies import ShufflePolicy, check_placement
-from coded_shuffle.math.schemes import Scheme, get_scheme
+from coded_shuffle.math.schemes import REGISTRY, Scheme, get_scheme
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
+SCHEMES = tuple(sorted(REGISTRY))
+# what each field must be, for the one line a value of another type gets
+TYPES = {
+    "scheme": "a scheme's name (coded-shuffle schemes)",
+    "storage": "a number of batches, 1..K",
+    "seed": "an integer",
+    "shuffle": "full, partial or none",
+    "fraction": "a number in (0, 1]",
+    "placement": "random or by_label",
+    "transport": "a transport's name (coded-shuffle transports)",
+    "transport_options": "a mapping of the transport's options",
+    "chunk_bytes": "an integer >= 1",
+    "epochs": "an integer >= 1, or None",
+    "drop_last": "True or False",
+    "timeout": "seconds > 0, or a datetime.timedelta",
+    "heartbeat": "seconds >= 0 (0: no watchdog)",
+    "store_dir": "a directory (str or path), or None",
+    "keep_batch": "True or False",
+    "first_epoch": "an integer >= 1",
+    "previous_workers": "an integer >= 1, or None",
+    "stream": "True or False",
+    "master_rank": "a rank of the job (an integer >= 0)",
+    "prefetch": "True or False",
+}
 DEFAULT_HEARTBEAT_SECONDS = 1.0
 
 
@@ -48,7 +72,8 @@ class ShuffleSettings:
     epochs : the number of epochs, if known (the master then encodes epoch ``e + 1`` while the
         workers train on ``e``, and stops at the last).
     drop_last : drop the last ``N mod K`` items so that the workers divide ``N``.
-    timeout : how soon a rank that died, was stopped or lost its link ends every rank.
+    timeout : how soon a rank that died, was stopped or lost its link ends every rank (a
+        ``timedelta``, or seconds).
     heartbeat : seconds between liveness heartbeats (``0``: no watchdog; then ``timeout``
         bounds the delivery's collectives).
     store_dir : where every rank keeps its large buffers and every worker its store, in
@@ -64,6 +89,11 @@ class ShuffleSettings:
         that only the rest crosses the link.
     stream : an epoch not made ready ahead is encoded message by message while earlier
         messages travel (``False``: whole before the first byte).
+    master_rank : the rank that holds the data set (the master); the workers are the others,
+        in rank order (checked against the job's ranks when ``CodedShuffle`` starts).
+    prefetch : with ``epochs`` known, epoch ``e + 1``'s delivery runs in the background as soon
+        as epoch ``e``'s batch is handed out, while the loop trains on it (``False``: every
+        epoch is delivered when it is asked for).
     names : how the caller names these settings in its errors.
     """
 
@@ -85,12 +115,17 @@ class ShuffleSettings:
     first_epoch: int = 1
     previous_workers: int | None = None
     stream: bool = True
+    master_rank: int = 0
+    prefetch: bool = True
     names: SettingNames = field(default_factory=lambda: LIBRARY_NAMES, compare=False)
 
     def __post_init__(self) -> None:
-        if self.store_dir is not None and not isinstance(self.store_dir, Path):
+        if self.store_dir is not None and isinstance(self.store_dir, str | os.PathLike):
             object.__setattr__(self, "store_dir", Path(os.fspath(self.store_dir)))
-        object.__setattr__(self, "transport_options", dict(self.transport_options or {}))
+        if isinstance(self.timeout, int | float) and not isinstance(self.timeout, bool):
+            object.__setattr__(self, "timeout", timedelta(seconds=float(self.timeout)))
+        if self.transport_options is None or isinstance(self.transport_options, Mapping):
+            object.__setattr__(self, "transport_options", dict(self.transport_options or {}))
         self.check()
 
     @property
@@ -98,29 +133,72 @@ class ShuffleSettings:
         return ShufflePolicy(self.shuffle, float(self.fraction))
 
     def check(self) -> None:
-        """What can be checked without the job: :class:`UsageError` for the first bad value."""
+        """What can be checked without the job: :class:`UsageError` naming the first bad
+        field as the caller names it, with its valid values."""
+        self._check_types()
         n = self.names
+        if self.scheme not in SCHEMES:
+            raise UsageError(f"{n.scheme}={self.scheme!r} unknown; valid: {', '.join(SCHEMES)}")
+        if not self.storage >= 1:
+            raise UsageError(f"{n.storage}={self.storage:g} out of range (>= 1 and <= the workers)")
         self.policy.check(n.shuffle, n.fraction)
         check_placement(self.placement, n.placement)
-        transport_class(self.transport, n)
-        if int(self.chunk_bytes) < 1:
+        transport_class(self.transport, n).parse_options(None, self.transport_options, n)
+        self._check_ranges()
+
+    def _check_types(self) -> None:
+        """Every field of the type it must have (a number where a number goes, ...)."""
+        n = self.names
+        for key, name, kinds in (
+            ("scheme", n.scheme, str),
+            ("storage", n.storage, int | float),
+            ("seed", "seed", int),
+            ("shuffle", n.shuffle, str),
+            ("fraction", n.fraction, int | float),
+            ("placement", n.placement, str),
+            ("transport", n.transport, str),
+            ("transport_options", "transport_options", dict),
+            ("chunk_bytes", n.chunk_bytes, int),
+            ("epochs", n.epochs, int | None),
+            ("drop_last", "drop_last", bool),
+            ("timeout", n.timeout, timedelta),
+            ("heartbeat", n.heartbeat, int | float),
+            ("store_dir", "store_dir", Path | None),
+            ("keep_batch", "keep_batch", bool),
+            ("first_epoch", "first_epoch", int),
+            ("previous_workers", "previous_workers", int | None),
+            ("stream", "stream", bool),
+            ("master_rank", n.master_rank, int),
+            ("prefetch", n.prefetch, bool),
+        ):
+            value = getattr(self, key)
+            numeric = kinds in (int, int | float, int | None)
+            if not isinstance(value, kinds) or (numeric and isinstance(value, bool)):
+                raise UsageError(f"{name}={value!r}: {TYPES[key]}")
+
+    def _check_ranges(self) -> None:
+        """Every number in its range, and the fields that go together."""
+        n = self.names
+        if self.chunk_bytes < 1:
             raise UsageError(f"{n.chunk_bytes}={self.chunk_bytes} out of range (must be >= 1)")
-        if self.epochs is not None and int(self.epochs) < 1:
+        if self.epochs is not None and self.epochs < 1:
             raise UsageError(f"{n.epochs}={self.epochs} out of range (must be >= 1)")
         if self.timeout.total_seconds() <= 0:
             raise UsageError(f"{n.timeout}={self.timeout} out of range (must be > 0)")
-        if self.keep_batch and self.store_dir is None:
-            raise UsageError("keep_batch=True needs a store_dir: the batch is kept there")
-        last = self.epochs if self.epochs is not None else "epochs"
-        beyond = self.epochs is not None and self.first_epoch > self.epochs
-        if int(self.first_epoch) < 1 or beyond:
-            raise UsageError(f"first_epoch={self.first_epoch} out of range 1..{last}")
-        if self.previous_workers is not None and int(self.previous_workers) < 1:
-            raise UsageError(f"previous_workers={self.previous_workers} out of range (>= 1)")
         if self.heartbeat < 0:
             raise UsageError(
                 f"{n.heartbeat}={self.heartbeat} out of range (seconds >= 0; 0: no watchdog)"
             )
+        if self.keep_batch and self.store_dir is None:
+            raise UsageError("keep_batch=True needs a store_dir: the batch is kept there")
+        last = self.epochs if self.epochs is not None else "epochs"
+        beyond = self.epochs is not None and self.first_epoch > self.epochs
+        if self.first_epoch < 1 or beyond:
+            raise UsageError(f"first_epoch={self.first_epoch} out of range 1..{last}")
+        if self.previous_workers is not None and self.previous_workers < 1:
+            raise UsageError(f"previous_workers={self.previous_workers} out of range (>= 1)")
+        if self.master_rank < 0:
+            raise UsageError(f"{n.master_rank}={self.master_rank} out of range (a rank, >= 0)")
 
     def check_job(self, workers: int, points: int, point_bytes: int) -> Scheme:
         """What depends on the job: ``workers`` K, ``points`` N (already a multiple of K)

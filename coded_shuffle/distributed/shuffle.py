@@ -1,15 +1,17 @@
 """``CodedShuffle``: every epoch's data moved to the workers by a coded delivery, in any loop.
 
-Created on every rank of a ``torch.distributed`` job (rank 0 = master, holding the data set;
-ranks ``1..K`` = workers), told the epoch like ``DistributedSampler``. Epoch 1 is the placement
-(every point sent once, uncoded); every later epoch plans the transition with the scheme,
-proves it decodable (:mod:`~coded_shuffle.math.index_decoder`), encodes, moves the symbols
-through the transport registry (:mod:`~coded_shuffle.distributed.transports`), decodes at every
-worker with its own store only, and verifies: the master compares every worker's batch digest
-with its own and raises :class:`~coded_shuffle.errors.VerificationError` on a difference.
-Nothing but bytes,
+Created on every rank of a ``torch.distributed`` job (the master, holding the data set, on
+``master_rank``, rank 0 by default; the workers on the other ranks), told the epoch like
+``DistributedSampler``. Epoch 1 is the placement (every point sent once, uncoded); every later
+epoch plans the transition with the scheme, proves it decodable
+(:mod:`~coded_shuffle.math.index_decoder`), encodes, moves the symbols through the transport
+registry (:mod:`~coded_shuffle.distributed.transports`), decodes at every worker with its own
+store only, and verifies: the master compares every worker's batch digest with its own and
+raises :class:`~coded_shuffle.errors.VerificationError` on a difference. Nothing but bytes,
 one header per message and one report per worker per epoch crosses the network: every rank
 derives the assignments and plans from the seed (:mod:`~coded_shuffle.distributed.epochs`).
+With ``epochs`` known, each epoch's delivery runs in the background while the loop trains on
+the epoch before (:mod:`~coded_shuffle.distributed.prefetch`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import contextlib
 import itertools
 import logging
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,12 +35,24 @@ from coded_shuffle.codec import kernel
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers, FileBuffers
 from coded_shuffle.codec.records import LocalBatch
 from coded_shuffle.distributed.context import DataShape, EpochContext
+from coded_shuffle.distributed.dataset import EpochDataset, EpochSampler
+from coded_shuffle.distributed.ddp import data_parallel, minibatch_order
 from coded_shuffle.distributed.describe import describe, first_assignment
 from coded_shuffle.distributed.epochs import EpochChain, placement_points
 from coded_shuffle.distributed.launcher_env import attempt
-from coded_shuffle.distributed.liveness import WATCHED_WAIT, Heartbeat, Liveness, is_peer_loss
+from coded_shuffle.distributed.liveness import (
+    WATCHED_WAIT,
+    Heartbeat,
+    Liveness,
+    RankLost,
+    end_process,
+    first_line,
+    is_peer_loss,
+)
 from coded_shuffle.distributed.master import MasterSide
 from coded_shuffle.distributed.persistence import StorePersistence, rank_folder
+from coded_shuffle.distributed.prefetch import Ahead
+from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.distributed.transports import Link, Peer, build_transport
 from coded_shuffle.distributed.worker import WorkerSide
@@ -68,16 +84,27 @@ def log_progress(records: dict[int, Heartbeat], seconds: float) -> None:
         log.info(f"  ... {me.stage}: {me.detail} ({seconds:.0f} s)")
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """One epoch's delivery, as this rank's side made it (on the thread that made it)."""
+
+    epoch: int
+    report: dict[str, Any]
+    assignment: np.ndarray
+    rows: torch.Tensor | None  # a worker's new batch (records); None on the master
+
+
 class CodedShuffle:
     """Coded delivery of every epoch's data (README: "Your own training loop").
 
     Parameters
     ----------
-    dataset : map-style data set on rank 0 (items: tensors or tuples of tensors of fixed shapes
-        and dtypes, e.g. ``TensorDataset``); ``None`` on every other rank.
+    dataset : map-style data set on the master's rank (items: tensors or tuples of tensors of
+        fixed shapes and dtypes, e.g. ``TensorDataset``); ``None`` on every other rank.
     settings : a :class:`~coded_shuffle.distributed.settings.ShuffleSettings` (scheme, storage,
         seed, shuffle policy, placement, transport and its options, epochs, liveness, store
-        directory); or its fields as keyword arguments (``scheme="cycles", storage=1, ...``).
+        directory, the master's rank, prefetch); or its fields as keyword arguments
+        (``scheme="cycles", master_rank=4, ...``).
     liveness : an already running :class:`~coded_shuffle.distributed.liveness.Liveness` to
         use instead of starting one (the training jobs start theirs before their data loads).
     on_progress : ``(bytes moved, bytes to move)`` after every message (progress lines; with
@@ -87,16 +114,26 @@ class CodedShuffle:
     ----------
     settings : the :class:`ShuffleSettings` in force.
     shape : what every rank agreed on: record layout, points, dropped points, workers.
-    report : this epoch's delivery metrics (the ``metrics.jsonl`` keys of a delivery; on a
-        worker: its own digest, decode time, stored bytes and host bytes).
+    roles : which rank is the master (:class:`~coded_shuffle.distributed.roles.Roles`).
+    is_master, worker : whether this rank is the master; else its worker index (0-based).
+    report : the last epoch's delivery metrics (the ``metrics.jsonl`` keys of a delivery; on
+        a worker: its own digest, decode time, stored bytes and host bytes), with
+        ``wait_seconds``: how long this rank waited for it when it asked.
     indices : (worker) the data set indices of the last batch, in order.
     assignment : every point's worker (0-based) in the last delivered or resumed epoch.
-    workers_group : the workers' process group (gradient all-reduce, DDP).
+    workers_group : the workers' process group (gradient all-reduce, DDP: :meth:`ddp`).
+    dataset, sampler : one data set for the whole run and the order to visit it in, for a
+        ``DataLoader`` built once (:mod:`~coded_shuffle.distributed.dataset`).
     liveness : the watchdog (``None`` with ``heartbeat=0``); ``liveness.tick()`` in a long
         loop shows progress.
 
-    ``close()`` (or leaving a ``with CodedShuffle(...) as cs:`` block) stops the watchdog,
-    the transport and the workers' group.
+    With ``epochs`` known and ``prefetch`` on (the default), epoch ``e + 1``'s delivery runs
+    in the background from the moment epoch ``e``'s batch is handed out: ``epoch(e + 1)`` (or
+    ``set_epoch(e + 1)``) then returns as soon as it is done. The batch handed out stays
+    readable, unchanged, until the next is asked for.
+
+    ``close()`` (or leaving a ``with CodedShuffle(...) as cs:`` block) waits for a delivery
+    still in the background, then stops the watchdog, the transport and the groups.
     """
 
     def __init__(
@@ -116,12 +153,21 @@ class CodedShuffle:
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if world < 2:
             raise UsageError(f"world size {world}: CodedShuffle needs a master and >= 1 worker")
+        self.roles = Roles(self.settings.master_rank, world)
+        self.roles.check(self.settings.names.master_rank)
+        self.role = self.roles.role(self.rank)
+        self.is_master = self.role == 0
+        self.worker = None if self.is_master else self.role - 1
         self.workers = world - 1
         # the codec's kernel loaded (compiled, on a fresh install) before any heartbeat can
         # be missed: the compiler holds the interpreter for a while
         kernel.warm()
         self.liveness, self._owns_liveness = self._watchdog(liveness)
         self._closed = False
+        self._ahead: Ahead[Delivered] | None = None
+        self._dataset: EpochDataset | None = None
+        self._batch: LocalBatch | None = None
+        self._epoch = 0  # the last epoch handed out
         try:
             self._wire(dataset, on_progress)
         except BaseException:
@@ -136,18 +182,23 @@ class CodedShuffle:
         if given is not None or s.heartbeat == 0:
             return given, False
         prefix = f"coded-shuffle/live/attempt{attempt()}/cs{next(_instances)}"
-        on_line = log_progress if self.rank == 0 else None
+        on_line = log_progress if self.is_master else None
         live = Liveness.for_default_group(
-            s.timeout, s.heartbeat, prefix, on_progress=on_line, watch_progress=False
+            s.timeout,
+            s.heartbeat,
+            prefix,
+            on_progress=on_line,
+            watch_progress=False,
+            master=self.roles.master,
         )
         return live.start(), True
 
     def _wire(self, dataset: Any | None, on_progress: Callable[[int, int], None] | None) -> None:
         """The data set described, the settings checked against it, the groups, the link,
         the epochs from the seed and this rank's side of every epoch."""
-        s, world = self.settings, self.workers + 1
+        s, roles = self.settings, self.roles
         wait = WATCHED_WAIT if self.liveness is not None else s.timeout
-        self.shape: DataShape = describe(dataset, self.workers, s)
+        self.shape: DataShape = describe(dataset, roles, s)
         self.scheme = s.check_job(self.workers, self.shape.num_points, self.record_bytes)
         with counting_compiles() as compiles:  # no plan holds a compile
             took = warm_planner(self.scheme, s.storage, self.workers)
@@ -157,13 +208,16 @@ class CodedShuffle:
                 "an install; cached for the next)"
             )
         self.storage_used = storage_used(self.scheme, self.workers, s.storage)
-        self.workers_group = dist.new_group(list(range(1, world)), timeout=wait)
+        self.workers_group = dist.new_group(roles.worker_ranks(), timeout=wait)
+        # the delivery's own group: its collectives never meet the loop's (a prefetch runs
+        # beside the loop's gradient all-reduce and messages)
+        self.delivery_group = dist.new_group(list(range(roles.world)), timeout=wait)
         dist.barrier()  # every worker joined its group before any rank can fail and leave
         buffers: Buffers = IN_MEMORY
         if s.store_dir is not None:
-            buffers = FileBuffers(rank_folder(s.store_dir, self.rank))
+            buffers = FileBuffers(rank_folder(s.store_dir, self.role))
         by_label = s.placement == "by_label" and s.first_epoch == 1
-        first = first_assignment(dataset, self.shape) if by_label else None
+        first = first_assignment(dataset, self.shape, roles) if by_label else None
         chain = EpochChain(
             self.scheme,
             self.shape.num_points,
@@ -175,14 +229,14 @@ class CodedShuffle:
             s.first_epoch,
         )
         transitions = chain.transitions(s.epochs if s.epochs is not None else sys.maxsize)
-        peer = Peer(self.rank, world, wait)
+        peer = Peer(self.role, roles.world, wait, self.delivery_group, roles=roles)
         transport = build_transport(s.transport, peer, s.transport_options, buffers)
         placement = None
         if transport.routing == "broadcast" and self._placed_once(chain):
-            placement = build_transport("unicast", peer, None, buffers)
+            placement = build_transport("unicast", transport.peer, None, buffers)
         self.link = Link(transport, s.chunk_bytes, self._progress(on_progress), placement)
         self._ctx = EpochContext(
-            self.rank,
+            self.role,
             self.shape,
             s,
             self.scheme,
@@ -195,16 +249,20 @@ class CodedShuffle:
         self.indices = np.zeros(0, dtype=np.int64)
         self.assignment = chain.first  # the last delivered (or resumed) epoch's
         self._next = s.first_epoch
+        self._sides(dataset, buffers)
+
+    def _sides(self, dataset: Any | None, buffers: Buffers) -> None:
+        """This rank's side of every epoch: the master's (with the records) or a worker's."""
         self._master: MasterSide | None = None
         self._worker: WorkerSide | None = None
-        if self.rank == 0:
+        if self.is_master:
             records = self.shape.layout.pack(dataset, self.shape.num_points)
-            self._master = MasterSide(self._ctx, records, s.stream)
-        else:
-            persistence = None
-            if isinstance(buffers, FileBuffers):
-                persistence = StorePersistence(buffers, self._ctx, self.scheme.name)
-            self._worker = WorkerSide(self._ctx, persistence)
+            self._master = MasterSide(self._ctx, records, self.settings.stream)
+            return
+        persistence = None
+        if isinstance(buffers, FileBuffers):
+            persistence = StorePersistence(buffers, self._ctx, self.scheme.name)
+        self._worker = WorkerSide(self._ctx, persistence)
 
     def _placed_once(self, chain: EpochChain) -> bool:
         """Whether the placement puts every point at one worker only: then ``unicast`` sends
@@ -215,6 +273,12 @@ class CodedShuffle:
     @property
     def record_bytes(self) -> int:
         return self.shape.layout.record_bytes
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether the next epoch's delivery runs behind the loop (``prefetch`` with ``epochs``
+        known: a delivery nobody asks for is never started)."""
+        return self.settings.prefetch and self.settings.epochs is not None
 
     def _progress(
         self, on_progress: Callable[[int, int], None] | None
@@ -235,7 +299,8 @@ class CodedShuffle:
 
     def epoch(self, epoch: int) -> LocalBatch | None:
         """Delivers epoch ``epoch`` (the first, 1 or ``first_epoch``, is the placement; epochs
-        in order).
+        in order), or collects it from the background where it was prefetched, then starts
+        the next one's delivery in the background (``prefetch``).
 
         Returns the worker's new batch as a data set (``None`` on the master); ``report``
         then holds the epoch's metrics.
@@ -245,18 +310,101 @@ class CodedShuffle:
         epochs = self.settings.epochs
         if epochs is not None and epoch > epochs:
             raise UsageError(f"epoch({epoch}) out of range 1..{epochs} (epochs=)")
-        self._next += 1
+        began = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        with self.watched():
+            got = ahead.result() if ahead is not None else self._deliver(epoch)
+        self._next = epoch + 1
+        batch = self._hand_out(got, time.perf_counter() - began, ahead is not None)
+        self._prefetch(epoch)
+        return batch
+
+    def set_epoch(self, epoch: int) -> None:
+        """:meth:`epoch` for a loop that reads :attr:`dataset` (as ``DistributedSampler``'s
+        ``set_epoch``: every rank, before the epoch's loader is iterated)."""
+        self.epoch(epoch)
+
+    def _deliver(self, epoch: int) -> Delivered:
+        """Epoch ``epoch``'s delivery by this rank's side (in the foreground, or on the
+        background thread of a prefetch)."""
         if self._owns_liveness and self.liveness is not None:
             self.liveness.mark(f"epoch {epoch} delivery")
         if self._master is not None:
-            self.report = self._watched(self._master.epoch, epoch)
-            self.assignment = self._master.assignment
-            return None
+            report = self._master.epoch(epoch)
+            return Delivered(epoch, report, self._master.assignment, None)
         assert self._worker is not None
-        rows, self.assignment = self._watched(self._worker.epoch, epoch)
-        self.report = self._worker.report
-        self.indices = batches(self.assignment, self.workers)[self.rank - 1]
-        return LocalBatch(rows, self.shape.layout, self.indices)
+        rows, assignment = self._worker.epoch(epoch)
+        return Delivered(epoch, dict(self._worker.report), assignment, rows)
+
+    def _hand_out(self, got: Delivered, waited: float, prefetched: bool) -> LocalBatch | None:
+        """The delivered epoch becomes the current one: its report, assignment, batch."""
+        self.report = {**got.report, "wait_seconds": waited, "prefetched": prefetched}
+        self.assignment = got.assignment
+        self._epoch = got.epoch
+        batch = None
+        if got.rows is not None and self.worker is not None:
+            self.indices = batches(self.assignment, self.workers)[self.worker]
+            batch = LocalBatch(got.rows, self.shape.layout, self.indices)
+        self._batch = batch
+        if self._dataset is not None:
+            self._dataset.show(got.epoch, batch)
+        return batch
+
+    def _prefetch(self, epoch: int) -> None:
+        """The next epoch's delivery started in the background, where it will be asked for."""
+        epochs = self.settings.epochs
+        if not self.prefetching or epochs is None or epoch >= epochs:
+            return
+        following = epoch + 1
+        self._ahead = Ahead(following, lambda: self._deliver(following), self._background_failed)
+
+    def _background_failed(self, exc: BaseException) -> None:
+        """A prefetched delivery failed while the loop was busy elsewhere: a lost peer is left
+        to the watchdog, which names it and ends this process; anything else ends it now, with
+        one line (the loop may wait in a collective that cannot be interrupted)."""
+        if self._closed:
+            return
+        if self.liveness is not None and is_peer_loss(exc):
+            with contextlib.suppress(RankLost):
+                self.liveness.await_verdict(exc)
+        end_process(self.roles.label(self.rank), first_line(exc), exc)
+
+    # -- an own loop's pieces ----------------------------------------------------------------
+
+    @property
+    def dataset(self) -> EpochDataset:
+        """The worker's batch of the epoch last handed out, as one ``torch`` data set for the
+        whole run (empty on the master): build the ``DataLoader`` once, over it."""
+        if self._dataset is None:
+            self._dataset = EpochDataset(self.shape.layout, self.set_epoch)
+            if self._epoch:
+                self._dataset.show(self._epoch, self._batch)
+        return self._dataset
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """The order the training job visits the worker's batch in (from the seed and the
+        epoch), for the ``DataLoader`` over :attr:`dataset`; empty on the master."""
+        return EpochSampler(self.order)
+
+    def order(self) -> np.ndarray:
+        """The positions of the current batch in the job's order (``cs.sampler``'s)."""
+        if self.worker is None or not self._epoch:
+            return np.zeros(0, dtype=np.int64)
+        size = self.shape.num_points // self.workers
+        return minibatch_order(self.settings.seed, self._epoch, self.worker, size)
+
+    def ddp(self, model: torch.nn.Module, **options: Any) -> torch.nn.Module:
+        """``model`` in DDP over :attr:`workers_group` on a worker, its gradients averaged
+        in the model's parameter order (:func:`~coded_shuffle.distributed.ddp.data_parallel`:
+        the same bits as the training job, and after a restart); on the master ``model``
+        itself (it trains nothing). ``options`` go to DDP (``process_group=`` an NCCL group
+        of the workers on GPUs)."""
+        if self.is_master:
+            return model
+        group = options.pop("process_group", self.workers_group)
+        device = next(model.parameters()).device
+        return data_parallel(model, group, device, **options)
 
     @contextlib.contextmanager
     def watched(self) -> Iterator[None]:
@@ -270,14 +418,11 @@ class CodedShuffle:
                 self.liveness.await_verdict(exc)
             raise
 
-    def _watched(self, step: Callable[[int], Any], epoch: int) -> Any:
-        with self.watched():
-            return step(epoch)
-
     def close(self) -> None:
-        """Stops the watchdog it started, releases the transport's sockets and threads, and
-        destroys the workers' group once every rank is done with it, so that a DDP wrapped
-        around it may be freed whenever its owner lets it go (freed after the group's last
+        """Waits for a delivery still in the background (every rank started it), stops the
+        watchdog it started, releases the transport's sockets and threads, and destroys the
+        groups once every rank is done with them, so that a DDP wrapped around the workers'
+        group may be freed whenever its owner lets it go (freed after the group's last
         reference, at exit, gloo's threads and the interpreter's lock could deadlock).
         Idempotent; while an exception unwinds, or once the process group is destroyed,
         only this rank's own parts are released (a ``CodedShuffle`` never closed is released
@@ -288,15 +433,17 @@ class CodedShuffle:
             clean = sys.exc_info()[0] is None
             if clean and dist.is_initialized():  # every rank closes together
                 with self.watched():
-                    dist.barrier()  # nobody uses the workers' group any more
-                if self.rank > 0:
+                    if self._ahead is not None:
+                        self._ahead.result()  # a prefetch nobody asked for, done everywhere
+                    dist.barrier()  # nobody uses the groups any more
+                if not self.is_master:
                     dist.destroy_process_group(self.workers_group)
         finally:
             self._release()
 
     def _release(self) -> None:
         """This rank's own parts: the watchdog it started, the transport, the master's digest
-        thread (no collective)."""
+        thread, the data set's published files (no collective)."""
         if self._closed:
             return
         self._closed = True
@@ -306,6 +453,8 @@ class CodedShuffle:
         self.link.close()
         if self._master is not None:
             self._master.close()
+        if self._dataset is not None:
+            self._dataset.close()
 
     def __enter__(self) -> CodedShuffle:
         return self
@@ -330,7 +479,7 @@ class CodedShuffle:
     def _restore(self, completed: int, name: str) -> tuple[dict[str, Any], CacheState]:
         """:meth:`restore`'s work; also the state after ``completed``."""
         first = self.settings.first_epoch
-        if self._next != first:
+        if self._next != first or self._ahead is not None:
             raise UsageError(f"{name}({completed}) after epoch {self._next - 1}: call it first")
         epochs = self.settings.epochs
         if completed < first or (epochs is not None and completed > epochs):
@@ -340,10 +489,7 @@ class CodedShuffle:
         state = side.advance(completed)
         self.assignment = state.assignment
         loaded = self._worker.load(completed) if self._worker is not None else True
-        intact = torch.tensor([int(loaded)])
-        every = [torch.zeros_like(intact) for _ in range(self.workers + 1)]
-        dist.all_gather(every, intact)
-        broken = [k for k in range(self.workers) if not int(every[k + 1])]
+        broken = self._every_worker_lacking(not loaded)
         if broken and self._ctx.pending(completed):
             needs = {k: placement_points(self.scheme, state, k) for k in broken}
             side.replace(completed, needs, np.unique(np.concatenate(list(needs.values()))))
@@ -352,9 +498,18 @@ class CodedShuffle:
         report = {
             "resumed_after_epoch": completed,
             "replaced_workers": broken,
-            "replacement_bytes": counts.egress if self.rank == 0 else 0,
+            "replacement_bytes": counts.egress if self.is_master else 0,
         }
         return report, state
+
+    def _every_worker_lacking(self, lacking: bool) -> list[int]:
+        """The workers (0-based) that lack what they need, known to every rank (a collective
+        of the delivery's group; the master lacks nothing)."""
+        mine = torch.tensor([int(lacking and not self.is_master)])
+        every = [torch.zeros_like(mine) for _ in range(self.workers + 1)]
+        dist.all_gather(every, mine, group=self.delivery_group)
+        flags = self.roles.by_role(every)[1:]
+        return [k for k in range(self.workers) if int(flags[k])]
 
     def resume_inside(self, epoch: int) -> LocalBatch | None:
         """Resumes a job restarted inside ``epoch``, after its delivery (call on every rank,
@@ -372,9 +527,7 @@ class CodedShuffle:
         report, state = self._restore(epoch, "resume_inside")
         report["resumed_inside_epoch"] = report.pop("resumed_after_epoch")
         rows = self._worker.kept_batch(epoch) if self._worker is not None else None
-        every = [torch.zeros(1, dtype=torch.int64) for _ in range(self.workers + 1)]
-        dist.all_gather(every, torch.tensor([int(rows is not None or self.rank == 0)]))
-        missing = [k for k in range(self.workers) if not int(every[k + 1])]
+        missing = self._every_worker_lacking(rows is None)
         mine = batches(state.assignment, self.workers)
         if missing:
             needs = {k: mine[k] for k in missing}
@@ -383,15 +536,15 @@ class CodedShuffle:
                 self._master.replace(epoch, needs, union)
             elif self._worker is not None:
                 got = self._worker.receive_again(epoch, needs, union, store=False)
-                rows = got if self.rank - 1 in needs else rows
+                rows = got if self.worker in needs else rows
         counts, _ = self.link.take_counts()
-        self.report = {
+        report = {
             **report,
             "rebatched_workers": missing,
-            "rebatch_bytes": counts.egress if self.rank == 0 else 0,
+            "rebatch_bytes": counts.egress if self.is_master else 0,
         }
-        if self._worker is None:
-            return None
-        assert rows is not None
-        self.indices = mine[self.rank - 1]
-        return LocalBatch(rows, self.shape.layout, self.indices)
+        got = Delivered(epoch, report, state.assignment, rows)
+        batch = self._hand_out(got, 0.0, False)
+        self.report = report
+        self._prefetch(epoch)  # the rest of the epoch trains while the next is delivered
+        return batch

@@ -217,7 +217,7 @@ class WorkerSide:
         held = self.held_before(epoch - 1)
         points, rows = held if held is not None else (EMPTY, None)
         mine = np.isin(points, keep)
-        every = exchange_held(points[mine], ctx.workers)
+        every = exchange_held(points[mine], ctx.peer)
         keeps = [placement_points(ctx.scheme, ctx.chain.initial, j) for j in range(ctx.workers)]
         needs = still_needed(keeps, every)
         union = np.unique(np.concatenate(needs))
@@ -340,7 +340,7 @@ class WorkerSide:
         ``cpu`` started (checks, decode and digest included), gathered at the master."""
         counts, link_seconds = self.ctx.link.take_counts()
         mine = worker_report(batch_digest, decode_seconds, stored_bytes, counts, cpu)
-        gather_reports(mine, self.ctx.rank, self.ctx.workers)
+        gather_reports(mine, self.ctx.peer)
         self.report = {
             "batch_sha256": bytes(mine["digest"][0]).hex(),
             "decode_seconds": decode_seconds,

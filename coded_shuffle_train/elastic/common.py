@@ -47,8 +47,14 @@ def settings_from(cfg: Config, valid_methods: Sequence[str] = METHODS) -> Settin
 
 
 def check_report_every(cfg: Config) -> None:
+    """``job.report_every`` in range; and the elastic jobs' master is rank 0."""
     if int(cfg.job.report_every) < 0:
         raise UsageError(f"job.report_every={cfg.job.report_every} must be >= 0 (0: quiet)")
+    if int(cfg.dist.master_rank) != 0:
+        raise UsageError(
+            f"dist.master_rank={cfg.dist.master_rank}: job={cfg.job.name} runs its master on "
+            "rank 0 (only job=shuffle_sgd takes another)"
+        )
 
 
 def check_world(cfg: Config, ctx: RankContext) -> None:

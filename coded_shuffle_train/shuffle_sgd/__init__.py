@@ -22,14 +22,13 @@ from ..dist import context, start_liveness
 from ..jobs import Job
 from .master import Master, stage_line
 from .settings import validate
-from .steps import average_state, averaging_steps, mean_in_model_order, model_inputs
+from .steps import average_state, averaging_steps, model_inputs
 from .worker import Worker
 
 __all__ = [
     "JOB",
     "average_state",
     "averaging_steps",
-    "mean_in_model_order",
     "model_inputs",
     "validate",
 ]

@@ -24,7 +24,7 @@ from ..device import to_device
 from ..dist import mark
 from ..faults import corrupt_if_asked
 from ..metrics import MetricsWriter, human_bytes
-from .rank import MODEL_SENDER, Rank, recv
+from .rank import Rank, recv
 from .start import (
     AfterEpoch,
     Complete,
@@ -279,19 +279,19 @@ class Master(Rank):
         ``clock``: when this epoch and the first epoch of this attempt began (perf_counter),
         and the seconds elapsed before this attempt (``elapsed_seconds`` of the last record).
         """
-        t0 = time.perf_counter()
         flat = self.host_params().clone()
-        recv(flat, MODEL_SENDER)
-        loss = torch.zeros(2, dtype=torch.float64)
-        recv(loss, MODEL_SENDER)
-        row["train_seconds"] = time.perf_counter() - t0
+        recv(flat, self.model_sender)
+        totals = torch.zeros(4, dtype=torch.float64)  # loss sum, count; steps' s, wait s
+        recv(totals, self.model_sender)
+        loss = totals[:2]
+        row["train_seconds"], row["wait_seconds"] = float(totals[2]), float(totals[3])
         mark(f"epoch {row['epoch']} trained")
         self.load_params(flat)
         self.model.eval()
         row["test_loss"], row["test_accuracy"] = self.evaluate()
         if self.checkpointing and self.momentum:
             self.momentum_flat = torch.zeros_like(flat)
-            recv(self.momentum_flat, MODEL_SENDER)
+            recv(self.momentum_flat, self.model_sender)
         row["train_loss"] = float(loss[0] / loss[1])
         row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
         row["allreduce_payload_bytes"] = self.allreduce_bytes(flat.numel() * flat.element_size())
@@ -362,5 +362,7 @@ class Master(Rank):
 
     def gather_digest(self, mine: bytes) -> list[str]:
         out = [torch.zeros(DIGEST_BYTES, dtype=torch.uint8) for _ in range(self.ctx.world_size)]
-        dist.gather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), gather_list=out, dst=0)
-        return [bytes(t.tolist()).hex() for t in out[1:]]
+        dist.gather(
+            torch.frombuffer(bytearray(mine), dtype=torch.uint8), gather_list=out, dst=self.master
+        )
+        return [bytes(t.tolist()).hex() for t in self.ctx.roles.by_role(out)[1:]]

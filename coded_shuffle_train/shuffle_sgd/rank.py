@@ -21,8 +21,6 @@ from ..faults import die_if_asked
 from .settings import shuffle_settings
 from .start import RunStart
 
-MODEL_SENDER = 1  # worker 0 sends the trained model to the master
-
 
 def send(tensor: torch.Tensor, dst: int) -> None:
     """``tensor`` to rank ``dst``, point to point on the default group, waiting as long as a
@@ -64,14 +62,24 @@ class Rank:
         workers' group, or an NCCL group of the same ranks on CUDA)."""
         settings = shuffle_settings(self.cfg, self.store_dir, start)
         self.cs = CodedShuffle(dataset, settings, liveness=liveness())  # ticked by every message
-        self.model_group = model_group(self.device_kind, self.cs.workers_group)
+        self.model_group = model_group(self.device_kind, self.cs.workers_group, self.ctx.roles)
         return self.cs
+
+    @property
+    def master(self) -> int:
+        """The master's rank."""
+        return self.ctx.master_rank
+
+    @property
+    def model_sender(self) -> int:
+        """The rank that sends the trained model to the master: worker 0's."""
+        return self.ctx.rank_of_worker(0)
 
     def resumed_state(self, params: torch.Tensor, momentum: torch.Tensor) -> None:
         """The master's checkpointed parameters and momentum, to every rank (in place)."""
-        dist.broadcast(params, src=0)
+        dist.broadcast(params, src=self.master)
         if momentum.numel():
-            dist.broadcast(momentum, src=0)
+            dist.broadcast(momentum, src=self.master)
 
     def build_model(self, shape: tuple[int, ...], classes: int) -> torch.nn.Module:
         """The model for inputs of ``shape`` (after ``data.transform``), the same on every
@@ -88,9 +96,9 @@ class Rank:
         models.load_flat(self.model, flat.to(self.device))
 
     def begin(self, epoch: int) -> None:
-        die_if_asked(self.cfg.debug, self.ctx.rank, epoch)
+        die_if_asked(self.cfg.debug, self.ctx.rank, epoch, master=self.master)
         mark(f"epoch {epoch} start")
 
     def die_at(self, epoch: int, step: int) -> None:
         """``debug.die_step``: the die rank exits at this step (1-based) of ``epoch``."""
-        die_if_asked(self.cfg.debug, self.ctx.rank, epoch, step)
+        die_if_asked(self.cfg.debug, self.ctx.rank, epoch, step, self.master)

@@ -53,6 +53,8 @@ def shuffle_settings(
         keep_batch=store_dir is not None and int(cfg.job.checkpoint_steps) > 0,
         first_epoch=start.first_epoch,
         previous_workers=start.workers_before if isinstance(start, Resized) else None,
+        master_rank=int(cfg.dist.master_rank),
+        prefetch=bool(cfg.dist.prefetch),
         names=JOB_NAMES,
     )
 
@@ -64,7 +66,7 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"workers={workers} out of range (must be >= 1)")
     if int(cfg.epochs) < 1:
         raise UsageError(f"epochs={cfg.epochs} out of range (must be >= 1)")
-    _check_dist(cfg.dist)
+    _check_dist(cfg.dist, workers)
     check_device(cfg.device)
     settings = shuffle_settings(cfg)
     info = data.describe(cfg.data)
@@ -87,13 +89,13 @@ def validate(cfg: Config) -> None:
 
 
 def _check_debug(cfg: Config, workers: int) -> None:
-    die, step = cfg.debug.die_rank, cfg.debug.die_step
+    die, step, master = cfg.debug.die_rank, cfg.debug.die_step, int(cfg.dist.master_rank)
     if die is not None and not 0 <= int(die) <= workers:
         raise UsageError(f"debug.die_rank={die} out of range 0..{workers}")
-    if step is not None and (int(step) < 1 or (die is not None and int(die) < 1)):
+    if step is not None and (int(step) < 1 or (die is not None and int(die) == master)):
         raise UsageError(
-            f"debug.die_step={step}: a step >= 1 of a worker's epoch (debug.die_rank in "
-            f"1..{workers}, not the master)"
+            f"debug.die_step={step}: a step >= 1 of a worker's epoch (debug.die_rank a worker's "
+            f"rank: 0..{workers} but {master}, the master's)"
         )
 
 
@@ -110,7 +112,11 @@ def _check_optim(cfg: Config) -> None:
         raise UsageError(f"optim.batch_size={o.batch_size} out of range (must be >= 1)")
 
 
-def _check_dist(d: DistConf) -> None:
+def _check_dist(d: DistConf, workers: int) -> None:
+    if not 0 <= int(d.master_rank) <= workers:
+        raise UsageError(
+            f"dist.master_rank={d.master_rank} out of range 0..{workers} (the job's ranks)"
+        )
     if int(d.max_restarts) < 0:
         raise UsageError(f"dist.max_restarts={d.max_restarts} out of range (must be >= 0)")
     for key in ("timeout_seconds", "heartbeat_seconds", "progress_seconds"):

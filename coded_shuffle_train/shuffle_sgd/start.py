@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ..dist import context
+
 
 @dataclass(frozen=True)
 class Fresh:
@@ -152,16 +154,17 @@ class Opening:
 def gather_held(held: set[tuple[int, int]]) -> list[set[tuple[int, int]]]:
     """Collective of every rank: every worker's step checkpoints (``held``) to the master,
     which gets them in worker order (``[]`` elsewhere)."""
+    roles = context().roles
     rank, world = dist.get_rank(), dist.get_world_size()
-    every: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(held, every, dst=0)
-    return [] if every is None else every[1:]
+    every: list[Any] | None = [None] * world if rank == roles.master else None
+    dist.gather_object(held, every, dst=roles.master)
+    return [] if every is None else roles.by_role(every)[1:]
 
 
 def broadcast(opening: Opening | None) -> Opening:
     """Collective of every rank: the master's :class:`Opening` (None elsewhere), on every
     rank."""
     box = [opening]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=context().master_rank)
     assert isinstance(box[0], Opening)
     return box[0]

@@ -1,39 +1,16 @@
-"""What a worker's training steps are made of: the order it visits its batch in, when local
-SGD averages, the model's inputs from decoded records, and DDP's gradient averaging hook."""
+"""What a worker's training steps are made of: when local SGD averages, the model's inputs
+from decoded records, and DDP let go of in time (the order a worker visits its batch in and
+DDP's gradient averaging are the library's: :mod:`coded_shuffle.distributed.ddp`)."""
 
 from __future__ import annotations
 
 import gc
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from coded_shuffle_train import data
-
-
-def mean_in_model_order(state: tuple[Any, dict[int, int]], bucket):
-    """DDP communication hook: the bucket's gradients averaged over the workers, laid out in
-    the model's parameter order for the all-reduce (gloo's sums depend on an element's place
-    in the buffer; DDP reorders a bucket after its first step, and anew after a restart).
-    ``bucket`` and the result are not annotated: DDP checks annotations as objects, and this
-    module's are strings."""
-    group, order = state
-    buffer, params = bucket.buffer(), bucket.parameters()
-    starts = np.concatenate([[0], np.cumsum([p.numel() for p in params])]).tolist()
-    ranked = sorted(range(len(params)), key=lambda i: order[id(params[i])])
-    flat = torch.cat([buffer[starts[i] : starts[i + 1]] for i in ranked])
-    dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
-    at = 0
-    for i in ranked:
-        n = starts[i + 1] - starts[i]
-        buffer[starts[i] : starts[i + 1]].copy_(flat[at : at + n])
-        at += n
-    done: torch.futures.Future = torch.futures.Future()
-    done.set_result(buffer)
-    return done
 
 
 def release_ddp(owner: Any) -> None:
@@ -60,11 +37,6 @@ def averaging_steps(steps: int, every: int) -> list[int]:
     if every <= 0:
         return []
     return sorted({*range(every, steps + 1, every), steps})
-
-
-def minibatch_order(seed: int, epoch: int, worker: int, batch: int) -> np.ndarray:
-    """The order in which ``worker`` visits its batch in ``epoch`` (scheme-independent)."""
-    return np.random.default_rng([seed, 1, epoch, worker]).permutation(batch)
 
 
 def average_state(

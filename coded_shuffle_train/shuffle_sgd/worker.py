@@ -1,4 +1,4 @@
-"""The job's ranks 1..K: every epoch's batch from the coded shuffle (read where it was
+"""The job's workers: every epoch's batch from the coded shuffle (read where it was
 decoded: memory, or the store's memory-mapped file), synchronous SGD on it together (DDP over
 the workers' group, or local SGD), worker 0 sending the result to the master."""
 
@@ -6,29 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 from coded_shuffle.codec.records import LocalBatch
+from coded_shuffle.distributed.ddp import minibatch_order
 
 from .. import checkpoint, data, models
 from ..device import to_device
 from ..dist import mark, tick
 from ..faults import step_delay
-from .rank import MODEL_SENDER, Rank, send
+from .rank import Rank, send
 from .start import AfterEpoch, Complete, Fresh, InsideEpoch, broadcast, gather_held
-from .steps import (
-    average_state,
-    averaging_steps,
-    mean_in_model_order,
-    minibatch_order,
-    model_inputs,
-    release_ddp,
-)
+from .steps import average_state, averaging_steps, model_inputs, release_ddp
 
 
 @dataclass(frozen=True)
@@ -43,7 +37,8 @@ class StepState:
 
 
 class Worker(Rank):
-    """Ranks 1..K: get the epoch's batch from the coded shuffle, train on it."""
+    """The workers: get the epoch's batch from the coded shuffle (delivered while they
+    trained on the epoch before, ``dist.prefetch``), train on it."""
 
     def run(self) -> None:
         if not self.setup():
@@ -54,9 +49,10 @@ class Worker(Rank):
                 self.begin(epoch)
                 state = inside if epoch == self.start.done + 1 else None
                 batch = self.cs.epoch(epoch) if state is None else state.batch
+                waited = self.cs.report.get("wait_seconds", 0.0) if state is None else 0.0
                 mark(f"epoch {epoch} delivered")
                 assert batch is not None
-                self.train(epoch, batch, state)
+                self.train(epoch, batch, state, waited)
         finally:
             self.cs.close()
         self.gather_digest()
@@ -113,28 +109,21 @@ class Worker(Rank):
         self.set_momentum(momentum)
         return None
 
-    def distributed(self) -> DistributedDataParallel:
-        """The model in DDP over the workers' model group (gloo, or NCCL on CUDA): the
-        gradients averaged at every step (no buffer synchronised at each forward: the models
-        keep none that training changes), in one bucket reduced in the parameters' order: the
-        same bits before and after DDP rebuilds its buckets, so a resumed job ends with the
-        parameters of an unbroken one. Every worker drew the same model from the seed, so DDP
-        does not broadcast it at start (a model's bytes to every worker over the network):
-        :meth:`same_start` compares the workers' digests instead."""
-        model_mb = models.num_params(self.model) * 4 / 2**20
-        on_gpu = self.device.type == "cuda"
+    def distributed(self) -> torch.nn.Module:
+        """The model in DDP over the workers' model group (gloo, or NCCL on CUDA) by the coded
+        shuffle (``cs.ddp``: the gradients averaged at every step in one bucket reduced in the
+        parameters' order, so a resumed job ends with the parameters of an unbroken one; no
+        buffer synchronised at each forward: the models keep none that training changes).
+        Every worker drew the same model from the seed, so DDP does not broadcast it at start
+        (a model's bytes to every worker over the network): :meth:`same_start` compares the
+        workers' digests instead."""
         self.same_start()
-        ddp = DistributedDataParallel(
+        return self.cs.ddp(
             self.model,
-            device_ids=[self.device.index] if on_gpu else None,
             process_group=self.model_group,
             forward_sync_buffers=False,
-            bucket_cap_mb=model_mb + 1,
             init_sync=False,
         )
-        order = {id(p): i for i, p in enumerate(self.model.parameters())}
-        ddp.register_comm_hook((self.model_group, order), mean_in_model_order)
-        return ddp
 
     def same_start(self) -> None:
         """Every worker's model the same bits before training (32-byte digests gathered over
@@ -195,10 +184,14 @@ class Worker(Rank):
             [self.opt.state[p]["momentum_buffer"].reshape(-1) for p in self.model.parameters()]
         ).cpu()
 
-    def train(self, epoch: int, batch: LocalBatch, start: StepState | None = None) -> None:
+    def train(
+        self, epoch: int, batch: LocalBatch, start: StepState | None = None, waited: float = 0.0
+    ) -> None:
         """One epoch of synchronous SGD over the own batch (each minibatch read from the
         batch's records where they are), from step ``start.step`` after a restart inside it;
-        worker 0 sends the result."""
+        worker 0 sends the result, and the slowest worker's seconds on the steps and before
+        them, waiting for the batch (``waited``)."""
+        began = time.perf_counter()
         order = torch.from_numpy(minibatch_order(self.seed, epoch, self.k, self.q))
         size = int(self.cfg.optim.batch_size)
         params = list(self.model.parameters())
@@ -230,19 +223,23 @@ class Worker(Rank):
             count += idx.numel()
             if self.step_every and (step + 1) % self.step_every == 0 and step + 1 < steps:
                 self.save_step(epoch, step + 1, (loss_sum, count))
-        self.report(epoch, torch.tensor([loss_sum, count], dtype=torch.float64))
+        seconds = time.perf_counter() - began
+        totals = torch.tensor([loss_sum, count], dtype=torch.float64)
+        self.report(epoch, totals, torch.tensor([seconds, waited], dtype=torch.float64))
 
-    def report(self, epoch: int, totals: torch.Tensor) -> None:
-        """The epoch's summed loss over every worker; worker 0 sends it, the parameters and
-        (for the checkpoint) the momentum to the master."""
+    def report(self, epoch: int, totals: torch.Tensor, seconds: torch.Tensor) -> None:
+        """The epoch's summed loss over every worker, and the slowest worker's seconds on the
+        steps and waiting for the batch; worker 0 sends them, the parameters and (for the
+        checkpoint) the momentum to the master."""
         dist.all_reduce(totals, group=self.cs.workers_group)
-        if self.ctx.rank == MODEL_SENDER:
-            send(self.host_params(), 0)
-            send(totals, 0)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=self.cs.workers_group)
+        if self.ctx.rank == self.model_sender:
+            send(self.host_params(), self.master)
+            send(torch.cat([totals, seconds]), self.master)
             if self.checkpointing and self.momentum:
-                send(self.momentum_buffers(), 0)
+                send(self.momentum_buffers(), self.master)
         mark(f"epoch {epoch} trained")
 
     def gather_digest(self) -> None:
         mine = bytes.fromhex(models.params_sha256(self.model))
-        dist.gather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), dst=0)
+        dist.gather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), dst=self.master)

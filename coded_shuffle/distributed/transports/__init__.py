@@ -74,7 +74,7 @@ def build_transport(
     one drawn by rank 0 (:func:`~.base.job_identifier`)."""
     cls = transport_class(name)
     if not peer.job:
-        peer = dataclasses.replace(peer, job=job_identifier(peer.group))
+        peer = dataclasses.replace(peer, job=job_identifier(peer))
     transport = cls(peer, cls.parse_options(peer.world_size, options))
     transport.buffers = buffers
     return transport

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
+from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.errors import UsageError
 
 Routing = Literal["broadcast", "master", "peers"]
@@ -54,6 +55,8 @@ class SettingNames:
     epochs: str = "epochs"
     timeout: str = "timeout"
     heartbeat: str = "heartbeat"
+    master_rank: str = "master_rank"
+    prefetch: str = "prefetch"
 
     def of(self, transport: str) -> KeyName:
         return lambda key: self.option.format(transport=transport, key=key)
@@ -68,6 +71,8 @@ JOB_NAMES = SettingNames(
     chunk_bytes="dist.chunk_bytes",
     timeout="dist.timeout_seconds",
     heartbeat="dist.heartbeat_seconds",
+    master_rank="dist.master_rank",
+    prefetch="dist.prefetch",
 )
 
 
@@ -75,8 +80,9 @@ JOB_NAMES = SettingNames(
 class NoOptions:
     """The options of a transport that takes none."""
 
-    def check(self, world_size: int, name: KeyName) -> None:
-        """Raises :class:`UsageError` naming the first bad option (``name(key)``)."""
+    def check(self, world_size: int | None, name: KeyName) -> None:
+        """Raises :class:`UsageError` naming the first bad option (``name(key)``); what depends
+        on the job's ranks only where ``world_size`` is known."""
         del world_size, name
 
 
@@ -116,25 +122,40 @@ class HostBytes:
 
 @dataclass(frozen=True)
 class Peer:
-    """This rank's place in the job, as a transport needs it."""
+    """This rank's place in the job, as a transport needs it: ``rank`` is its *role* (0 the
+    master, ``1..K`` the workers; :mod:`~coded_shuffle.distributed.roles`), and every call to
+    another rank names it by :meth:`at`."""
 
     rank: int
     world_size: int
     timeout: timedelta
     group: Any = None  # the process group over all ranks (None: the default group)
     job: int = 0  # the job's identifier (:func:`job_identifier`): what strangers do not carry
+    roles: Roles | None = None  # which rank plays which role (None: rank = role)
 
     @property
     def workers(self) -> tuple[int, ...]:
         return tuple(range(1, self.world_size))
 
+    @property
+    def of(self) -> Roles:
+        return self.roles if self.roles is not None else Roles(0, self.world_size)
 
-def job_identifier(group: Any = None) -> int:
-    """A random 64-bit identifier drawn by rank 0 and handed to every rank of ``group``
-    (collective). Every datagram and every connection's hello carries it, so two jobs on one
-    network, or a stranger, are told apart from the job's own."""
+    def at(self, role: int) -> int:
+        """The rank (in :attr:`group`, over every rank in order) that plays ``role``."""
+        return self.of.rank(role)
+
+    def label(self, role: int | None = None) -> str:
+        """How messages name the rank that plays ``role`` (None: this one)."""
+        return self.of.label(self.at(self.rank if role is None else role))
+
+
+def job_identifier(peer: Peer) -> int:
+    """A random 64-bit identifier drawn by the master and handed to every rank of the peer's
+    group (collective). Every datagram and every connection's hello carries it, so two jobs on
+    one network, or a stranger, are told apart from the job's own."""
     drawn = torch.frombuffer(bytearray(os.urandom(8)), dtype=torch.uint8)
-    dist.broadcast(drawn, src=0, group=group)
+    dist.broadcast(drawn, src=peer.at(0), group=peer.group)
     return int.from_bytes(drawn.numpy().tobytes(), "little")
 
 
@@ -171,7 +192,7 @@ class Transport(ABC):
 
     @classmethod
     def parse_options(
-        cls, world_size: int, options: Any = None, names: SettingNames = LIBRARY_NAMES
+        cls, world_size: int | None, options: Any = None, names: SettingNames = LIBRARY_NAMES
     ) -> Any:
         """:attr:`Options` from a mapping (or as given), checked: :class:`UsageError` naming
         the first unknown or bad option the way the caller does (``names``)."""

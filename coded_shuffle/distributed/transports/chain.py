@@ -74,7 +74,7 @@ class ChainOptions:
     """socket (plain TCP connections, payloads sent from the rows and received into place) |
     gloo (its point-to-point calls): transports.md, "Data planes"."""
 
-    def check(self, world_size: int, name: KeyName) -> None:
+    def check(self, world_size: int | None, name: KeyName) -> None:
         check_plane(self.plane, name)
         if int(self.window) < 1:
             raise UsageError(f"{name('window')}={self.window} out of range (must be >= 1)")
@@ -82,7 +82,8 @@ class ChainOptions:
             raise UsageError(
                 f"{name('segment_bytes')}={self.segment_bytes} out of range (must be >= 1024)"
             )
-        chain_order(self.order, world_size, name("order"))
+        if world_size is not None:  # known once the job has started
+            chain_order(self.order, world_size, name("order"))
 
 
 class Chain(Transport):
@@ -164,21 +165,23 @@ class Chain(Transport):
             reach = np.empty(m, dtype=REACH_DTYPE)
             if self.plane is not None:
                 receive_into(
-                    self.plane.of(self.prev), memoryview(reach).cast("B"), f"rank {self.prev}"
+                    self.plane.of(self.prev),
+                    memoryview(reach).cast("B"),
+                    self.peer.label(self.prev),
                 )
             else:
-                dist.recv(_bytes_of(reach), self.prev, group=self.peer.group, tag=TAG)
+                dist.recv(_bytes_of(reach), self.peer.at(self.prev), group=self.peer.group, tag=TAG)
             self.counts.ingress += reach.nbytes
             if reach.min() < 1 or reach.max() > k:
                 raise VerificationError(
-                    f"rank {self.prev} passed a chain reach table with positions "
+                    f"{self.peer.label(self.prev)} passed a chain reach table with positions "
                     f"{int(reach.min())}..{int(reach.max())}, outside 1..{k}"
                 )
         if self.next is not None:
             if self.plane is not None:
                 self.plane.to(self.next).sendall(memoryview(reach).cast("B"))
             else:
-                dist.send(_bytes_of(reach), self.next, group=self.peer.group, tag=TAG)
+                dist.send(_bytes_of(reach), self.peer.at(self.next), group=self.peer.group, tag=TAG)
             self.counts.egress += reach.nbytes
             self.counts.control += reach.nbytes
         return reach
@@ -205,7 +208,7 @@ class Chain(Transport):
         assert self.plane is not None and self.prev is not None
         src = self.plane.of(self.prev)
         dst = self.plane.to(self.next) if self.next is not None else None
-        who = f"rank {self.prev}"
+        who = self.peer.label(self.prev)
         for j, size in enumerate(stream.sizes):
             if reach[j] < self.position:
                 continue
@@ -228,9 +231,10 @@ class Chain(Transport):
         if self.next is None:
             return
         sends: deque = deque()
+        to = self.peer.at(self.next)
         for m in messages:
             for a, b in self.segments(m.numel()):
-                sends.append((m, dist.isend(m[a:b], self.next, group=self.peer.group, tag=TAG)))
+                sends.append((m, dist.isend(m[a:b], to, group=self.peer.group, tag=TAG)))
                 _settle(sends, IN_FLIGHT * self.window)
             self.counts.egress += m.numel()
         _settle(sends, 0)
@@ -246,6 +250,9 @@ class Chain(Transport):
         its last segment is in, while later ones arrive. Buffers live only while a message is
         in flight: memory stays bounded whatever the stream."""
         sizes, group, here = stream.sizes, self.peer.group, self.position
+        assert self.prev is not None
+        prev = self.peer.at(self.prev)
+        nxt = self.peer.at(self.next) if self.next is not None else -1
         segs = [
             (i, a, b)
             for i, size in enumerate(sizes)
@@ -261,13 +268,13 @@ class Chain(Transport):
                 j, pa, pb = segs[posted]
                 if j not in bufs:
                     bufs[j] = torch.empty(sizes[j], dtype=torch.uint8)
-                recvs.append(dist.irecv(bufs[j][pa:pb], self.prev, group=group, tag=TAG))
+                recvs.append(dist.irecv(bufs[j][pa:pb], prev, group=group, tag=TAG))
                 posted += 1
             recvs.popleft().wait()
             buf = bufs[i]
             forward = self.next is not None and reach[i] > here
             if forward:
-                sends.append((buf, dist.isend(buf[a:b], self.next, group=group, tag=TAG)))
+                sends.append((buf, dist.isend(buf[a:b], nxt, group=group, tag=TAG)))
             if b == sizes[i]:  # the message's last segment: it is whole
                 self.counts.ingress += sizes[i]
                 self.counts.egress += sizes[i] if forward else 0

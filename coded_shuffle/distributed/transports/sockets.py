@@ -85,7 +85,7 @@ class SocketPlane:
         mine = (host, self.listener.getsockname()[1])
         addresses: list = [None] * peer.world_size
         dist.all_gather_object(addresses, mine, group=peer.group)
-        self.addresses = [tuple(a) for a in addresses]
+        self.addresses = [tuple(a) for a in peer.of.by_role(addresses)]  # by role
         self.sending: dict[int, socket.socket] = {}
         self.receiving: dict[int, socket.socket] = {}
 
@@ -136,7 +136,7 @@ class SocketPlane:
     def _refuse(self, conn: socket.socket, address: str, why: str) -> None:
         conn.close()
         self.counts().refused += 1
-        log.warning(f"rank {self.peer.rank}: refused a connection from {address}: {why}")
+        log.warning(f"{self.peer.label()}: refused a connection from {address}: {why}")
 
     def close(self) -> None:
         for conn in [*self.sending.values(), *self.receiving.values(), self.listener]:

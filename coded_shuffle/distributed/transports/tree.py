@@ -18,7 +18,8 @@ from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transpo
 
 
 def children(rank: int, world_size: int) -> list[int]:
-    """The ranks that ``rank`` forwards every message to in gloo's binomial tree (root 0)."""
+    """The ranks that ``rank`` forwards every message to in gloo's binomial tree (root 0; with
+    another root ``s``, rank ``r`` sits where ``(r - s) mod P`` sits under root 0)."""
     out, step = [], 1
     while step < world_size:
         if rank < step and rank + step < world_size:
@@ -41,15 +42,16 @@ class Tree(Transport):
         on_message: OnMessage,
     ) -> None:
         self.check_streams(streams)
-        fanout = len(children(self.peer.rank, self.peer.world_size))
+        world, root = self.peer.world_size, self.peer.at(0)
+        fanout = len(children((self.peer.at(self.peer.rank) - root) % world, world))
         for i, stream in enumerate(streams):
             if self.peer.rank == 0:
                 for buf in outgoing[i]:
-                    dist.broadcast(buf, src=0, group=self.peer.group)
+                    dist.broadcast(buf, src=root, group=self.peer.group)
             else:
                 for j, size in enumerate(stream.sizes):
                     buf = torch.empty(size, dtype=torch.uint8)
-                    dist.broadcast(buf, src=0, group=self.peer.group)
+                    dist.broadcast(buf, src=root, group=self.peer.group)
                     on_message(i, j, buf)
                 self.counts.ingress += stream.total
             self.counts.egress += fanout * stream.total

@@ -49,7 +49,7 @@ class UnicastOptions:
     """socket (plain TCP connections, payloads sent from the rows and received into place) |
     gloo (its point-to-point calls): transports.md, "Data planes"."""
 
-    def check(self, world_size: int, name: KeyName) -> None:
+    def check(self, world_size: int | None, name: KeyName) -> None:
         del world_size
         check_plane(self.plane, name)
 
@@ -86,7 +86,8 @@ class Unicast(Transport):
         for i, stream in enumerate(streams):
             if me in stream.dsts:
                 for j, buf in enumerate(empty_messages(stream.sizes)):
-                    inbound.append((i, j, buf, dist.irecv(buf, stream.src, group=group, tag=TAG)))
+                    src = self.peer.at(stream.src)
+                    inbound.append((i, j, buf, dist.irecv(buf, src, group=group, tag=TAG)))
                 self.counts.ingress += stream.total
         sends: deque = deque()
         mine = [_addressed(s.dsts[0], outgoing[i]) for i, s in enumerate(streams) if s.src == me]
@@ -95,7 +96,7 @@ class Unicast(Transport):
             for item in batch:
                 if item is not None:
                     dst, m = item
-                    sends.append((m, dist.isend(m, dst, group=group, tag=TAG)))
+                    sends.append((m, dist.isend(m, self.peer.at(dst), group=group, tag=TAG)))
                     self.counts.egress += m.numel()
             while len(sends) > IN_FLIGHT * len(mine):  # bounded memory at the sender
                 sends.popleft()[1].wait()
@@ -140,7 +141,7 @@ class Unicast(Transport):
                 conn = plane.of(stream.src)
                 for j, size in enumerate(stream.sizes):
                     target = targets(i, j) if targets is not None else None
-                    msg = receive_message(conn, size, target, f"rank {stream.src}")
+                    msg = receive_message(conn, size, target, self.peer.label(stream.src))
                     on_message(i, j, msg)
                 self.counts.ingress += stream.total
         finally:

@@ -200,7 +200,7 @@ class Multicast(Transport):
             sock.close()
             where = f"interface index {self.ifindex}" if self.ifindex else "the default route"
             raise MulticastUnavailable(
-                f"multicast unavailable on rank {self.peer.rank}: group {self.group}:{self.port} "
+                f"multicast unavailable on {self.peer.label()}: group {self.group}:{self.port} "
                 f"via {where}: {exc.strerror or exc}; use dist.transport=chain, or run inside "
                 "`coded-shuffle cluster` (its hosts route 224.0.0.0/4)"
             ) from None
@@ -216,7 +216,7 @@ class Multicast(Transport):
         mine = self.tx.getsockname() if self.tx is not None else None
         every: list[Any] = [None] * self.peer.world_size
         dist.all_gather_object(every, mine, group=self.peer.group)
-        return [None if a is None else tuple(a) for a in every]
+        return [None if a is None else tuple(a) for a in self.peer.of.by_role(every)]
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -342,7 +342,7 @@ class Multicast(Transport):
         """Sender -> every receiver: the round's datagrams are all sent (4 bytes each)."""
         flag = torch.ones(1, dtype=torch.int32)
         group = self.peer.group
-        works = [dist.isend(flag, w, group=group, tag=CONTROL_TAG) for w in dsts]
+        works = [dist.isend(flag, self.peer.at(w), group=group, tag=CONTROL_TAG) for w in dsts]
         for w in works:
             w.wait()
         self._control(egress=4 * len(works))
@@ -361,14 +361,15 @@ class Multicast(Transport):
         size, group = feedback_bytes(n), self.peer.group
         got = [torch.zeros(size, dtype=torch.uint8) for _ in dsts]
         works = [
-            dist.irecv(g, w, group=group, tag=REPORT_TAG) for g, w in zip(got, dsts, strict=True)
+            dist.irecv(g, self.peer.at(w), group=group, tag=REPORT_TAG)
+            for g, w in zip(got, dsts, strict=True)
         ]
         for w in works:
             w.wait()
         each = torch.stack(got).numpy()
         worst = int(each[:, -4:].copy().view("<u4").max())
         union = torch.from_numpy(np.bitwise_or.reduce(each, axis=0))
-        sends = [dist.isend(union, w, group=group, tag=UNION_TAG) for w in dsts]
+        sends = [dist.isend(union, self.peer.at(w), group=group, tag=UNION_TAG) for w in dsts]
         for w in sends:
             w.wait()
         self._control(egress=size * len(dsts), ingress=size * len(dsts))
@@ -379,13 +380,13 @@ class Multicast(Transport):
         datagrams lost or late in the round (4 bytes after the bitmap)."""
         count = np.array([min(lost, 2**32 - 1)], dtype="<u4").view(np.uint8)
         bits = torch.from_numpy(np.concatenate([np.packbits(missing), count]))
-        dist.send(bits, src, group=self.peer.group, tag=REPORT_TAG)
+        dist.send(bits, self.peer.at(src), group=self.peer.group, tag=REPORT_TAG)
         self._control(egress=bits.numel())
 
     def _receive_union(self, n: int, src: int) -> np.ndarray:
         """Receiver: the union of every receiver's missing datagrams, from the sender."""
         union = torch.empty(feedback_bytes(n), dtype=torch.uint8)
-        dist.recv(union, src, group=self.peer.group, tag=UNION_TAG)
+        dist.recv(union, self.peer.at(src), group=self.peer.group, tag=UNION_TAG)
         self._control(ingress=union.numel())
         return self._datagrams(union, n)
 
@@ -431,7 +432,7 @@ class Multicast(Transport):
             rnd += 1
         if self.counts.foreign > foreign:
             log.warning(
-                f"rank {self.peer.rank}: dropped {self.counts.foreign - foreign} datagrams not "
+                f"{self.peer.label()}: dropped {self.counts.foreign - foreign} datagrams not "
                 f"from this job's sender {self.sources[src]} (the last from {self.stranger})"
             )
 

@@ -31,7 +31,7 @@ class Arrival:
 
     def __init__(self, peer: Peer, src: int = 0) -> None:
         self.flag = torch.zeros(1, dtype=torch.int32)
-        self.work = dist.irecv(self.flag, src, group=peer.group, tag=CONTROL_TAG)
+        self.work = dist.irecv(self.flag, peer.at(src), group=peer.group, tag=CONTROL_TAG)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._wait, daemon=True)
         self.thread.start()

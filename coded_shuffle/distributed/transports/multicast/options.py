@@ -84,7 +84,7 @@ class MulticastOptions:
     slow_seconds: float = 0.0
     """Debug: rank 1 sleeps this long after every datagram it reads, in [0, 0.1]."""
 
-    def check(self, world_size: int, name: KeyName) -> None:
+    def check(self, world_size: int | None, name: KeyName) -> None:
         del world_size
         if self.rate is None:
             raise UsageError(
