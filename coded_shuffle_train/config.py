@@ -104,6 +104,10 @@ class DatasetConf:
     """Share of data.dataset held out when test_dataset is null, in (0, 1)."""
     input_key: str | None = None
     """Dict items: the model's input (null: the one key besides label_key)."""
+    item_transform: Any = None
+    """Each item's input -> a fixed-size array, before it is stored (null: as it is; PIL
+    images become uint8 (C, H, W) arrays, numbers 0-d ones). For images of any size:
+    {_target_:coded_shuffle_train.datasets.ResizeCrop,size:32}."""
     label_key: str = "label"
     """Dict items: the integer class label."""
     transform: Any = field(

@@ -5,7 +5,7 @@ holds (:class:`DataSet`), what the launcher checks (:class:`DataInfo`), and the 
 
 The job hands the training split to :class:`~coded_shuffle.CodedShuffle` as input and integer-label
 columns, read where they are (memory, or memory-mapped ``.npy`` files of a packed directory:
-:mod:`coded_shuffle_train.packed`). ``N`` is trimmed to a multiple of the number of workers (the run
+:mod:`coded_shuffle.codec.packed`). ``N`` is trimmed to a multiple of the number of workers (the run
 logs the drop)."""
 
 from __future__ import annotations

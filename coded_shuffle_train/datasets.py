@@ -5,6 +5,7 @@ floats on the worker (and on the master for its test split)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 import logging
@@ -106,8 +107,16 @@ class DatasetSource(Source):
     test_dataset: Any = None
     input_key: str | None = None
     label_key: str = "label"
+    item_transform: Any = None
     transform: Any = None
     normalise: bool = False  # inputs move as they are: data.transform scales them
+
+    @functools.cached_property
+    def converter(self) -> Callable[[Any], Any] | None:
+        """``data.item_transform`` instantiated (None: none)."""
+        if not self.item_transform:
+            return None
+        return transform_from(self.item_transform, "data.item_transform")
 
     def input_transform(self) -> Transform:
         return transform_from(self.transform)
@@ -204,7 +213,9 @@ class DatasetSource(Source):
             if x.shape != xs.shape[1:] or x.dtype != xs.dtype:
                 raise UsageError(
                     f"{what}: item {i} has input {tuple(x.shape)} {x.dtype}, item 0 "
-                    f"{tuple(xs.shape[1:])} {xs.dtype}: every input needs the same shape and dtype"
+                    f"{tuple(xs.shape[1:])} {xs.dtype}: every input needs the same shape and "
+                    "dtype (images of any size: data.item_transform="
+                    "{_target_:coded_shuffle_train.datasets.ResizeCrop,size:S})"
                 )
             if y.dtype != ys.dtype:
                 raise UsageError(f"{what}: item {i} has a {y.dtype} label, item 0 a {ys.dtype} one")
@@ -245,14 +256,102 @@ class DatasetSource(Source):
             raise UsageError(
                 f"{what}: item {i} is {kind}: items must be (input, label) or dicts of tensors"
             )
+        return self._input(x, i, what), _label(label, i, what)
+
+    def _input(self, x: Any, i: int, what: str) -> torch.Tensor:
+        """An item's input as a tensor: ``data.item_transform`` first, where set; a PIL
+        image as its ``uint8 (C, H, W)`` pixels, a NumPy array or a number as a tensor."""
+        if self.converter is not None:
+            try:
+                x = self.converter(x)
+            except Exception as exc:
+                raise UsageError(
+                    f"{what}: item {i}: data.item_transform failed: {_first_line(exc)}"
+                ) from None
+        x = as_array(x)
         if isinstance(x, np.ndarray):
-            x = torch.from_numpy(x)
+            if x.dtype.hasobject:
+                raise UsageError(f"{what}: item {i}'s input is an array of Python objects")
+            x = torch.from_numpy(np.ascontiguousarray(x))
         if not isinstance(x, torch.Tensor):
             raise UsageError(
-                f"{what}: item {i}'s input is a {type(x).__name__}, not a tensor (a "
-                "torchvision set needs transform=torchvision.transforms.PILToTensor)"
+                f"{what}: item {i}'s input is a {type(x).__name__}: inputs must be tensors, "
+                "NumPy arrays, numbers or PIL images (or set data.item_transform to make one)"
             )
-        return x, _label(label, i, what)
+        return x
+
+
+def as_array(x: Any) -> Any:
+    """A PIL image as its ``uint8 (C, H, W)`` pixels (``(1, H, W)`` for grey levels), a Python
+    number as a 0-d array; anything else as it is."""
+    if type(x).__module__.startswith("PIL."):
+        pixels = np.asarray(x)
+        return pixels[None] if pixels.ndim == 2 else np.moveaxis(pixels, -1, 0)
+    if isinstance(x, int | float):
+        return np.asarray(x)
+    return x
+
+
+@dataclass(frozen=True)
+class ResizeCrop:
+    """``data.item_transform`` for images of any size (a PIL image): the shorter side resized
+    to ``size`` (bilinear), then the centre ``size x size`` cropped, as ``uint8 (C, H, W)``
+    pixels in ``mode`` (``RGB``, ``L``: grey)."""
+
+    size: int
+    mode: str = "RGB"
+
+    def __post_init__(self) -> None:
+        if int(self.size) < 1:
+            raise UsageError(f"ResizeCrop size={self.size} out of range (pixels >= 1)")
+
+    def __call__(self, image: Any) -> np.ndarray:
+        from PIL import Image
+
+        if not isinstance(image, Image.Image):
+            raise UsageError(f"ResizeCrop takes PIL images, not a {type(image).__name__}")
+        image = image.convert(self.mode)
+        w, h = image.size
+        scale = self.size / min(w, h)
+        w, h = max(self.size, round(w * scale)), max(self.size, round(h * scale))
+        image = image.resize((w, h), Image.Resampling.BILINEAR)
+        left, top = (w - self.size) // 2, (h - self.size) // 2
+        return as_array(image.crop((left, top, left + self.size, top + self.size)))
+
+
+class ImageFolder(torch.utils.data.Dataset):
+    """A folder of images as torchvision's ``ImageFolder`` reads one (without torchvision):
+    one subfolder per class (in sorted order: class ``c`` is the ``c``-th), items
+    ``(PIL image, class index)``; ``transform`` on the image where given. Images of any size:
+    pack them with ``data.item_transform`` (:class:`ResizeCrop`)."""
+
+    SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
+
+    def __init__(self, root: str, transform: Callable[[Any], Any] | None = None) -> None:
+        base = Path(root)
+        if not base.is_dir():
+            raise UsageError(f"ImageFolder root={root!r} is no directory")
+        self.classes = sorted(d.name for d in base.iterdir() if d.is_dir())
+        self.samples = [
+            (path, c)
+            for c, name in enumerate(self.classes)
+            for path in sorted((base / name).rglob("*"))
+            if path.suffix.lower() in self.SUFFIXES
+        ]
+        if not self.samples:
+            raise UsageError(f"ImageFolder root={root!r}: no images in class subfolders")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        path, label = self.samples[i]
+        with Image.open(path) as f:
+            image = f.convert("RGB")
+        return (self.transform(image) if self.transform else image), label
 
 
 def model_shape(x: torch.Tensor, transform: Transform) -> tuple[int, ...]:
@@ -278,13 +377,14 @@ def model_shape(x: torch.Tensor, transform: Transform) -> tuple[int, ...]:
     return tuple(int(s) for s in out.shape[1:])
 
 
-def transform_from(node: Any) -> Transform:
-    """``data.transform`` instantiated (null: the inputs as they are)."""
+def transform_from(node: Any, key: str = "data.transform") -> Transform:
+    """``data.transform`` (or the callable at ``key``) instantiated (null: the inputs as they
+    are)."""
     if not node:
         return identity
-    fn = instantiate_node(node, "data.transform")
+    fn = instantiate_node(node, key)
     if not callable(fn):
-        raise UsageError(f"data.transform: {type(fn).__name__} is not callable")
+        raise UsageError(f"{key}: {type(fn).__name__} is not callable")
     return fn
 
 

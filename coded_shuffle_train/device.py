@@ -57,19 +57,30 @@ def local_device(kind: str, local_rank: int | None = None) -> torch.device:
     return torch.device("cuda", rank % torch.cuda.device_count())
 
 
-def ddp_backend(device: torch.device) -> str:
-    """The backend of the workers' model group: NCCL for CUDA tensors, gloo for the CPU."""
-    return "nccl" if device.type == "cuda" else "gloo"
+def ddp_backend(device: torch.device, own_gpu: bool = True) -> str:
+    """The backend of the workers' model group: NCCL for CUDA tensors where every rank has a
+    GPU of its own (NCCL refuses two ranks on one GPU), gloo otherwise (CUDA tensors too)."""
+    return "nccl" if device.type == "cuda" and own_gpu else "gloo"
+
+
+def own_gpu() -> bool:
+    """Whether every rank of the job has a GPU of its own: its host's processes
+    (``LOCAL_WORLD_SIZE``) are no more than its GPUs, on every host (collective)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    flag = torch.tensor([int(local <= torch.cuda.device_count())])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(int(flag))
 
 
 def model_group(kind: str, workers_group: Any, roles: Roles | None = None) -> Any:
     """The group the workers' DDP and model averaging run over: ``workers_group`` (gloo) on
-    the CPU; on CUDA a new NCCL group of the same ranks (``new_group`` is collective: every
-    rank calls this, the master too), waiting as long as the job's watchdog allows."""
+    the CPU; on CUDA a new group of the same ranks (``new_group`` is collective: every rank
+    calls this, the master too), NCCL where every rank has its own GPU, else gloo on the
+    GPUs' tensors, waiting as long as the job's watchdog allows."""
     if kind != "cuda":
         return workers_group
     ranks = (roles or Roles(0, dist.get_world_size())).worker_ranks()
-    backend = ddp_backend(torch.device("cuda"))
+    backend = ddp_backend(torch.device("cuda"), own_gpu())
     return dist.new_group(ranks, timeout=WATCHED_WAIT, backend=backend)
 
 

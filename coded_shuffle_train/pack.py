@@ -1,5 +1,5 @@
 """``coded-shuffle pack OUT_DIR -- DATA_OVERRIDE...``: a packed data set
-(:mod:`coded_shuffle_train.packed`)
+(:mod:`coded_shuffle.codec.packed`)
 written from any data source the job takes, in blocks, with progress on stderr and bounded
 memory; ``data=file data.path=OUT_DIR`` then trains on the same records.
 
@@ -173,7 +173,7 @@ def pack(out: Path, overrides: list[str]) -> str:
 
 def summary(out: Path) -> str:
     """``N``, the record bytes and the size on disk of a packed directory."""
-    from .packed import Packed
+    from coded_shuffle.codec.packed import Packed
 
     packed = Packed.open(out)
     record = packed.x[:1].nbytes + packed.y.itemsize

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from coded_shuffle.codec.packed import Packed
 from coded_shuffle.errors import UsageError
 
 from . import data, models
 from .config import Config
-from .packed import Packed
 from .sources import File, Synthetic
 
 TIMED_SECONDS = 0.3  # how long each measurement runs (after its warm-up)

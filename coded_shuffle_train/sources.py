@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from coded_shuffle.codec.packed import Packed
 from coded_shuffle.codec.records import ColumnDataset, as_tensor
 from coded_shuffle.errors import UsageError
 
 from .data import Arrays, DataInfo, DataSet, Source, Transform, kept
 from .datasets import load_digits, model_shape, transform_from
-from .packed import Packed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +73,7 @@ class Synthetic(Source):
 @dataclass(frozen=True, kw_only=True)
 class File(Source):
     """``X``/``y`` (and optional ``X_test``/``y_test``): a directory of ``.npy`` files
-    (:mod:`coded_shuffle_train.packed`: memory-mapped, records of any dtype as stored,
+    (:mod:`coded_shuffle.codec.packed`: memory-mapped, records of any dtype as stored,
     ``data.transform`` on the decoded inputs), or an ``.npz`` / ``.pt`` file (read whole: float32
     features, standardised unless ``data.normalise=false``)."""
 

@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node 5 examples/own_loop.py
     torchrun --standalone --nproc-per-node 5 examples/own_loop.py --scheme uncoded
     torchrun --standalone --nproc-per-node 5 examples/own_loop.py --master-rank 4 --num-workers 2
+    torchrun --standalone --nproc-per-node 5 examples/own_loop.py --data runs/photos --classes 3
 
 One rank is the master (``--master-rank``, rank 0 by default): it holds the data set and hands
 it to ``CodedShuffle``. The other ranks are the workers. Every rank builds one ``DataLoader``
@@ -13,7 +14,9 @@ On the master the loader is empty and the model is not wrapped: it trains nothin
 ``e + 1``'s delivery runs in the background while the workers train on epoch ``e``. The
 scheme changes the bytes on the network, never the batches: coded and uncoded runs end with
 the same parameters (the last line prints their SHA-256), and so does the training job with
-the same data, model and optimiser (``tests/test_own_loop.py``).
+the same data, model and optimiser (``tests/test_own_loop.py``). ``--data DIR`` trains on a
+directory that ``coded-shuffle pack`` wrote (``coded_shuffle.PackedDataset``: memory-mapped,
+items of any fixed shape; ``uint8`` images are scaled to [0, 1]).
 
 ``CodedShuffle`` watches every rank (heartbeats through the job's store): a rank that dies, is
 stopped or loses its link ends every rank within ``--timeout`` seconds, with one line naming
@@ -31,6 +34,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import math
+import os
 from datetime import timedelta
 
 import torch
@@ -38,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from coded_shuffle import CodedShuffle
+from coded_shuffle import CodedShuffle, PackedDataset
 
 
 def make_dataset(points: int, features: int, classes: int, seed: int = 0) -> TensorDataset:
@@ -49,6 +54,12 @@ def make_dataset(points: int, features: int, classes: int, seed: int = 0) -> Ten
     labels = torch.randint(0, classes, (points,), generator=gen)
     x = centres[labels] + torch.randn(points, features, generator=gen)
     return TensorDataset(x, labels)
+
+
+def model_input(x: torch.Tensor) -> torch.Tensor:
+    """A minibatch as the model's flat float32 rows (``uint8`` images scaled to [0, 1])."""
+    x = x.reshape(len(x), -1)
+    return x.float().mul_(1 / 255) if x.dtype == torch.uint8 else x.float()
 
 
 def average(model: nn.Module, opt: torch.optim.Optimizer, group: dist.ProcessGroup) -> None:
@@ -72,6 +83,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--transport", default="chain")
     parser.add_argument("--master-rank", type=int, default=0, help="the rank with the data")
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--data", default=None, help="a packed directory (else synthetic)")
     parser.add_argument("--points", type=int, default=4000)
     parser.add_argument("--features", type=int, default=16)
     parser.add_argument("--classes", type=int, default=4)
@@ -101,9 +113,14 @@ def main() -> None:
     rank = dist.get_rank()
     on_gpu = torch.tensor([int(args.device != "cpu" and torch.cuda.is_available())])
     dist.all_reduce(on_gpu, op=dist.ReduceOp.MIN)  # CUDA only where every rank has it
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if on_gpu else None
+    gpus = torch.cuda.device_count()
+    device = torch.device("cuda", rank % gpus) if on_gpu else None
     master = rank == args.master_rank
-    data = make_dataset(args.points, args.features, args.classes, args.seed) if master else None
+    data = None
+    if master and args.data:
+        data = PackedDataset(args.data)
+    elif master:
+        data = make_dataset(args.points, args.features, args.classes, args.seed)
     cs = CodedShuffle(
         data,
         master_rank=args.master_rank,
@@ -125,13 +142,18 @@ def main() -> None:
         pin_memory=device is not None,
     )
     torch.manual_seed(args.seed)  # the same initial model on every rank
+    features = math.prod(cs.shape.layout.fields[0].shape)  # every rank knows the items' shape
     model = nn.Sequential(
-        nn.Linear(args.features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.classes)
+        nn.Linear(features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.classes)
     ).to(device or "cpu")
-    # the model's all-reduce: gloo beside the shuffle on the CPU, NCCL on GPUs (new_group is
-    # collective: every rank calls it)
+    # the model's all-reduce: gloo beside the shuffle on the CPU, NCCL on GPUs where each rank
+    # has one of its own (NCCL takes one rank per GPU), else gloo on the GPUs' tensors
+    # (new_group is collective: every rank calls it)
+    own = torch.tensor([int(int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= gpus)])
+    dist.all_reduce(own, op=dist.ReduceOp.MIN)
+    backend = "nccl" if int(own) else "gloo"
     workers = cs.roles.worker_ranks()
-    group = cs.workers_group if device is None else dist.new_group(workers, backend="nccl")
+    group = cs.workers_group if device is None else dist.new_group(workers, backend=backend)
     ddp = cs.ddp(model, process_group=group)  # the master: the model itself
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
@@ -139,6 +161,7 @@ def main() -> None:
         cs.set_epoch(epoch)  # the master: the delivery; a worker: its batch, for the loader
         with cs.watched():  # a lost peer: one line naming it on every rank, not a traceback
             for step, (x, y) in enumerate(loader, start=1):
+                x = model_input(x)
                 if device is not None:  # from pinned host memory, without blocking
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # synchronous SGD: DDP averages the gradients; local SGD: no_sync every step

@@ -5,9 +5,13 @@
 Runs the default job (digits, MLP) and the ``cnn`` job (digits as ``uint8`` images through
 ``data=dataset``) once on each device and prints, per epoch, the bytes on the link (the data
 plane stays on the host: they must be identical), the test accuracy (close: CUDA's kernels
-sum in another order) and the epoch's seconds. Exits non-zero where the bytes differ or the
-final accuracies are more than ``--tolerance`` apart. On a machine without CUDA it says so and
-exits with status 2: it has not been run there.
+sum in another order) and the epoch's seconds; then the own-loop example
+(``examples/own_loop.py``: ``cs.dataset`` in a ``DataLoader`` with two loader workers and
+``pin_memory``, ``cs.ddp``) on each device, its delivery lines compared. Every run prefetches
+(the default). Exits non-zero where the bytes differ or the final accuracies are more than
+``--tolerance`` apart. On a machine without CUDA it says so and exits with status 2: it has
+not been run there. With fewer GPUs than workers the workers share them (the model's
+all-reduce then runs over gloo on the GPUs' tensors: NCCL takes one rank per GPU).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -64,6 +69,43 @@ def compare(name: str, cpu: list[dict], gpu: list[dict], tolerance: float) -> bo
     return same and gap <= tolerance
 
 
+def own_loop(device: str, args: argparse.Namespace) -> tuple[list[str], float]:
+    """The own-loop example's delivery lines (the master's) and its wall seconds."""
+    script = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.workers + 1),
+        str(script),
+        "--device",
+        device,
+        "--epochs",
+        str(args.epochs),
+        "--num-workers",
+        "2",
+    ]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"check_gpu.py: error: {' '.join(cmd)}:\n{out.stderr[-2000:]}")
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("epoch ")]
+    return lines, time.perf_counter() - t0
+
+
+def compare_loops(args: argparse.Namespace) -> bool:
+    """The own loop on both devices: the same delivery lines (bytes, bound, verified)."""
+    (cpu, cpu_s), (gpu, gpu_s) = own_loop("cpu", args), own_loop("cuda", args)
+    print(f"\nown loop (2 loader workers, pin_memory): {cpu_s:.1f} s cpu / {gpu_s:.1f} s cuda")
+    for line in gpu:
+        print(f"  {line}")
+    same = cpu == gpu and all(ln.endswith("verified True") for ln in gpu)
+    print(f"  delivery lines identical and verified: {same}")
+    return same
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
@@ -79,6 +121,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             runs = {d: run(job, d, args, Path(tmp)) for d in ("cpu", "cuda")}
         ok &= compare(name, runs["cpu"], runs["cuda"], args.tolerance)
+    ok &= compare_loops(args)
     raise SystemExit(0 if ok else 1)
 
 

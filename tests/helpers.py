@@ -56,9 +56,12 @@ def train_command() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coded_shuffle_train.launch"]
 
 
-def run_job(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``coded-shuffle-train ARGS`` in ``cwd``, its output captured."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+def run_job(
+    args: list[str], cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``coded-shuffle-train ARGS`` in ``cwd``, its output captured (``env``: added to this
+    process's environment)."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run(
         train_command() + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -77,6 +77,14 @@ def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.
             ["--hosts", "3", "--rate", "1gbit", "--script", "/no/such.py"],
             "--script '/no/such.py' is not a file",
         ),
+        (["--hosts", "3", "--rate", "1gbit", "--host-procs", "3=2"], "host out of range 0..2"),
+        (["--hosts", "3", "--rate", "1gbit", "--host-procs", "1=0"], "processes out of range"),
+        (["--hosts", "3", "--rate", "1gbit", "--host-rate", "1"], "expected HOST=VALUE"),
+        (["--hosts", "3", "--rate", "1gbit", "--host-rate", "1=x"], "--host-rate 'x' cannot"),
+        (
+            ["--hosts", "3", "--rate", "1gbit", "--host-procs", "0=2", "--", "workers=2"],
+            "workers=2 does not fit --hosts 3: the cluster runs workers = processes - 1 = 3",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line(args, message, capsys):
@@ -331,6 +339,35 @@ def test_workers_multicast_their_own_coded_symbols_on_a_shared_medium(tmp_path):
     ours = json.loads((run_dir / "summary.json").read_text())["final_params_sha256"]
     theirs = json.loads((local / "summary.json").read_text())["final_params_sha256"]
     assert ours == theirs
+    assert our_namespaces() == before
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_a_storage_host_beside_training_hosts_runs_the_job_and_an_own_loop(tmp_path):
+    """One storage host with one process (the master, rank 4: the last node's) beside two
+    training hosts with two workers each (K = 4): the job and the own-loop example (its
+    loader's workers forked and kept) verify every epoch; each host ran its processes."""
+    before = our_namespaces()
+    run_dir, logs = tmp_path / "run", tmp_path / "loop"
+    layout = ["--hosts", "3", "--rate", "1gbit", "--host-procs", "0=2", "--host-procs", "1=2"]
+    job = [*layout, "--", *SMALL, "dist.master_rank=4", f"hydra.run.dir={run_dir}"]
+    out = run_cluster(job, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["verified"] and r["workers"] == 4 for r in rows)
+    record = json.loads((run_dir / "cluster.json").read_text())
+    assert [h["processes"] for h in record["hosts"]] == [2, 2, 1]
+    assert record["hosts"][2]["nic_tx_bytes"] > rows[0]["broadcast_bytes"]  # it sent the set
+    script = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
+    loop = [*layout, "--logs", str(logs), "--script", str(script), "--"]
+    loop += ["--master-rank", "4", "--epochs", "3", "--points", "1200", "--num-workers", "2"]
+    out = run_cluster(loop, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    master = (logs / "h2.log").read_text()
+    epochs = [ln for ln in master.splitlines() if ln.startswith("epoch ")]
+    assert len(epochs) == 3 and all(ln.endswith("verified True") for ln in epochs), master
+    assert re.search(r"final parameters sha256 [0-9a-f]{64}", (logs / "h0.log").read_text())
     assert our_namespaces() == before
 
 

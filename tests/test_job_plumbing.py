@@ -44,12 +44,14 @@ def _groups_the_job_makes(rank: int, world: int, run_dir: Path) -> list:
 
 
 @pytest.mark.distributed
-def test_the_job_makes_no_group_beside_the_coded_shuffles_workers_group(tmp_path):
-    """On the CPU every rank creates exactly one group while the job runs: the coded shuffle's
-    workers' group (ranks 1..K), which the job's DDP and all-reduces use too (on CUDA the model's
-    NCCL group of the same ranks joins it: coded_shuffle_train.device.model_group)."""
+def test_the_job_makes_no_group_beside_the_coded_shuffles_groups(tmp_path):
+    """On the CPU every rank creates exactly two groups while the job runs, both the coded
+    shuffle's: the workers' group (ranks 1..K), which the job's DDP and all-reduces use too,
+    and the delivery's own, of every rank (a prefetched delivery's collectives never meet the
+    loop's); on CUDA the model's group of the workers joins them
+    (coded_shuffle_train.device.model_group)."""
     made = run_ranks(3, _groups_the_job_makes, tmp_path)
-    assert made == [[[1, 2]]] * 3
+    assert made == [[[1, 2], [0, 1, 2]]] * 3
 
 
 def test_one_home_for_the_watched_wait_the_restart_count_and_torchs_private_setter():

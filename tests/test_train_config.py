@@ -76,7 +76,7 @@ def test_the_launcher_reads_the_start_method_before_composing(argv, method):
 def test_unknown_scheme_is_a_usage_error():
     cfg = compose()
     cfg.scheme.name = "no-such-scheme"
-    with pytest.raises(UsageError, match="unknown scheme 'no-such-scheme'; valid: "):
+    with pytest.raises(UsageError, match="scheme='no-such-scheme' unknown; valid: "):
         shuffle_sgd.validate(cfg)
 
 

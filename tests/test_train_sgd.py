@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from coded_shuffle.distributed.ddp import mean_in_model_order
 from coded_shuffle.errors import UsageError
 from coded_shuffle_train import data, shuffle_sgd
 from tests.helpers import (
@@ -77,7 +78,7 @@ def _ddp_step(rank: int, world: int, steps: int) -> list[bytes]:
     model = _tiny_model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=1)
     order = {id(p): i for i, p in enumerate(model.parameters())}
-    ddp.register_comm_hook((None, order), shuffle_sgd.mean_in_model_order)
+    ddp.register_comm_hook((None, order), mean_in_model_order)
     grads = []
     for step in range(steps):
         model.zero_grad()

@@ -70,9 +70,12 @@ class HostCpu:
 
     def stop(self) -> HostCpu:
         user, system = self.now()
-        if self.main is not None:
-            user -= max(0.0, _main_thread_cpu() - self.main)
-        return HostCpu(self.user + user, self.system + system, self.started)
+        user, system = self.user + user, self.system + system
+        now = _main_thread_cpu()
+        if self.main is not None and now is not None:  # off the user seconds first
+            main = max(0.0, now - self.main)
+            user, system = max(0.0, user - main), max(0.0, system - max(0.0, main - user))
+        return HostCpu(user, system, self.started)
 
     @property
     def total(self) -> float:

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -44,7 +45,6 @@ from coded_shuffle.distributed.liveness import (
     WATCHED_WAIT,
     Heartbeat,
     Liveness,
-    RankLost,
     end_process,
     first_line,
     is_peer_loss,
@@ -275,6 +275,12 @@ class CodedShuffle:
         return self.shape.layout.record_bytes
 
     @property
+    def ready(self) -> bool:
+        """Whether the next epoch can be handed out without waiting: no delivery runs in the
+        background, or it is done."""
+        return self._ahead is None or self._ahead.done
+
+    @property
     def prefetching(self) -> bool:
         """Whether the next epoch's delivery runs behind the loop (``prefetch`` with ``epochs``
         known: a delivery nobody asks for is never started)."""
@@ -358,15 +364,17 @@ class CodedShuffle:
         following = epoch + 1
         self._ahead = Ahead(following, lambda: self._deliver(following), self._background_failed)
 
-    def _background_failed(self, exc: BaseException) -> None:
-        """A prefetched delivery failed while the loop was busy elsewhere: a lost peer is left
-        to the watchdog, which names it and ends this process; anything else ends it now, with
-        one line (the loop may wait in a collective that cannot be interrupted)."""
-        if self._closed:
+    def _background_failed(self, exc: BaseException, collecting: threading.Event) -> None:
+        """A prefetched delivery failed (on its thread): the loop gets the job's timeout to come
+        for it (it then raises the error where it asks for the epoch, as a delivery in the
+        foreground does; a lost peer's watchdog names it and ends this process meanwhile);
+        after that this process ends with the error's one line: the loop waits in something
+        that cannot be interrupted (a collective with a rank that waits for it, say)."""
+        limit = self.settings.timeout.total_seconds()
+        if self.liveness is not None:  # the watchdog's verdict on a lost peer comes first
+            limit += 4 * self.liveness.interval
+        if self._closed or collecting.wait(limit) or self._closed:
             return
-        if self.liveness is not None and is_peer_loss(exc):
-            with contextlib.suppress(RankLost):
-                self.liveness.await_verdict(exc)
         end_process(self.roles.label(self.rank), first_line(exc), exc)
 
     # -- an own loop's pieces ----------------------------------------------------------------

@@ -22,6 +22,21 @@ if TYPE_CHECKING:  # the commands import what they run: `--help` and `schemes` l
     from coded_shuffle.tools.evaluate import EpochReport, Evaluation
 
 
+PACK_PHOTOS = (  # one command: a folder of images of any size, one subfolder per class
+    "coded-shuffle pack runs/photos -- data=dataset "
+    "data.dataset._target_=coded_shuffle_train.datasets.ImageFolder +data.dataset.root=photos "
+    "'data.item_transform={_target_:coded_shuffle_train.datasets.ResizeCrop,size:32}'"
+)
+PACK_EXAMPLES = f"""examples:
+  coded-shuffle pack runs/synthetic -- data=synthetic data.points=100000 data.features=500
+  coded-shuffle pack runs/digits -- data=dataset
+  {PACK_PHOTOS}
+
+A user's own map-style Dataset class: data.dataset._target_=pkg.module.Class (and
++data.dataset.ARG=VALUE for each of its arguments); items are (input, label) pairs or dicts,
+inputs tensors, NumPy arrays, numbers or PIL images of one size (else data.item_transform)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line, without the usage block."""
 
@@ -44,9 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         "pack",
         help="write a data set the job takes as memory-mapped .npy files (data=file data.path=DIR)",
         description="OUT_DIR gets X.npy, y.npy, X_test.npy and y_test.npy from the data source "
-        "that the overrides after -- configure (as for the training job: e.g. data=synthetic "
-        "data.points=1000000, or data=dataset +data.dataset._target_=pkg.Class), written in "
-        "blocks with bounded memory.",
+        "that the overrides after -- configure (as for the training job), written in blocks "
+        "with bounded memory and a progress line; the job reads it with data=file "
+        "data.path=OUT_DIR, an own loop with coded_shuffle.PackedDataset(OUT_DIR).",
+        epilog=PACK_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pk.add_argument("out", type=Path, help="the directory to write (must not exist, or be empty)")
     pk.add_argument("args", nargs=argparse.REMAINDER, help="-- then the data overrides")
@@ -174,6 +191,19 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
     cl.add_argument("--hosts", type=int, help="hosts P (host 0 runs the master)")
     cl.add_argument("--rate", help="every NIC's rate in both directions, e.g. 400mbit")
     cl.add_argument("--master-rate", help="host 0's NIC rate (default: --rate)")
+    cl.add_argument(
+        "--host-rate",
+        action="append",
+        metavar="HOST=RATE",
+        help="that host's NIC rate both ways (repeatable), e.g. 3=200mbit",
+    )
+    cl.add_argument(
+        "--host-procs",
+        action="append",
+        metavar="HOST=N",
+        help="processes on that host (repeatable; default 1; the job's workers follow: every "
+        "process but the master, dist.master_rank, is a worker), e.g. 1=2",
+    )
     cl.add_argument(
         "--medium",
         default="switch",

@@ -66,6 +66,8 @@ def validate(cfg: Config) -> None:
         raise UsageError(f"workers={workers} out of range (must be >= 1)")
     if int(cfg.epochs) < 1:
         raise UsageError(f"epochs={cfg.epochs} out of range (must be >= 1)")
+    if not 1 <= float(cfg.storage) <= workers:
+        raise UsageError(f"storage={cfg.storage:g} out of range 1..{workers} (workers)")
     _check_dist(cfg.dist, workers)
     check_device(cfg.device)
     settings = shuffle_settings(cfg)

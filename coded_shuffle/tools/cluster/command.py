@@ -7,6 +7,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
@@ -20,6 +21,7 @@ from coded_shuffle.tools.cluster.record import (
     write_record,
 )
 from coded_shuffle.tools.cluster.run import (
+    JOB_MODULE,
     check_training_config,
     host_env,
     last_error,
@@ -32,6 +34,22 @@ from coded_shuffle.tools.cluster.run import (
 def _interrupt(signum: int, frame: object) -> None:
     del frame
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def per_host(given: list[str] | None, key: str, value: Callable[[str], int]) -> dict[int, int]:
+    """``HOST=VALUE`` arguments (repeatable) as a mapping; one line for a malformed one."""
+    out: dict[int, int] = {}
+    for text in given or []:
+        host, sep, raw = text.partition("=")
+        if not sep or not host.isdigit():
+            raise UsageError(f"{key} {text!r}: expected HOST=VALUE, e.g. {key} 2=...")
+        try:
+            out[int(host)] = value(raw)
+        except UsageError:
+            raise
+        except ValueError:
+            raise UsageError(f"{key} {text!r}: {raw!r} is not a whole number") from None
+    return out
 
 
 def check_elastic(min_hosts: int | None, hosts: int, faults: list[Fault]) -> int | None:
@@ -67,7 +85,15 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         raise UsageError("cluster needs --hosts P and --rate RATE (e.g. --hosts 5 --rate 400mbit)")
     rate = parse_rate(args.rate, "--rate")
     master_rate = parse_rate(args.master_rate, "--master-rate") if args.master_rate else None
-    cluster = Cluster(args.hosts, rate, master_rate, mtu=args.mtu, medium=args.medium)
+    cluster = Cluster(
+        args.hosts,
+        rate,
+        master_rate,
+        mtu=args.mtu,
+        medium=args.medium,
+        host_rates=per_host(args.host_rate, "--host-rate", lambda v: parse_rate(v, "--host-rate")),
+        host_procs=per_host(args.host_procs, "--host-procs", int),
+    )
     faults = [
         Fault.parse(kind, text, args.hosts)
         for kind in KINDS
@@ -114,7 +140,7 @@ def what_runs(
     for fault in faults:
         fault.metrics = run_dir / "metrics.jsonl"
     return (
-        ["-m", "coded_shuffle_train", *overrides],
+        ["-m", JOB_MODULE, *overrides],
         args.logs or run_dir / "hosts",
         run_dir / "cluster.json",
     )

@@ -135,7 +135,9 @@ def _write(path: Path, text: str) -> None:
 
 @dataclass
 class Cluster:
-    """``hosts`` namespaces on one bridge, NICs limited to ``rate`` bits/s both ways."""
+    """``hosts`` namespaces on one bridge, NICs limited to ``rate`` bits/s both ways (host 0's
+    to ``master_rate``, any host's to its ``host_rates`` entry), each running ``host_procs``
+    processes (default 1)."""
 
     hosts: int
     rate: int
@@ -144,10 +146,19 @@ class Cluster:
     medium: str = "switch"
     run_id: str = field(default_factory=lambda: os.urandom(3).hex())
     created: list[str] = field(default_factory=list)
+    host_rates: dict[int, int] = field(default_factory=dict)
+    host_procs: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 2 <= self.hosts <= MAX_HOSTS:
             raise UsageError(f"--hosts {self.hosts} out of range 2..{MAX_HOSTS}")
+        for key, given in (("--host-rate", self.host_rates), ("--host-procs", self.host_procs)):
+            for host in given:
+                if not 0 <= host < self.hosts:
+                    raise UsageError(f"{key} {host}=...: host out of range 0..{self.hosts - 1}")
+        for host, procs in self.host_procs.items():
+            if procs < 1:
+                raise UsageError(f"--host-procs {host}={procs}: processes out of range (>= 1)")
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"--mtu {self.mtu} out of range 576..65535")
         if self.medium not in MEDIA:
@@ -171,7 +182,27 @@ class Cluster:
         return f"{SUBNET}.{i + 1}"
 
     def host_rate(self, i: int) -> int:
+        if i in self.host_rates:
+            return self.host_rates[i]
         return self.master_rate if i == 0 and self.master_rate else self.rate
+
+    def procs(self, i: int) -> int:
+        """How many processes (ranks) host ``i`` runs."""
+        return self.host_procs.get(i, 1)
+
+    @property
+    def processes(self) -> int:
+        """Every host's processes: the job's world."""
+        return sum(self.procs(i) for i in range(self.hosts))
+
+    def host_of(self, rank: int) -> int:
+        """The host that runs ``rank`` (ranks go to the hosts in order, a node's together)."""
+        first = 0
+        for i in range(self.hosts):
+            first += self.procs(i)
+            if rank < first:
+                return i
+        raise UsageError(f"rank {rank} out of range 0..{self.processes - 1} (the cluster's)")
 
     def exec_argv(self, i: int, argv: list[str]) -> list[str]:
         """``argv`` run inside host ``i``'s namespace."""

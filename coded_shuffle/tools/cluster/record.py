@@ -109,6 +109,7 @@ def write_record(
                 "host": i,
                 "address": cluster.address(i),
                 "rate_bits": cluster.host_rate(i),
+                "processes": cluster.procs(i),
                 "exit_code": results[i].code,
                 "lost": results[i].lost,
                 "nic_tx_bytes": after.nics[i]["tx_bytes"] - before.nics[i]["tx_bytes"],

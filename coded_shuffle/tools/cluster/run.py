@@ -66,12 +66,12 @@ def training_overrides(
     out = list(overrides)
     if elastic and _override(out, "dist.elastic") is None:
         out.append("dist.elastic=true")
-    workers = cluster.hosts - 1
+    workers = cluster.processes - 1
     given = _override(out, "workers")
     if given is not None and given != str(workers):
         raise UsageError(
             f"workers={given} does not fit --hosts {cluster.hosts}: the cluster runs "
-            f"workers = hosts - 1 = {workers} (leave workers out)"
+            f"workers = processes - 1 = {workers} (leave workers out)"
         )
     if given is None:
         out.append(f"workers={workers}")
@@ -79,7 +79,9 @@ def training_overrides(
     if run_dir is None:
         run_dir = time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S")
         out.append(f"hydra.run.dir={run_dir}")
-    out += pacing_overrides(out, cluster.rate, cluster.host_rate(0))
+    master = _override(out, "dist.master_rank")
+    master_host = cluster.host_of(int(master)) if master and master.isdigit() else 0
+    out += pacing_overrides(out, cluster.rate, cluster.host_rate(master_host))
     return out, Path(run_dir)
 
 
@@ -100,10 +102,13 @@ def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> l
     return out
 
 
+JOB_MODULE = "coded_shuffle_train"  # the training job's module: ``-m`` runs it on every host
+
+
 def check_training_config(overrides: Sequence[str]) -> None:
     """Validates the job's config before any namespace exists (one line on a bad value)."""
     out = subprocess.run(
-        [sys.executable, "-m", "coded_shuffle_train", "--check", *overrides],
+        [sys.executable, "-m", JOB_MODULE, "--check", *overrides],
         capture_output=True,
         text=True,
     )
@@ -114,7 +119,8 @@ def check_training_config(overrides: Sequence[str]) -> None:
 
 def max_restarts(target: Sequence[str]) -> int:
     """``dist.max_restarts`` of the training job (0 for a script or when not given)."""
-    value = _override(target, "dist.max_restarts") if "train" in target[:2] else None
+    job = list(target[:2]) == ["-m", JOB_MODULE]
+    value = _override(target, "dist.max_restarts") if job else None
     return int(value) if value and value.isdigit() else 0
 
 
@@ -169,7 +175,7 @@ def torchrun_argv(
         "torch.distributed.run",
         *nodes,
         "--nproc-per-node",
-        "1",
+        str(cluster.procs(host)),
         "--max-restarts",
         str(max_restarts(target)),
         *target,

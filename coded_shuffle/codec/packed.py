@@ -1,5 +1,6 @@
-"""Data sets on disk: a directory of NumPy ``.npy`` files, memory-mapped (``data=file
-data.path=DIR``), and ``coded-shuffle pack``, which writes one from any source the job takes.
+"""Data sets on disk: a directory of NumPy ``.npy`` files, memory-mapped (``coded-shuffle
+pack`` writes one from any source the training job takes; the job reads one with ``data=file
+data.path=DIR``, an own loop with :class:`PackedDataset`).
 
 ``DIR/X.npy`` holds ``N`` records of any fixed shape and dtype, ``DIR/y.npy`` their ``N``
 integer labels; ``X_test.npy`` and ``y_test.npy`` are optional. The master maps them
@@ -9,11 +10,13 @@ process's own memory does not grow with ``N`` (docs/training.md, "Data sets on d
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from coded_shuffle.codec.records import ColumnDataset, as_tensor
 from coded_shuffle.errors import UsageError
 
 NAMES = ("X", "y", "X_test", "y_test")
@@ -37,11 +40,11 @@ class Packed:
         for name in ("X", "y"):
             if name not in found:
                 raise UsageError(
-                    f"data.path {str(path)!r}: no {name}.npy (a packed data set holds X.npy and "
+                    f"{str(path)!r}: no {name}.npy (a packed data set holds X.npy and "
                     "y.npy, optionally X_test.npy and y_test.npy: coded-shuffle pack writes one)"
                 )
         if ("X_test" in found) != ("y_test" in found):
-            raise UsageError(f"data.path {str(path)!r}: X_test.npy and y_test.npy go together")
+            raise UsageError(f"{str(path)!r}: X_test.npy and y_test.npy go together")
         arrays = {name: _map(file) for name, file in found.items()}
         x, y = arrays["X"], arrays["y"]
         _check_pair(x, y, found["X"], found["y"])
@@ -86,3 +89,26 @@ def _check_pair(x: np.ndarray, y: np.ndarray, x_path: Path, y_path: Path) -> Non
 
 def _label_max(y: np.ndarray) -> int:
     return max(int(y[a : a + LABEL_ROWS].max()) for a in range(0, y.shape[0], LABEL_ROWS))
+
+
+class PackedDataset(ColumnDataset):
+    """A packed directory as a map-style data set: item ``i`` is ``(X[i], y[i])``, tensors of
+    the records' own shape and dtype and the label's, read from the memory-mapped ``.npy``
+    files (never loaded whole: the master of an own loop passes it to ``CodedShuffle``, which
+    reads its records where they lie). ``split="test"``: ``X_test`` and ``y_test``.
+
+    Attributes: ``path``, ``split``, ``classes`` (the largest label of both splits, plus 1).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], split: str = "train") -> None:
+        if split not in ("train", "test"):
+            raise UsageError(f"split={split!r} unknown; valid: train, test")
+        self.path, self.split = Path(path), split
+        if not self.path.is_dir():
+            raise UsageError(f"{str(self.path)!r} is no directory (coded-shuffle pack writes one)")
+        packed = Packed.open(self.path)
+        x, y = (packed.x, packed.y) if split == "train" else (packed.x_test, packed.y_test)
+        if x is None or y is None:
+            raise UsageError(f"{str(self.path)!r}: no X_test.npy and y_test.npy (split='test')")
+        self.classes = packed.classes
+        super().__init__(as_tensor(x), as_tensor(y), mapped=True)
