@@ -28,6 +28,18 @@ run, the placement and the slowest reshuffle against ``unicast``'s, the costlies
 seconds per GB, the largest anonymous memory of a host, and what the cheaper shuffles give
 up (``coverage_min``, ``label_tv_max`` after the last epoch).
 
+Every run prefetches (``dist.prefetch``, the job's default: epoch ``e + 1``'s delivery runs
+while the workers train on epoch ``e``), the uncoded alternatives too; ``--blocking`` runs
+every big run a second time with ``dist.prefetch=false`` (each epoch's delivery waits for the
+training before it), beside. ``--balanced-step S`` adds the balanced runs: the same set, but
+every minibatch step holds its worker ``S`` seconds more without using the host's CPU or
+network (``debug.step_delay``: the steps of a model on an accelerator, which this machine has
+not), so that an epoch's steps take about as long as a coded delivery; coded ``multicast``
+against uncoded ``unicast``, ``p2p`` and ``multicast``, each prefetching and blocking. The
+big tables add per run the steps' and the wait's seconds (medians over the reshuffles) and
+the overlap realized: the seconds from the end of the placement to the end over the sum of
+``max(steps of e - 1, delivery of e)`` and the last epoch's steps.
+
 ``--remote-store MASTER_RATE`` adds the remote-store runs (docs/decentralized.md): the master,
 where the data lives, behind ``MASTER_RATE``, the workers on a shared medium of
 ``--remote-rate``, logistic regression on a synthetic set; the workers' own decentralized
@@ -87,6 +99,14 @@ BIG_RUNS = (  # policy, scheme, transport: the reshuffle-bound runs
 )
 
 
+BALANCED_RUNS = (  # the balanced runs: full reshuffles
+    ("full", "cycles", "multicast"),
+    ("full", "uncoded", "unicast"),
+    ("full", "uncoded", "p2p"),
+    ("full", "uncoded", "multicast"),
+)
+
+
 @dataclass
 class Result:
     average_every: int
@@ -94,6 +114,7 @@ class Result:
     scheme: str
     transport: str
     rows: list[dict]
+    prefetch: bool = True
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -115,6 +136,15 @@ class Result:
     def later(self, key: str) -> float:
         """Median of ``key`` over the epochs after the placement."""
         return float(np.median(self.series(key)[1:]))
+
+    def overlap(self) -> float:
+        """The seconds from the end of the placement to the end, over the sum of
+        ``max(steps of e - 1, delivery of e)`` for every reshuffle ``e`` and the last epoch's
+        steps: 1.0 where every delivery hid behind the steps before it (or they behind it)."""
+        steps, deliver = self.series("train_seconds"), self.series("delivery_seconds")
+        span = self.series("elapsed_seconds")[-1] - self.series("wait_seconds")[0]
+        ideal = float(np.sum(np.maximum(steps[:-1], deliver[1:])) + steps[-1])
+        return span / ideal
 
 
 def cluster(
@@ -196,11 +226,19 @@ def big_pacing(args: argparse.Namespace) -> str:
 
 
 def run_big(
-    args: argparse.Namespace, packed: Path, policy: str, scheme: str, transport: str
+    args: argparse.Namespace,
+    packed: Path,
+    run: tuple[str, str, str],
+    prefetch: bool = True,
+    step: float = 0.0,
 ) -> Result:
-    """Logistic regression on the packed set larger than memory."""
+    """Logistic regression on the packed set larger than memory (``step``: seconds every
+    minibatch step holds its worker besides its work)."""
+    policy, scheme, transport = run
     overrides = [
         *delivery(scheme, transport, policy, args),
+        f"dist.prefetch={str(prefetch).lower()}",
+        f"debug.step_delay={step}",
         "data=file",
         f"data.path={packed}",
         "model=logreg",
@@ -211,10 +249,13 @@ def run_big(
     ]
     if transport == "multicast" and args.big_multicast_rate:
         overrides.append(f"dist.multicast.rate={args.big_multicast_rate}")
-    run_dir = Path(args.out) / "big" / f"{policy}-{scheme}-{transport}"
+    kind = ("balanced" if step else "big") + ("" if prefetch else "-blocking")
+    run_dir = Path(args.out) / kind / f"{policy}-{scheme}-{transport}"
     try:
         rows = cluster(args, args.big_rate, run_dir, overrides)
-        return Result(0, policy, scheme, transport, rows)
+        end = rows[-1]["elapsed_seconds"]
+        print(f"  {kind} {policy}/{scheme}/{transport}: {end:.1f} s", file=sys.stderr, flush=True)
+        return Result(0, policy, scheme, transport, rows, prefetch)
     finally:
         shutil.rmtree(Path(args.out) / "big-stores", ignore_errors=True)
 
@@ -248,8 +289,10 @@ def remote(args: argparse.Namespace) -> list[Result]:
     return results
 
 
-def big(args: argparse.Namespace) -> list[Result]:
-    """``--big-gb``: pack the set into a temporary directory, train on it, remove it."""
+def big(args: argparse.Namespace) -> tuple[list[Result], list[Result]]:
+    """``--big-gb``: pack the set into a temporary directory, train on it (the big runs,
+    prefetching and with ``--blocking`` blocking; with ``--balanced-step`` the balanced
+    runs), remove it."""
     work = Path(tempfile.mkdtemp(prefix="bench-tta-big-", dir=args.big_dir))
     try:
         record = 4 * args.big_features + 4
@@ -278,18 +321,24 @@ def big(args: argparse.Namespace) -> list[Result]:
             f"{args.big_rate} ({args.medium}), multicast paced at {big_pacing(args)}",
             flush=True,
         )
-        results = []
-        for policy, scheme, transport in BIG_RUNS:
-            results.append(run_big(args, packed, policy, scheme, transport))
-            print(f"  big {policy}/{scheme}/{transport}: done", file=sys.stderr, flush=True)
-        return results
+        modes = (True, False) if args.blocking else (True,)
+        results = [run_big(args, packed, run, mode) for mode in modes for run in BIG_RUNS]
+        balanced = []
+        if args.balanced_step:
+            step = args.balanced_step
+            balanced = [
+                run_big(args, packed, run, mode, step)
+                for mode in (True, False)
+                for run in BALANCED_RUNS
+            ]
+        return results, balanced
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def label(r: Result, fraction: float) -> str:
     policy = f"partial{fraction:g}" if r.policy == "partial" else r.policy
-    return f"{policy}/{r.scheme}/{r.transport}"
+    return f"{policy}/{r.scheme}/{r.transport}" + ("" if r.prefetch else " blocking")
 
 
 HEADER = (
@@ -331,13 +380,15 @@ def epoch_table(results: list[Result], fraction: float) -> list[str]:
     over the reshuffles), the largest anonymous memory of any host, and the mixing after the
     last epoch; then the test accuracy of every epoch (the full runs: the same parameters)."""
     full = [r for r in results if r.policy == "full"]
-    best = min(r.series("elapsed_seconds")[-1] for r in full if r.scheme == "uncoded")
-    unicast = next(r for r in full if r.transport == "unicast").series("delivery_seconds")
+    ahead = [r for r in full if r.prefetch] or full  # the best uncoded run a user would run
+    best = min(r.series("elapsed_seconds")[-1] for r in ahead if r.scheme == "uncoded")
+    unicast = next(r for r in ahead if r.transport == "unicast").series("delivery_seconds")
     epochs = len(results[0].rows)
-    head = f"{'run':36s} " + " ".join(f"{f'e{e}':>6s}" for e in range(1, epochs + 1))
+    head = f"{'run':45s} " + " ".join(f"{f'e{e}':>6s}" for e in range(1, epochs + 1))
     head += (
-        f" {'to end':>7s} {'vs best':>7s} {'place/u':>7s} {'reshuf/u':>8s} {'cpu s/GB':>8s}"
-        f" {'anon MB':>7s} {'coverage':>8s} {'label tv':>8s}"
+        f" {'to end':>7s} {'vs best':>7s} {'place/u':>7s} {'reshuf/u':>8s} {'steps s':>7s}"
+        f" {'wait s':>6s} {'overlap':>7s} {'cpu s/GB':>8s} {'anon MB':>7s} {'coverage':>8s}"
+        f" {'label tv':>8s}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
@@ -346,12 +397,15 @@ def epoch_table(results: list[Result], fraction: float) -> list[str]:
         anon = max(max(row.get("host_anon_bytes", [0])) for row in r.rows)
         end, last = r.series("elapsed_seconds")[-1], r.rows[-1]
         cells = [
-            f"{label(r, fraction):36s}",
+            f"{label(r, fraction):45s}",
             *(f"{s:6.1f}" for s in seconds),
             f"{end:7.1f}",
             f"{end / best:7.2f}",
             f"{deliver[0] / unicast[0]:7.2f}",
             f"{reshuffle:8.2f}",
+            f"{r.later('train_seconds'):7.2f}",
+            f"{r.later('wait_seconds'):6.2f}",
+            f"{r.overlap():7.2f}",
             f"{r.later('cpu_seconds_per_gb_max'):8.2f}",
             f"{anon / 1e6:7.0f}",
             f"{last['coverage_min']:8.3f}",
@@ -516,6 +570,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-features", type=int, default=2000, help="records of 4*F+4 bytes")
     parser.add_argument("--big-dir", type=Path, default=None, help="where the big set is packed")
     parser.add_argument(
+        "--blocking", action="store_true", help="every big run also without prefetch, beside"
+    )
+    parser.add_argument(
+        "--balanced-step",
+        type=float,
+        default=0.0,
+        help="the balanced runs: seconds a minibatch step holds its worker (an accelerator's)",
+    )
+    parser.add_argument(
         "--remote-store",
         metavar="MASTER_RATE",
         help="the remote-store runs: the master behind this rate (e.g. 50mbit)",
@@ -554,10 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.remote_store:
         print("\n".join(epoch_table(remote(args), args.fraction)))
     if args.big_gb > 0:
-        large = big(args)
+        large, balanced = big(args)
         print("\n".join(epoch_table(large, args.fraction)))
+        if balanced:
+            print(f"balanced: every minibatch step held {args.balanced_step:g} s more")
+            print("\n".join(epoch_table(balanced, args.fraction)))
         if args.big_plot:
-            plot_big(large, args.big_plot, args)
+            plot_big([r for r in large if r.prefetch], args.big_plot, args)
             print(f"wrote {args.big_plot}")
     if args.plot and results:
         plot(results, args.plot, args)

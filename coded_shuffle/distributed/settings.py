@@ -184,7 +184,8 @@ class ShuffleSettings:
         if self.epochs is not None and self.epochs < 1:
             raise UsageError(f"{n.epochs}={self.epochs} out of range (must be >= 1)")
         if self.timeout.total_seconds() <= 0:
-            raise UsageError(f"{n.timeout}={self.timeout} out of range (must be > 0)")
+            seconds = self.timeout.total_seconds()
+            raise UsageError(f"{n.timeout}={seconds:g} out of range (seconds > 0)")
         if self.heartbeat < 0:
             raise UsageError(
                 f"{n.heartbeat}={self.heartbeat} out of range (seconds >= 0; 0: no watchdog)"
