@@ -58,6 +58,8 @@ class JobProfile:
     seed: int
     placement: str  # data.placement: random | by_label
     label_shares: list[float]  # every class's share of the training points
+    prefetch: bool  # dist.prefetch: each delivery beside the training before it
+    step_delay: float  # debug.step_delay: seconds every step holds its worker besides
 
 
 def _median_seconds(fn: Any) -> float:
@@ -176,6 +178,8 @@ def profile(cfg: Config) -> JobProfile:
         seed=int(cfg.seed),
         placement=str(cfg.data.placement),
         label_shares=label_shares(cfg),
+        prefetch=bool(cfg.dist.prefetch),
+        step_delay=float(cfg.debug.step_delay),
     )
 
 

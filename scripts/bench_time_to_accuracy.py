@@ -35,7 +35,8 @@ training before it), beside. ``--balanced-step S`` adds the balanced runs: the s
 every minibatch step holds its worker ``S`` seconds more without using the host's CPU or
 network (``debug.step_delay``: the steps of a model on an accelerator, which this machine has
 not), so that an epoch's steps take about as long as a coded delivery; coded ``multicast``
-against uncoded ``unicast``, ``p2p`` and ``multicast``, each prefetching and blocking. The
+against uncoded ``unicast``, ``p2p`` and ``multicast``, each prefetching and blocking
+(minibatches of ``--balanced-batch``: few steps, each a heavy one, as on an accelerator). The
 big tables add per run the steps' and the wait's seconds (medians over the reshuffles) and
 the overlap realized: the seconds from the end of the placement to the end over the sum of
 ``max(steps of e - 1, delivery of e)`` and the last epoch's steps.
@@ -233,7 +234,8 @@ def run_big(
     step: float = 0.0,
 ) -> Result:
     """Logistic regression on the packed set larger than memory (``step``: seconds every
-    minibatch step holds its worker besides its work)."""
+    minibatch step holds its worker besides its work; then minibatches of
+    ``--balanced-batch``)."""
     policy, scheme, transport = run
     overrides = [
         *delivery(scheme, transport, policy, args),
@@ -243,7 +245,7 @@ def run_big(
         f"data.path={packed}",
         "model=logreg",
         f"epochs={args.big_epochs}",
-        "optim.batch_size=512",
+        f"optim.batch_size={args.balanced_batch if step else 512}",
         "optim.lr=0.01",
         f"dist.store_dir={Path(args.out) / 'big-stores'}",
     ]
@@ -579,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the balanced runs: seconds a minibatch step holds its worker (an accelerator's)",
     )
     parser.add_argument(
+        "--balanced-batch", type=int, default=2048, help="the balanced runs' minibatch"
+    )
+    parser.add_argument(
         "--remote-store",
         metavar="MASTER_RATE",
         help="the remote-store runs: the master behind this rate (e.g. 50mbit)",
@@ -620,7 +625,10 @@ def main(argv: list[str] | None = None) -> int:
         large, balanced = big(args)
         print("\n".join(epoch_table(large, args.fraction)))
         if balanced:
-            print(f"balanced: every minibatch step held {args.balanced_step:g} s more")
+            print(
+                f"balanced: minibatches of {args.balanced_batch}, every step held "
+                f"{args.balanced_step:g} s more (an accelerator's, not the host's CPU)"
+            )
             print("\n".join(epoch_table(balanced, args.fraction)))
         if args.big_plot:
             plot_big([r for r in large if r.prefetch], args.big_plot, args)

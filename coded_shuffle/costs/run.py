@@ -1,10 +1,13 @@
 """A whole run's seconds, epoch by epoch, on the clock of ``metrics.jsonl``'s
 ``elapsed_seconds`` (docs/transports.md, "Predicting a run").
 
-An epoch of the training job is its delivery, then the workers' training on their batches,
-then the end of the epoch (worker 0's parameters to the master, its test evaluation, the
-records). Every part is a network-bound share (bytes over the busiest link, :mod:`.model`)
-and a CPU-bound one (seconds of the CPU work on the cores that the hosts share):
+An epoch of the training job is its delivery, the workers' training on their batches, and
+the end of the epoch (worker 0's parameters to the master, its test evaluation, the records).
+Without prefetch they follow each other; with it (``dist.prefetch``, the job's default) epoch
+``e + 1``'s delivery runs beside epoch ``e``'s training and end (:func:`together`: the longer
+of the two, unless together they need the cores or the link for longer). Every part is a
+network-bound share (bytes over the busiest link, :mod:`.model`) and a CPU-bound one (seconds
+of the CPU work on the cores that the hosts share):
 
 * **delivery**: the transport's network seconds (:func:`~.model.seconds`) and the CPU's:
   what its data path costs (:data:`CPU_SECONDS_PER_GB` per GB that crosses a host's NIC,
@@ -13,13 +16,18 @@ and a CPU-bound one (seconds of the CPU work on the cores that the hosts share):
   smaller that does not overlap it (``1 -`` :data:`CPU_OVERLAP`). A run without a reshuffle
   (``none``) still pays the digests;
 * **training**: every step's compute (the model's step timed on this machine, the workers
-  sharing its cores), reading the batch's records (:data:`READ_SECONDS_PER_GB`) and the
-  gradients' ring all-reduce (``2 (K - 1)`` shares of the gradients on a shared medium,
-  ``2 (K - 1) / K`` per NIC on a switch, plus :data:`HOP_FRAMES` frames per ring phase); with
-  local SGD (``H >= 1``) the parameters and momentum averaged every ``H`` steps and at the
-  epoch's end;
-* **end of epoch**: worker 0's parameters to the master, the test forward, and
-  :data:`EPOCH_SECONDS` (records, the checkpoint).
+  sharing its cores), reading the batch's records (:data:`READ_SECONDS_PER_GB`), the time a
+  step holds its worker besides (``debug.step_delay``: an accelerator's, neither CPU nor
+  network here) and the gradients' ring all-reduce: its bytes (``2 (K - 1)`` shares of the
+  gradients on a shared medium, ``2 (K - 1) / K`` per NIC on a switch) and its latency,
+  :data:`SYNC_PHASE_SECONDS` for every one of its ``2 (K - 1)`` phases (a message to the next
+  worker and its answer, through the hosts' schedulers and NICs); with local SGD (``H >= 1``)
+  the parameters and momentum averaged every ``H`` steps and at the epoch's end;
+* **end of epoch**: worker 0's parameters to the master and the test forward.
+
+Every constant here was fitted on one set of measured runs and is checked on another
+(``scripts/measured_runs.json``, docs/benchmarks.md "Predicting a run"); a change of a third
+to any of them takes some measured run beyond 15% (``tests/test_predict_runs.py``).
 
 No torch: the compute figures come in a :class:`Compute` (``python -m coded_shuffle_train
 --profile`` measures them)."""
@@ -58,6 +66,8 @@ PACED = ("multicast", "peer-multicast")
 # reshuffle, docs/benchmarks.md "Predicting a run")
 READ_SECONDS_PER_GB = 2.2
 EPOCH_SECONDS = 0.05  # per epoch: reports, records, the checkpoint (calibrated)
+# the latency of one phase of a ring all-reduce (a message to the next worker and its answer)
+SYNC_PHASE_SECONDS = 0.0
 # frames of store-and-forward per ring phase (calibrated on the emulated cluster, 4 Mbit/s,
 # K = 4): on a shared medium the sender's NIC and the medium each hold a frame; on a switch
 # the receiver's NIC takes the chunk while the sender's sends it
@@ -86,6 +96,7 @@ class Training:
     momentum: bool
     batch_size: int
     average_every: int  # H: 0 averages the gradients at every step
+    step_delay: float = 0.0  # seconds every step holds its worker besides its own work
 
     @property
     def steps(self) -> int:
@@ -108,14 +119,15 @@ class Part:
 def allreduce_seconds(payload: float, workers: int, net: Network) -> float:
     """A ring all-reduce of ``payload`` bytes per worker among the ``workers`` (gloo): on a
     shared medium every worker's ``2 (K - 1) / K`` shares cross the one link; on a switch each
-    NIC carries its own. Each of the ``2 (K - 1)`` phases waits for its frames to cross."""
+    NIC carries its own. Each of the ``2 (K - 1)`` phases waits for its frames to cross and
+    for the next worker to answer (:data:`SYNC_PHASE_SECONDS`)."""
     if workers < 2:
         return 0.0
     share = 2 * (workers - 1) * payload
     busy = share if net.topology == "shared" else share / workers
     phases = 2 * (workers - 1)
     hop = HOP_FRAMES[net.topology] * min(net.mtu, payload / workers + 64) / (net.rate / 8)
-    return net.tcp(busy) / (net.rate / 8) + phases * hop
+    return net.tcp(busy) / (net.rate / 8) + phases * (hop + SYNC_PHASE_SECONDS)
 
 
 def digest_seconds(t: Training, c: Compute) -> float:
@@ -135,17 +147,19 @@ def delivery(network: float, nic_bytes: float, transport: str, t: Training, c: C
 
 
 def training(t: Training, net: Network, c: Compute) -> Part:
-    """The workers' steps and their synchronisation."""
+    """The workers' steps and their synchronisation (the seconds a step holds its worker
+    besides, ``step_delay``, in the part's wall seconds only)."""
     steps = t.steps
     contention = max(1.0, t.workers / c.cores)
     cpu = steps * c.step_seconds * contention + t.set_gb * READ_SECONDS_PER_GB / c.cores
+    held = steps * t.step_delay
     if t.average_every <= 0:
         network = steps * allreduce_seconds(4 * t.params, t.workers, net)
     else:
         rounds = len({*range(t.average_every, steps + 1, t.average_every), steps})
         payload = 4 * t.params * (2 if t.momentum else 1)
         network = rounds * allreduce_seconds(payload, t.workers, net)
-    return Part(network, cpu, network + cpu)
+    return Part(network, cpu, network + cpu + held)
 
 
 def epoch_end(t: Training, net: Network, c: Compute) -> Part:
@@ -153,3 +167,22 @@ def epoch_end(t: Training, net: Network, c: Compute) -> Part:
     network = net.tcp(4 * t.params) / (min(net.rate, net.master_rate) / 8)
     cpu = t.test_points * c.eval_seconds_per_point
     return Part(network, cpu, network + cpu + EPOCH_SECONDS)
+
+
+def together(a: Part, b: Part) -> float:
+    """Wall seconds of ``a`` and ``b`` at once (a delivery beside training): the longer of
+    the two, unless their CPU work together keeps the shared cores busy longer, or their bytes
+    together the link."""
+    return max(a.seconds, b.seconds, a.cpu + b.cpu, a.network + b.network)
+
+
+def epoch_seconds(deliveries: list[Part], rest: Part, prefetch: bool) -> list[float]:
+    """Every epoch's seconds on the master's clock: its delivery (the first: the placement),
+    then ``rest`` (the training and the epoch's end); with ``prefetch`` every later delivery
+    beside the epoch before's ``rest`` (:func:`together`), the epoch then waiting only for
+    what is left of it."""
+    if not prefetch:
+        return [d.seconds + rest.seconds for d in deliveries]
+    # the placement, then each epoch's rest beside the next delivery: the pair's seconds go to
+    # the later epoch (its wait and its own rest, alike from epoch to epoch)
+    return [deliveries[0].seconds + rest.seconds] + [together(rest, d) for d in deliveries[1:]]

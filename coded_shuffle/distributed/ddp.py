@@ -10,6 +10,7 @@ training job.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -39,12 +40,20 @@ def mean_in_model_order(state: tuple[Any, dict[int, int]], bucket):
     return done
 
 
+# DDP's own options in the installed torch: ``forward_sync_buffers`` (2.13) was
+# ``broadcast_buffers`` before
+DDP_OPTIONS = frozenset(inspect.signature(DistributedDataParallel.__init__).parameters)
+
+
 def data_parallel(
     model: torch.nn.Module, group: Any, device: torch.device | None = None, **options: Any
 ) -> DistributedDataParallel:
     """``model`` in DDP over ``group``, its gradients averaged at every step in one bucket by
     :func:`mean_in_model_order`; ``options`` go to DDP (``init_sync=False`` where every rank
-    drew the same model)."""
+    drew the same model; ``forward_sync_buffers`` as ``broadcast_buffers`` where torch is
+    older than that name)."""
+    if "forward_sync_buffers" in options and "forward_sync_buffers" not in DDP_OPTIONS:
+        options["broadcast_buffers"] = options.pop("forward_sync_buffers")
     model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     on_gpu = device is not None and device.type == "cuda"
     ddp = DistributedDataParallel(

@@ -319,7 +319,7 @@ class CodedShuffle:
         began = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         with self.watched():
-            got = ahead.result() if ahead is not None else self._deliver(epoch)
+            got = ahead.result() if ahead is not None else self._deliver(epoch, False)
         self._next = epoch + 1
         batch = self._hand_out(got, time.perf_counter() - began, ahead is not None)
         self._prefetch(epoch)
@@ -330,11 +330,12 @@ class CodedShuffle:
         ``set_epoch``: every rank, before the epoch's loader is iterated)."""
         self.epoch(epoch)
 
-    def _deliver(self, epoch: int) -> Delivered:
+    def _deliver(self, epoch: int, background: bool) -> Delivered:
         """Epoch ``epoch``'s delivery by this rank's side (in the foreground, or on the
-        background thread of a prefetch)."""
+        ``background`` thread of a prefetch)."""
         if self._owns_liveness and self.liveness is not None:
             self.liveness.mark(f"epoch {epoch} delivery")
+        self.link.behind_training(background)
         if self._master is not None:
             report = self._master.epoch(epoch)
             return Delivered(epoch, report, self._master.assignment, None)
@@ -362,7 +363,9 @@ class CodedShuffle:
         if not self.prefetching or epochs is None or epoch >= epochs:
             return
         following = epoch + 1
-        self._ahead = Ahead(following, lambda: self._deliver(following), self._background_failed)
+        self._ahead = Ahead(
+            following, lambda: self._deliver(following, True), self._background_failed
+        )
 
     def _background_failed(self, exc: BaseException, collecting: threading.Event) -> None:
         """A prefetched delivery failed (on its thread): the loop gets the job's timeout to come

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field, replace
 from coded_shuffle.costs.model import BROADCASTS, PACE_SHARE, Network, Traffic
 from coded_shuffle.costs.model import seconds as transport_seconds
 from coded_shuffle.costs.rates import format_rate, parse_rate
-from coded_shuffle.costs.run import Compute, Part, Training, delivery, epoch_end, training
+from coded_shuffle.costs.run import (
+    Compute,
+    Part,
+    Training,
+    delivery,
+    epoch_end,
+    epoch_seconds,
+    training,
+)
 from coded_shuffle.costs.wire import framed_bytes
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.mixing import expected_mixing
@@ -61,11 +69,13 @@ class PricedRun:
     label_tv_max: float
     job: bool = False
     fastest: bool = False
+    prefetch: bool = True  # every epoch's delivery beside the training before it
     epoch_seconds: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        rest = self.train.seconds + self.end.seconds
-        self.epoch_seconds = [d.seconds + rest for d in self.deliveries]
+        t, e = self.train, self.end
+        rest = Part(t.network + e.network, t.cpu + e.cpu, t.seconds + e.seconds)
+        self.epoch_seconds = epoch_seconds(self.deliveries, rest, self.prefetch)
 
     @property
     def seconds(self) -> float:
@@ -102,6 +112,7 @@ class JobRun:
     seed: int = 0
     placement: str = "random"
     label_shares: tuple[float, ...] = (1.0,)
+    prefetch: bool = True  # dist.prefetch
 
     @property
     def option(self) -> Option:
@@ -110,6 +121,12 @@ class JobRun:
 
 def profile_job(overrides: Sequence[str]) -> JobRun:
     """The job's profile from its own config (one line on a bad override)."""
+    return job_from_profile(profile_of(overrides))
+
+
+def profile_of(overrides: Sequence[str]) -> dict:
+    """``python -m coded_shuffle_train --profile OVERRIDES``'s JSON object (one line on a bad
+    override)."""
     out = subprocess.run(
         [sys.executable, "-m", "coded_shuffle_train", "--profile", *overrides],
         capture_output=True,
@@ -118,17 +135,27 @@ def profile_job(overrides: Sequence[str]) -> JobRun:
     if out.returncode:
         lines = (out.stderr.strip() or out.stdout.strip() or "invalid config").splitlines()
         raise UsageError(lines[-1].removeprefix("python -m coded_shuffle_train: error: "))
-    p = json.loads(out.stdout.strip().splitlines()[-1])
-    p["label_shares"] = tuple(p["label_shares"])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def job_from_profile(profile: dict) -> JobRun:
+    """The job as the pricing reads it, from its profile (``python -m coded_shuffle_train
+    --profile``'s JSON object, or one recorded beside measured runs)."""
+    p = {**profile, "label_shares": tuple(profile["label_shares"])}
     training = Training(**fields_of(Training, p))
     compute = Compute(**fields_of(Compute, p))
     return JobRun(**fields_of(JobRun, p), training=training, compute=compute)
 
 
 def fields_of(cls: type, profile: dict) -> dict:
-    """The profile's values of ``cls``'s fields (those a dataclass nests are built apart)."""
+    """The profile's values of ``cls``'s fields (those a dataclass nests are built apart; a
+    field a recorded profile lacks keeps its default)."""
     nested = {"training", "compute"}
-    return {f.name: profile[f.name] for f in dataclasses.fields(cls) if f.name not in nested}
+    return {
+        f.name: profile[f.name]
+        for f in dataclasses.fields(cls)
+        if f.name not in nested and f.name in profile
+    }
 
 
 def check_cluster(medium: str, rate: str, master_rate: str | None, mtu: int) -> Network:
@@ -293,6 +320,7 @@ def price(
         coverage_min=mixed["coverage_min"],
         label_tv_max=mixed["label_tv_max"],
         job=option == job.option,
+        prefetch=job.prefetch,
     )
 
 

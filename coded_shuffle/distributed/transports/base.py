@@ -189,6 +189,9 @@ class Transport(ABC):
         self.options = self.parse_options(peer.world_size, options)
         self.counts = HostBytes()
         self.buffers: Buffers = IN_MEMORY  # where a transport's own large buffers go
+        # the delivery runs behind a training loop (prefetched): a transport that paces its
+        # own sending (multicast) leaves the loop's traffic part of the link
+        self.background = False
 
     @classmethod
     def parse_options(

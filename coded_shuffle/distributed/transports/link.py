@@ -92,6 +92,14 @@ class Link:
     def rank(self) -> int:
         return self.transport.peer.rank
 
+    def behind_training(self, background: bool) -> None:
+        """Whether the deliveries that follow run behind a training loop (prefetched): the
+        transports that pace themselves leave the loop part of the link
+        (:attr:`Transport.background`)."""
+        for t in (self.transport, self.placement):
+            if t is not None:
+                t.background = background
+
     def take_counts(self) -> tuple[HostBytes, float]:
         """This host's bytes and the seconds spent moving them, since the last call."""
         seconds, self.seconds = self.seconds, 0.0

@@ -176,6 +176,12 @@ class Multicast(Transport):
         self.parity = self.parity_block > 0  # send parity with the next stream
         self.rebuilt = 0  # datagrams this receiver rebuilt from parity (all streams)
 
+    @property
+    def paced(self) -> float:
+        """The bits/s this stream goes at: the pace, a share of it in the background
+        (``background_share``: what a training loop's own traffic is left)."""
+        return self.pace * (float(self.options.background_share) if self.background else 1.0)
+
     # ---------------------------------------------------------------- set-up
 
     def _open(self, send: bool) -> socket.socket:
@@ -276,7 +282,7 @@ class Multicast(Transport):
         data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
         full = self.frame_bytes
-        pacer = Pacer(self.pace, full)
+        pacer = Pacer(self.paced, full)
         block = self.parity_block if self.parity else 0
         filled = ready = 0
         for m in messages:
@@ -298,7 +304,7 @@ class Multicast(Transport):
                 self.parity = self.parity_block > 0 and lossy
                 return
             self.rounds += 1
-            pacer = Pacer(self.pace, full)
+            pacer = Pacer(self.paced, full)
             sent = self._send(data, todo, self.rounds, pacer, total)
             self.counts.egress += sent
             self.counts.repairs += sent

@@ -83,6 +83,10 @@ class MulticastOptions:
     """Which datagrams ``drop`` discards."""
     slow_seconds: float = 0.0
     """Debug: rank 1 sleeps this long after every datagram it reads, in [0, 0.1]."""
+    background_share: float = 0.9
+    """A delivery in the background (prefetched while the loop trains) is paced at this
+    share of the pace, in (0, 1]: the rest of the link is left to the training's own traffic
+    (its gradient all-reduce), which UDP would otherwise queue behind the stream."""
 
     def check(self, world_size: int | None, name: KeyName) -> None:
         del world_size
@@ -116,3 +120,7 @@ class MulticastOptions:
             raise UsageError(f"{name('rcvbuf_bytes')}={self.rcvbuf_bytes} out of range 4096..2^30")
         if not 0.0 <= float(self.slow_seconds) <= 0.1:
             raise UsageError(f"{name('slow_seconds')}={self.slow_seconds} out of range [0, 0.1]")
+        if not 0.0 < float(self.background_share) <= 1.0:
+            raise UsageError(
+                f"{name('background_share')}={self.background_share} out of range (0, 1]"
+            )
