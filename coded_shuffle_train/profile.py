@@ -59,6 +59,7 @@ class JobProfile:
     placement: str  # data.placement: random | by_label
     label_shares: list[float]  # every class's share of the training points
     prefetch: bool  # dist.prefetch: each delivery beside the training before it
+    background_share: float  # dist.multicast.background_share: a prefetched stream's pace
     step_delay: float  # debug.step_delay: seconds every step holds its worker besides
 
 
@@ -179,6 +180,7 @@ def profile(cfg: Config) -> JobProfile:
         placement=str(cfg.data.placement),
         label_shares=label_shares(cfg),
         prefetch=bool(cfg.dist.prefetch),
+        background_share=float(cfg.dist.multicast.background_share),
         step_delay=float(cfg.debug.step_delay),
     )
 

@@ -14,7 +14,7 @@ On the master the loader is empty and the model is not wrapped: it trains nothin
 ``e + 1``'s delivery runs in the background while the workers train on epoch ``e``. The
 scheme changes the bytes on the network, never the batches: coded and uncoded runs end with
 the same parameters (the last line prints their SHA-256), and so does the training job with
-the same data, model and optimiser (``tests/test_own_loop.py``). ``--data DIR`` trains on a
+the same data, model and optimiser (``tests/test_readme.py``). ``--data DIR`` trains on a
 directory that ``coded-shuffle pack`` wrote (``coded_shuffle.PackedDataset``: memory-mapped,
 items of any fixed shape; ``uint8`` images are scaled to [0, 1]).
 

@@ -113,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--source", default="docs/benchmarks.md")
     parser.add_argument("--out", type=Path, default=RUNS)
+    parser.add_argument("--keep", type=Path, help="keep the runs' directories here")
     parser.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then the job's overrides")
     args = parser.parse_args(argv)
     args.overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
     runs = [parse_run(r) for r in args.runs]
     if args.dirs and len(args.dirs) != len(runs):
         parser.error("--from takes one run directory per --runs entry, in their order")
-    with tempfile.TemporaryDirectory(prefix="predict-runs-") as work:
+    with tempfile.TemporaryDirectory(prefix="predict-runs-") as scratch:
+        work = args.keep or scratch
         measured = []
         for i, (label, prefetch) in enumerate(runs):
             seconds = (

@@ -202,3 +202,49 @@ def test_transports_lists_every_transport_with_the_keys_the_job_reads(capsys):
     } == set(listed)
     assert "dist.multicast.rate (required)" in listed["peer-multicast"]
     assert "dist.peer-multicast" not in out
+
+
+def test_the_version_is_the_packages(capsys):
+    from coded_shuffle import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"coded-shuffle {__version__}"
+
+
+def help_examples(command: str) -> list[str]:
+    """The commands under ``examples:`` of ``coded-shuffle COMMAND --help``."""
+    text = main_help(command)
+    block = text.split("examples:\n", 1)[1].split("\n\n", 1)[0] if "examples:" in text else ""
+    return [ln.strip() for ln in block.splitlines() if ln.strip()]
+
+
+def main_help(command: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "coded_shuffle", command, "--help"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_every_help_example_runs_as_written(tmp_path):
+    """Every ``examples:`` line of every subcommand's ``--help`` (smaller where it is a size:
+    ``data.points``); the folder of images is ``tests/test_images.py``'s, which runs the third
+    ``pack`` example as written."""
+    from coded_shuffle.tools.cli import PACK_PHOTOS
+
+    found = {c: help_examples(c) for c in ("evaluate", "predict", "cluster", "pack")}
+    assert found["pack"][2] == PACK_PHOTOS and len(found["pack"]) == 3
+    for line in found["pack"][:2]:
+        argv = [re.sub(r"^data\.points=\d+$", "data.points=2000", w) for w in line.split()]
+        out = subprocess.run(
+            [sys.executable, "-m", "coded_shuffle", *argv[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0 and out.stdout.startswith("packed runs/"), out.stderr
+    assert not any(found[c] for c in ("evaluate", "predict", "cluster"))

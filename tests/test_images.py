@@ -100,3 +100,19 @@ def test_images_of_mixed_sizes_without_a_transform_stop_in_one_line_naming_the_i
     ), line
     assert "data.item_transform=" in line
     assert not (tmp_path / "runs" / "photos").exists()
+
+
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24), (24, 24)])
+def test_resize_crop_keeps_the_centre_of_the_longer_side(shape):
+    """An image whose shorter side is already ``size`` is only cropped: the centre square of
+    its pixels (numpy slicing), channels first."""
+    from PIL import Image
+
+    from coded_shuffle_train.datasets import ResizeCrop
+
+    h, w = shape
+    pixels = np.random.default_rng(h * w).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    top, left = (h - 24) // 2, (w - 24) // 2
+    want = pixels[top : top + 24, left : left + 24].transpose(2, 0, 1)
+    got = ResizeCrop(24)(Image.fromarray(pixels))
+    assert got.dtype == np.uint8 and np.array_equal(got, want)

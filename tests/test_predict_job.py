@@ -14,7 +14,6 @@ import pytest
 from coded_shuffle.costs.model import Network
 from coded_shuffle.costs.run import (
     CPU_OVERLAP,
-    CPU_SECONDS_PER_GB,
     PACED_CPU_OVERLAP,
     Compute,
     Training,
@@ -128,12 +127,19 @@ def test_coded_multicast_beats_uncoded_on_a_shared_medium_when_reshuffles_domina
 
 
 def test_every_epoch_is_its_delivery_plus_the_same_training_and_end(job):
-    net = network("switch", "1gbit", None, 1500, job)
-    for r in predict_job(job, net):
+    """Blocking: an epoch's delivery, then its training and end. Prefetching: an epoch after
+    the placement between the longer of its delivery and the rest, and their sum."""
+    blocking = replace(job, prefetch=False)
+    net = network("switch", "1gbit", None, 1500, blocking)
+    for r in predict_job(blocking, net):
         rest = r.train.seconds + r.end.seconds
         assert [e - d.seconds for e, d in zip(r.epoch_seconds, r.deliveries, strict=True)] == (
             pytest.approx([rest] * job.epochs)
         )
+    for r in predict_job(job, network("switch", "1gbit", None, 1500, job)):
+        rest = r.train.seconds + r.end.seconds
+        for e, d in zip(r.epoch_seconds[1:], r.deliveries[1:], strict=True):
+            assert max(d.seconds, rest) - 1e-9 <= e <= d.seconds + rest + 1e-9
 
 
 def test_more_epochs_cost_more_and_none_moves_nothing_after_the_placement(job):
@@ -167,15 +173,15 @@ def test_local_sgd_averages_every_h_steps_and_at_the_epochs_end():
 
 
 def test_a_cpu_bound_delivery_takes_its_cpu_seconds_and_the_rest_of_the_network(job):
-    c = Compute(0.0, 0.0, 0.0, 2)  # no digests
-    part = delivery(1.0, 2e9, "unicast", job.training, c)  # 2 GB through NICs, 2 cores
-    cpu = CPU_SECONDS_PER_GB["unicast"] * 2 / 2
-    assert cpu > 1.0  # CPU-bound
-    assert part.cpu == pytest.approx(cpu)
-    assert part.seconds == pytest.approx(cpu + (1 - CPU_OVERLAP) * 1.0)
-    paced = delivery(1.0, 2e9, "multicast", job.training, c)  # its sender's NIC idles less
-    assert paced.seconds == pytest.approx(paced.cpu + (1 - PACED_CPU_OVERLAP) * 1.0)
-    assert paced.seconds - paced.cpu < part.seconds - part.cpu
+    """The digests of a 1 GB set at 4 s per GB: 4 s at the master, 2 s for the workers on
+    2 cores, against 1 s of network."""
+    training = replace(job.training, points=10**6, point_bytes=1000)
+    c = Compute(0.0, 0.0, 4.0, 2)
+    part = delivery(1.0, "unicast", training, c)
+    assert part.cpu == pytest.approx(4.0 + 2.0)
+    assert part.seconds == pytest.approx(6.0 + (1 - CPU_OVERLAP) * 1.0)
+    paced = delivery(1.0, "multicast", training, c)  # its sender's NIC idles less
+    assert paced.seconds == pytest.approx(6.0 + (1 - PACED_CPU_OVERLAP) * 1.0)
 
 
 @pytest.mark.parametrize(

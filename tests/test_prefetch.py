@@ -160,7 +160,7 @@ def test_a_background_delivery_that_fails_while_the_loop_waits_ends_it_in_one_li
         receive that only comes after a long "training": the master ends within seconds with the
         verification's one line, and every worker's watchdog ends it within the timeout (the master,
     or its store, lost)."""
-    timeout = 4.0
+    timeout = 2.5
     t0 = time.monotonic()
     procs = start_ranks(["tests/prefetch_loop.py", "--timeout", str(timeout)], 4)
     outs = []

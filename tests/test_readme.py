@@ -6,9 +6,9 @@ are what their scripts print. A command broken in the documentation fails here."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
-import runpy
 import shlex
 import signal
 import subprocess
@@ -134,7 +134,10 @@ def test_the_two_set_up_commands_agree_with_ci():
     quick = commands(section("Quick start"))
     assert len(quick) == 2, quick
     run_job, run_tests = quick
-    setup = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && "
+    setup = (
+        "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
+        "pip install -e '.[dev]' && "
+    )
     assert run_job.startswith(setup) and run_tests.startswith(setup), quick
     assert run_job.endswith("coded-shuffle-train")
     assert run_tests.endswith(" && pytest"), "the README's test command runs plain pytest"
@@ -240,36 +243,75 @@ def test_elastic_job_shows_progress_and_a_summary(workdir):
     assert list(workdir.rglob("metrics.jsonl"))
 
 
-def test_the_own_loop_snippet_imports_and_builds_its_settings():
-    """The README's ``CodedShuffle`` snippet: its imports, and its settings line as written."""
+def test_the_own_loop_diff_turns_a_distributed_sampler_loop_into_a_coded_one():
+    """The README's diff: it replaces the sampler, the loader and DDP and the epoch's call,
+    nothing else; its ``CodedShuffle`` call's settings are valid as written."""
     (body,) = [
         b
         for lang, b in re.findall(r"```(\w*)\n(.*?)```", section("Your own training loop"), re.S)
-        if lang == "python"
+        if lang == "diff"
     ]
-    lines = body.splitlines()
-    namespace: dict = {"epochs": 3}
-    exec("\n".join(ln for ln in lines if ln.startswith(("import ", "from "))), namespace)
-    (made,) = [ln for ln in lines if ln.startswith("settings = ")]
-    exec(made, namespace)
-    settings = namespace["settings"]
-    assert (settings.scheme, settings.transport, settings.epochs) == ("cycles", "chain", 3)
+    removed = [ln[1:] for ln in body.splitlines() if ln.startswith("-")]
+    added = [ln[1:] for ln in body.splitlines() if ln.startswith("+")]
+    assert len(removed) == len(added) == 4
+    assert "DistributedSampler(" in removed[0] and "sampler.set_epoch" in removed[3]
+    assert "cs.dataset" in added[1] and "sampler=cs.sampler" in added[1] and "cs.ddp(" in added[2]
+    (made,) = [ln for ln in added if "CodedShuffle(" in ln]
+    keywords = made.split("master_rank=MASTER, ", 1)[1].rsplit(")", 1)[0]
+    from coded_shuffle import ShuffleSettings
+
+    settings = eval(
+        f"ShuffleSettings(master_rank=4, {keywords})",
+        {"ShuffleSettings": ShuffleSettings, "EPOCHS": 3},
+    )
+    assert (settings.master_rank, settings.epochs, settings.prefetch) == (4, 3, True)
+
+
+def test_the_decision_commands_run_and_the_first_says_what_the_readme_shows(capsys):
+    """The README's first section: both ``predict`` commands run as written; the first prints
+    the verdict the README quotes (deterministic: the same seed plans the same shuffle)."""
+    from coded_shuffle.tools import cli
+
+    text = section("Will coding help on my cluster?")
+    found = commands(text)
+    assert [c.split()[:2] for c in found] == [["coded-shuffle", "predict"]] * 2
+    assert cli.main(shlex.split(found[0])[1:]) == 0
+    verdict = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fastest:"))
+    quoted = re.search(r"`(fastest: [^`]*)`", text.replace("\n", " ")).group(1)
+    assert verdict.startswith(quoted)
+    assert cli.main(shlex.split(found[1])[1:]) == 0
+    assert "fastest" in capsys.readouterr().out
 
 
 @pytest.mark.distributed
-def test_own_loop_example_runs_as_written(workdir):
-    """The own-loop example under torchrun (fewer epochs and points): every epoch verified,
-    the parameters' digest printed. The second command is the first with ``--scheme
-    uncoded``; that coded and uncoded delivery train the same parameters is
-    ``tests/test_api.py``'s check (the same API, in process groups of the same shape)."""
+def test_own_loop_example_runs_as_written_and_trains_the_jobs_parameters(workdir):
+    """The own-loop example under torchrun as the README writes it (fewer epochs and points):
+    every epoch verified, and with the loader in the training process (the first command) and
+    with two persistent loader workers and the master on the last rank (the third) it ends
+    with the training job's parameters bit for bit: the job on the example's data set (its
+    ``make_dataset``, imported by Hydra), the same model, optimiser, minibatch and seed. The
+    second command is the first with ``--scheme uncoded``; that coded and uncoded delivery
+    train the same parameters is ``tests/test_api.py``'s check."""
     found = commands(section("Your own training loop"))
-    assert len(found) == 2 and all(c.startswith("torchrun --standalone") for c in found)
+    assert len(found) == 3 and all(c.startswith("torchrun --standalone") for c in found)
     assert found[1] == f"{found[0]} --scheme uncoded"
+    assert found[2] == f"{found[0]} --master-rank 4 --num-workers 2"
     os.symlink(REPO / "examples", workdir / "examples")
-    out = run(f"{found[0]} --epochs 3 --points 1200", workdir)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("epoch ")]
-    assert len(lines) == 3 and all(ln.endswith("verified True") for ln in lines), out.stdout
-    assert re.search(r"final parameters sha256 [0-9a-f]{64}", out.stdout)
+    digests = []
+    for command in (found[0], found[2]):
+        out = run(f"OMP_NUM_THREADS=1 {command} --epochs 3 --points 1200", workdir)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("epoch ")]
+        assert len(lines) == 3 and all(ln.endswith("verified True") for ln in lines), out.stdout
+        digests += re.findall(r"final parameters sha256 ([0-9a-f]{64})", out.stdout)
+    data = "_target_:own_loop.make_dataset,points:1200,features:16,classes:4"
+    test = "_target_:own_loop.make_dataset,points:200,features:16,classes:4,seed:1"
+    job = (
+        f"coded-shuffle-train workers=4 epochs=3 seed=0 data=dataset '++data.dataset={{{data}}}' "
+        f"'++data.test_dataset={{{test}}}' model=mlp model.hidden=32 hydra.run.dir=job"
+    )
+    run(f"PYTHONPATH={REPO / 'examples'} {job}", workdir)
+    summary = json.loads((workdir / "job" / "summary.json").read_text())
+    assert digests == [summary["final_params_sha256"]] * 2
 
 
 def test_rate_memory_and_benchmark_scripts_run(workdir):
@@ -351,6 +393,8 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
                 "epoch_seconds": 1.0,
                 "master_egress_bytes": 5e5,
                 "delivery_seconds": deliver if e else 0.5,  # the placement: 0.5 s
+                "train_seconds": 0.5,
+                "wait_seconds": 0.1 if e else 0.5,
                 "uncoded_points": 100.0,
                 "load_points": load,
                 "cpu_seconds_per_gb_max": 2.0,
@@ -370,9 +414,11 @@ def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
     assert chain[-1] == "0.500"
     assert "not reached" in next(ln for ln in lines if "none/uncoded" in ln)
     big = mod.epoch_table([coded, base], 0.25)  # the big runs: every epoch's seconds
-    # e1 e2, to the end, vs the best uncoded, placement and reshuffle / unicast's, cpu s/GB,
-    # anonymous MB, coverage, label distance
-    cells = ["1.0", "1.0", "3.0", "0.75", "1.00", "0.50", "2.00", "3", "1.000", "0.125"]
+    # e1 e2, to the end, vs the best uncoded, placement and reshuffle / unicast's, steps and
+    # wait seconds after the placement, overlap ((3 - 0.5) s over max(0.5, 0.25) + 0.5 s),
+    # cpu s/GB, anonymous MB, coverage, label distance
+    cells = ["1.0", "1.0", "3.0", "0.75", "1.00", "0.50", "0.50", "0.10", "2.50", "2.00", "3"]
+    cells += ["1.000", "0.125"]
     assert big[2].split()[1:] == cells
     assert big[-1].endswith("0.5000, 0.9700 (every full run the same)")
 
@@ -433,14 +479,15 @@ def test_the_predict_job_example_prices_the_runs_the_docs_show(capsys):
     assert runs(out) == runs(lines[1:]) and len(runs(out)) >= 10
 
 
-def test_the_prediction_check_compares_with_the_seconds_the_docs_show():
-    """``scripts/predict_job_check.py``'s measured seconds are the docs' tables' (each one
-    printed there as measured), and its labels name options ``predict --job`` prices."""
-    script = runpy.run_path(str(REPO / "scripts" / "predict_job_check.py"))
-    for table in script["TABLES"]:
+def test_the_measured_runs_are_the_seconds_the_docs_show():
+    """``docs/measured_runs.json``'s measured seconds are the docs' tables' (each one printed
+    there as measured), and its labels name options ``predict --job`` prices."""
+    from coded_shuffle.tools.measured import load
+
+    for table in load(REPO / "docs" / "measured_runs.json"):
         for m in table.runs:
             assert f"{m.seconds:.2f}" in DOCS or f"{m.seconds:.1f} s" in DOCS, (table.title, m)
-            option, storage = script["option_of"](m.label)
+            option, storage = m.option
             assert option.shuffle in ("full", "partial", "none") and storage >= 1
 
 

@@ -9,12 +9,10 @@ of the two, unless together they need the cores or the link for longer). Every p
 network-bound share (bytes over the busiest link, :mod:`.model`) and a CPU-bound one (seconds
 of the CPU work on the cores that the hosts share):
 
-* **delivery**: the transport's network seconds (:func:`~.model.seconds`) and the CPU's:
-  what its data path costs (:data:`CPU_SECONDS_PER_GB` per GB that crosses a host's NIC,
-  calibrated on the emulated cluster at MTU 1500) and the digests (the master hashes every
-  batch with SHA-256, every worker its own): the larger of the two, plus the part of the
-  smaller that does not overlap it (``1 -`` :data:`CPU_OVERLAP`). A run without a reshuffle
-  (``none``) still pays the digests;
+* **delivery**: the transport's network seconds (:func:`~.model.seconds`) and the CPU's for
+  the digests (the master hashes every batch with SHA-256, every worker its own): the larger
+  of the two, plus the part of the smaller that does not overlap it (``1 -``
+  :data:`CPU_OVERLAP`). A run without a reshuffle (``none``) still pays the digests;
 * **training**: every step's compute (the model's step timed on this machine, the workers
   sharing its cores), reading the batch's records (:data:`READ_SECONDS_PER_GB`), the time a
   step holds its worker besides (``debug.step_delay``: an accelerator's, neither CPU nor
@@ -26,8 +24,9 @@ of the CPU work on the cores that the hosts share):
 * **end of epoch**: worker 0's parameters to the master and the test forward.
 
 Every constant here was fitted on one set of measured runs and is checked on another
-(``scripts/measured_runs.json``, docs/benchmarks.md "Predicting a run"); a change of a third
-to any of them takes some measured run beyond 15% (``tests/test_predict_runs.py``).
+(``docs/measured_runs.json``, ``scripts/fit_run_model.py``, docs/benchmarks.md "Predicting a
+run"); a change of a third to any of them makes the fitted runs' predictions worse, and
+without any one of them some run is beyond 15% (``tests/test_predict_runs.py``).
 
 No torch: the compute figures come in a :class:`Compute` (``python -m coded_shuffle_train
 --profile`` measures them)."""
@@ -39,39 +38,30 @@ from dataclasses import dataclass
 
 from coded_shuffle.costs.model import Network
 
-# CPU seconds per GB (10^9 bytes) through a host's NIC, both ways, of each transport's data
-# path (framing, checks, copies; multicast's datagrams, parity and reports), charged for every
-# host: rounded from the per-host figures the cluster measured at MTU 1500 (`cpu s/GB`,
-# docs/benchmarks.md: 4.8-8.4 on the costliest host), not fitted; the run checks of
-# docs/benchmarks.md ("Predicting a run") hold with them
-CPU_SECONDS_PER_GB = {
-    "unicast": 4.0,
-    "p2p": 4.0,
-    "multicast": 6.0,
-    "tree": 6.0,
-    "chain": 7.0,
-    "peer-multicast": 6.0,
-    "peer-unicast": 4.0,
-}
-# the share of a delivery's CPU seconds that overlaps its network seconds; a paced sender's
-# (multicast's) calibrated on the reshuffle-bound runs (docs/benchmarks.md: 0.7 as the others'
-# before its socket's buffer held its catch-up bursts, when its NIC idled while it was
-# descheduled)
-CPU_OVERLAP = 0.7
-PACED_CPU_OVERLAP = 0.9
+# the share of a delivery's CPU seconds (its digests) that overlaps its network seconds, and
+# a paced sender's (multicast's: its NIC idles less while it is descheduled); fitted, as every
+# constant here, by `scripts/fit_run_model.py` on the `fit` runs of docs/measured_runs.json.
+# The transports' own data path (framing, copies, checks: 2-8 CPU seconds per GB through a
+# NIC on the cluster) is not priced: on every measured run it hid behind the network seconds,
+# and pricing it made both sets' predictions worse (docs/benchmarks.md, "Predicting a run")
+CPU_OVERLAP = 0.55
+PACED_CPU_OVERLAP = 0.88
 PACED = ("multicast", "peer-multicast")
 # CPU seconds per GB of records the workers read in an epoch (minibatches gathered from a
 # memory-mapped batch, turned into the model's floats), and what else an epoch's CPU costs per
 # GB of the set: calibrated on the emulated cluster (the 1 GB reshuffle-bound run with no
 # reshuffle, docs/benchmarks.md "Predicting a run")
 READ_SECONDS_PER_GB = 2.2
-EPOCH_SECONDS = 0.05  # per epoch: reports, records, the checkpoint (calibrated)
-# the latency of one phase of a ring all-reduce (a message to the next worker and its answer)
-SYNC_PHASE_SECONDS = 0.0
+EPOCH_SECONDS = 0.057  # per epoch: reports, records, the checkpoint (calibrated)
+# the latency of one phase of a ring all-reduce (a message to the next worker and its answer):
+# calibrated on the emulated cluster (K = 4 on the 2 cores here, 400 Mbit/s, no reshuffle,
+# minibatches of 16 and 128, gradients of 20 and 80 KB): a step's all-reduce took 8-9 ms on a
+# switch whatever the gradient's size, six phases of about 1.5 ms (docs/benchmarks.md)
+SYNC_PHASE_SECONDS = 1.56e-3
 # frames of store-and-forward per ring phase (calibrated on the emulated cluster, 4 Mbit/s,
 # K = 4): on a shared medium the sender's NIC and the medium each hold a frame; on a switch
 # the receiver's NIC takes the chunk while the sender's sends it
-HOP_FRAMES = {"shared": 2.0, "switch": 0.5, "uplink": 0.5}
+HOP_FRAMES = {"shared": 1.75, "switch": 0.44, "uplink": 0.44}
 
 
 @dataclass(frozen=True)
@@ -127,7 +117,8 @@ def allreduce_seconds(payload: float, workers: int, net: Network) -> float:
     busy = share if net.topology == "shared" else share / workers
     phases = 2 * (workers - 1)
     hop = HOP_FRAMES[net.topology] * min(net.mtu, payload / workers + 64) / (net.rate / 8)
-    return net.tcp(busy) / (net.rate / 8) + phases * (hop + SYNC_PHASE_SECONDS)
+    crossing = net.tcp(busy / phases) / (net.rate / 8)  # one phase's bytes over the link
+    return phases * (max(crossing, SYNC_PHASE_SECONDS) + hop)
 
 
 def digest_seconds(t: Training, c: Compute) -> float:
@@ -137,11 +128,9 @@ def digest_seconds(t: Training, c: Compute) -> float:
     return hashed + hashed / c.cores
 
 
-def delivery(network: float, nic_bytes: float, transport: str, t: Training, c: Compute) -> Part:
-    """A delivery of ``network`` seconds whose bytes cross the hosts' NICs ``nic_bytes`` times
-    over (sum over hosts, both ways)."""
-    cpu = CPU_SECONDS_PER_GB.get(transport, 6.0) * nic_bytes / 1e9 / c.cores
-    cpu += digest_seconds(t, c)
+def delivery(network: float, transport: str, t: Training, c: Compute) -> Part:
+    """A delivery of ``network`` seconds over ``transport``, beside its digests' CPU."""
+    cpu = digest_seconds(t, c)
     overlap = PACED_CPU_OVERLAP if transport in PACED else CPU_OVERLAP
     return Part(network, cpu, max(network, cpu) + (1 - overlap) * min(network, cpu))
 

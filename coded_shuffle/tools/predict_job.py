@@ -113,6 +113,7 @@ class JobRun:
     placement: str = "random"
     label_shares: tuple[float, ...] = (1.0,)
     prefetch: bool = True  # dist.prefetch
+    background_share: float = 0.9  # dist.multicast.background_share
 
     @property
     def option(self) -> Option:
@@ -231,19 +232,6 @@ class Loads:
         return self._loads[key]
 
 
-def nic_bytes(transport: str, stream: float, workers: int, links: float | None) -> float:
-    """Bytes through the hosts' NICs, summed both ways, for ``stream`` message bytes."""
-    if transport == "multicast":
-        return (workers + 1) * stream
-    if transport == "peer-multicast":
-        return workers * stream
-    if transport == "chain":
-        return 2 * stream * (workers if links is None else links)
-    if transport == "tree":
-        return 2 * workers * stream
-    return 2 * stream  # unicast, p2p, peer-unicast: each byte sent once, received once
-
-
 def placement(option: Option, job: JobRun, net: Network) -> Part:
     """Epoch 1: the master places the data. With storage ``T = 1`` every point goes to one
     worker (``unicast``, whatever the transport); with ``T > 1`` a broadcast transport sends
@@ -259,14 +247,17 @@ def placement(option: Option, job: JobRun, net: Network) -> Part:
     stream = framed_bytes(rows, b, job.chunk_bytes)
     traffic = Traffic(workers=k, coded_bytes=stream, uncoded_bytes=stream)
     seconds = transport_seconds(transport, stream, traffic, net)  # a chain: every relay forwards
-    nic = nic_bytes(transport, stream, k, None)
-    return delivery(seconds, nic, transport, job.training, job.compute)
+    return delivery(seconds, transport, job.training, job.compute)
 
 
 def reshuffle(option: Option, job: JobRun, net: Network, loads: Loads) -> Part:
-    """An epoch after the placement: the option's delivery of a random reshuffle."""
+    """An epoch after the placement: the option's delivery of a random reshuffle (prefetched
+    behind the training where the job prefetches: a paced stream then at
+    ``background_share`` of its pace)."""
+    if job.prefetch:
+        net = replace(net, pace_share=net.pace_share * job.background_share)
     if option.shuffle == "none":  # no byte moves; the batches' digests are still taken
-        return delivery(net.overhead_seconds, 0.0, "unicast", job.training, job.compute)
+        return delivery(net.overhead_seconds, "unicast", job.training, job.compute)
     if option.scheme == "decentralized":
         p = loads.get("decentralized", 1.0).traffic
         # peer-unicast: every symbol to each worker that keeps it (the uncoded exchange)
@@ -278,8 +269,7 @@ def reshuffle(option: Option, job: JobRun, net: Network, loads: Loads) -> Part:
         stream = p.coded_bytes if coded else p.uncoded_bytes
         links = p.coded_links if coded else p.uncoded_links
     seconds = transport_seconds(option.transport, stream, p, net, links)
-    nic = nic_bytes(option.transport, stream, job.workers, links)
-    return delivery(seconds, nic, option.transport, job.training, job.compute)
+    return delivery(seconds, option.transport, job.training, job.compute)
 
 
 def _coded(job: JobRun) -> str:
@@ -345,7 +335,13 @@ def render(job: JobRun, net: Network, runs: list[PricedRun]) -> list[str]:
         f"({t.set_gb:.3g} GB), T = {job.storage:g}, {job.epochs} epochs, {t.steps} steps of "
         f"{t.batch_size} per epoch, {t.params:,} parameters, {sync}; {net.topology}, NICs "
         f"{format_rate(net.rate)}{master}, MTU {net.mtu}, multicast paced at "
-        f"{net.pace_share:.0%}",
+        f"{net.pace_share:.0%}; "
+        + (
+            f"every delivery behind the training before it (prefetch; multicast there at "
+            f"{job.background_share:.0%} of its pace)"
+            if job.prefetch
+            else "every delivery after the training before it (no prefetch)"
+        ),
         f"compute on this machine: a step {c.step_seconds * 1e3:.3g} ms, {c.cores} cores shared "
         f"by the {job.workers + 1} hosts; per epoch: training {runs[0].train.seconds:.3f} s "
         f"(network {runs[0].train.network:.3f}, CPU {runs[0].train.cpu:.3f}), its end "
