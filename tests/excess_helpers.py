@@ -12,7 +12,6 @@ from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.math.assignment import (
     batch_size,
     random_assignment,
-    worst_shuffle,
 )
 from coded_shuffle.math.plan import plan_load
 from coded_shuffle.math.rate_memory import (
@@ -24,6 +23,7 @@ from coded_shuffle.math.schemes.elmahdy_mohajer import (
     EMLabels,
 )
 from coded_shuffle.math.schemes.memory_sharing import check_subpacketization
+from coded_shuffle.math.shuffles import cyclic_shuffle
 from coded_shuffle.math.state import part_states, stored_bytes
 
 
@@ -77,7 +77,7 @@ def run_epochs(
     stores = None
     out = []
     for _ in range(epochs):
-        new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
+        new = cyclic_shuffle(old, k) if worst else random_assignment(n, k, rng)
         plan = scheme.plan(state, new)
         delivery = Delivery.prepare(plan, point_bytes)
         symbols = delivery.encode(data)

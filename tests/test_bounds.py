@@ -12,7 +12,8 @@ from hypothesis.extra.numpy import arrays
 
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math import bounds
-from coded_shuffle.math.assignment import random_assignment, shuffle_matrix, worst_shuffle
+from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
+from coded_shuffle.math.shuffles import cyclic_shuffle
 
 
 def random_shuffle(k: int, q: int, seed: int) -> np.ndarray:
@@ -76,9 +77,9 @@ def test_large_k_uses_local_search_and_says_so():
 
 
 @pytest.mark.parametrize(("k", "q"), [(2, 5), (7, 3), (16, 2), (20, 3)])
-def test_worst_shuffle_bound_is_theorem_3(k, q):
+def test_the_cyclic_shifts_bound_is_theorem_3(k, q):
     old = random_assignment(k * q, k, np.random.default_rng(0))
-    s = shuffle_matrix(old, worst_shuffle(old, k), k)
+    s = shuffle_matrix(old, cyclic_shuffle(old, k), k)
     assert bounds.ordering_bound(s)[0] == bounds.worst_case_optimum(k * q, k) == (k - 1) * q
 
 

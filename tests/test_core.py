@@ -19,11 +19,11 @@ from coded_shuffle.math.assignment import (
     random_assignment,
     shuffle_matrix,
     validate_assignment,
-    worst_shuffle,
 )
 from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import DeliveryPlan, SharedPlan, byte_parts, ranges, symbol_blocks
 from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.math.shuffles import cyclic_shuffle
 
 
 def random_bytes(n: int, b: int, seed: int = 0) -> torch.Tensor:
@@ -46,9 +46,9 @@ def test_random_assignment_is_balanced_and_seeded(k, q, seed):
     assert np.all(np.minimum(omega, omega.T) == 0)
 
 
-def test_worst_shuffle_moves_every_batch_to_the_next_worker():
+def test_the_cyclic_shift_moves_every_batch_to_the_next_worker():
     a = random_assignment(12, 4, np.random.default_rng(1))
-    s = shuffle_matrix(a, worst_shuffle(a, 4), 4)
+    s = shuffle_matrix(a, cyclic_shuffle(a, 4), 4)
     assert np.array_equal(s, 3 * np.roll(np.eye(4, dtype=np.int64), 1, axis=1))
 
 

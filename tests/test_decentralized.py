@@ -17,7 +17,7 @@ from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.epochs import outgoing_rows, symbol_routes
 from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.errors import UsageError
-from coded_shuffle.math.assignment import random_assignment, shuffle_matrix, worst_shuffle
+from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
 from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import peer_routes
 from coded_shuffle.math.rate_memory import decentralized_converse
@@ -27,6 +27,7 @@ from coded_shuffle.math.schemes.decentralized import (
     group_shares,
     sender_holds,
 )
+from coded_shuffle.math.shuffles import cyclic_shuffle
 from coded_shuffle.tools.evaluate import Evaluation, run
 
 
@@ -63,7 +64,7 @@ def test_twenty_epochs_keep_the_invariant_and_decode(k, data, q, worst, seed):
     old = random_assignment(n, k, rng)
     state = scheme.initial_state(old, k, m)
     for _ in range(20):
-        new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
+        new = cyclic_shuffle(old, k) if worst else random_assignment(n, k, rng)
         plan = scheme.plan(state, new)
         decode_plan(plan)  # raises UndecodableError for a worker its storage cannot serve
         assert sender_holds(plan)
@@ -80,7 +81,7 @@ def test_a_symbol_from_a_worker_that_lacks_a_term_is_caught():
     scheme = get_scheme("decentralized")
     old = random_assignment(24, 4, np.random.default_rng(1))
     state = scheme.initial_state(old, 4, 2)
-    plan = scheme.plan(state, worst_shuffle(old, 4))
+    plan = scheme.plan(state, cyclic_shuffle(old, 4))
     assert sender_holds(plan)
     block, who = plan.symbols[0], plan.senders[0].copy()
     lacking = next(w for w in range(4) if not np.isin(block[0], plan.caches[w]).all())
@@ -98,7 +99,7 @@ def test_worst_case_loads_against_the_converse(k):
     q = 3
     n = k * q
     old = np.repeat(np.arange(k), q)
-    moves = shuffle_matrix(old, worst_shuffle(old, k), k)
+    moves = shuffle_matrix(old, cyclic_shuffle(old, k), k)
     assert decentralized_load(moves, 1) == n
     for m in range(2, k):
         load = decentralized_load(moves, m)
@@ -119,7 +120,7 @@ def issue_worst_ratio(k: int, m: int) -> float:
     """The worst shuffle's load over the converse with the issue's ``N = K C(K-1, m-1) m``."""
     q = comb(k - 1, m - 1) * m
     old = np.repeat(np.arange(k), q)
-    load = decentralized_load(shuffle_matrix(old, worst_shuffle(old, k), k), m)
+    load = decentralized_load(shuffle_matrix(old, cyclic_shuffle(old, k), k), m)
     return load / float(decentralized_converse(k, k * q, m))
 
 
@@ -142,7 +143,7 @@ def test_two_batches_stored_stay_within_one_and_a_half_of_the_converse_for_any_b
     pieces): never above 1.5x the converse."""
     for q in range(1, 5):
         old = np.repeat(np.arange(k), q)
-        load = decentralized_load(shuffle_matrix(old, worst_shuffle(old, k), k), 2)
+        load = decentralized_load(shuffle_matrix(old, cyclic_shuffle(old, k), k), 2)
         assert load <= 1.5 * float(decentralized_converse(k, k * q, 2)) + 1e-9
 
 
@@ -164,10 +165,10 @@ def test_the_group_shares_cover_every_need_at_the_least_cost():
 
 
 def test_evaluate_moves_real_bytes_at_the_converse():
-    """``K = 4, T = 2``, worst shuffle, 3 epochs: ``N / 3`` points, every worker's bytes equal
-    the master's, and the converse reported as the bound."""
+    """``K = 4, T = 2``, the cyclic shift, 3 epochs: ``N / 3`` points, every worker's bytes
+    equal the master's, and the converse reported as the bound."""
     reports = list(
-        run(Evaluation("decentralized", 4, 48, 2.0, epochs=3, shuffle="worst", point_bytes=96))
+        run(Evaluation("decentralized", 4, 48, 2.0, epochs=3, shuffle="cyclic", point_bytes=96))
     )
     assert all(r.verified for r in reports)
     assert [r.load_points for r in reports] == [16, 16, 16]
@@ -178,10 +179,10 @@ def test_evaluate_moves_real_bytes_at_the_converse():
 
 
 def test_aligned_triples_move_real_bytes_at_four_thirds_of_the_converse():
-    """``K = 7, T = 2``, worst shuffle, 3 epochs: lone pieces go in triples across two senders
+    """``K = 7, T = 2``, the cyclic shift, 3 epochs: lone pieces go in triples across two senders
     (section 2b): ``4/3`` of the converse, every worker's bytes equal the master's."""
     k, n = 7, 7 * 6 * 6
-    reports = list(run(Evaluation("decentralized", k, n, 2.0, epochs=3, shuffle="worst")))
+    reports = list(run(Evaluation("decentralized", k, n, 2.0, epochs=3, shuffle="cyclic")))
     converse = n * (k - 2) / (2 * (k - 1))
     assert all(r.verified for r in reports)
     assert [r.load_points for r in reports] == pytest.approx([4 / 3 * converse] * 3)
@@ -197,7 +198,7 @@ def peer_epochs_decode(k: int, m: int, q: int, worst: bool, seed: int) -> None:
     old = random_assignment(k * q, k, rng)
     state = scheme.initial_state(old, k, m)
     for _ in range(20):
-        new = worst_shuffle(old, k) if worst else random_assignment(k * q, k, rng)
+        new = cyclic_shuffle(old, k) if worst else random_assignment(k * q, k, rng)
         plan = scheme.plan(state, new)
         programs = decode_plan(plan)
         needs, _ = peer_routes(plan)  # what the peer transports route: the decoders' symbols
@@ -245,18 +246,18 @@ def test_clique_corners_decode_for_twenty_epochs(data):
 
 
 def test_cliques_move_real_bytes_at_one_and_a_half_of_the_converse():
-    """``K = 8, T = 3``, worst shuffle, 3 epochs: the groups' excess goes to cliques across
+    """``K = 8, T = 3``, the cyclic shift, 3 epochs: the groups' excess goes to cliques across
     groups (section 2c), 1.5x the converse (the groups alone: 1.70x), every worker's bytes
     equal the master's."""
     k, m = 8, 3
     n = k * comb(k - 1, m - 1) * m
-    reports = list(run(Evaluation("decentralized", k, n, float(m), epochs=3, shuffle="worst")))
+    reports = list(run(Evaluation("decentralized", k, n, float(m), epochs=3, shuffle="cyclic")))
     converse = n * (k - m) / (m * (k - 1))
     assert all(r.verified for r in reports)
     assert [r.load_points for r in reports] == pytest.approx([1.5 * converse] * 3)
     old = np.repeat(np.arange(k), n // k)
     state = get_scheme("decentralized").initial_state(old, k, m)
-    plan = get_scheme("decentralized").plan(state, worst_shuffle(old, k))
+    plan = get_scheme("decentralized").plan(state, cyclic_shuffle(old, k))
     assert plan.breakdown["cliques"] > 0
 
 
@@ -319,7 +320,7 @@ def test_peer_unicast_routes_every_symbol_from_its_sender_to_its_decoders(k, n, 
     rng = np.random.default_rng(5)
     old = random_assignment(n, k, rng)
     state = scheme.initial_state(old, k, 2)
-    new = worst_shuffle(old, k) if worst else random_assignment(n, k, rng)
+    new = cyclic_shuffle(old, k) if worst else random_assignment(n, k, rng)
     plan = scheme.plan(state, new)
     assert plan.plans[0].breakdown.get("aligned", 0) > 0 if worst else True
     needs, senders = peer_routes(plan)

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import (
     random_assignment,
-    worst_shuffle,
 )
 from coded_shuffle.math.plan import SharedPlan, plan_load
 from coded_shuffle.math.rate_memory import (
@@ -20,6 +19,7 @@ from coded_shuffle.math.rate_memory import (
 )
 from coded_shuffle.math.schemes import get_scheme
 from coded_shuffle.math.schemes.memory_sharing import check_subpacketization
+from coded_shuffle.math.shuffles import cyclic_shuffle
 from tests.excess_helpers import run_epochs
 
 # ---------------------------------------------------------------- properties, memory sharing
@@ -70,7 +70,7 @@ def test_random_schemes_decode_within_budget(name, k, q, storage_frac, worst, by
 def test_memory_sharing_returns_a_shared_plan_on_byte_fractions():
     scheme = get_scheme("elmahdy-mohajer")
     state = scheme.initial_state(random_assignment(12, 4, np.random.default_rng(0)), 4, 2.25)
-    plan = scheme.plan(state, worst_shuffle(state.assignment, 4))
+    plan = scheme.plan(state, cyclic_shuffle(state.assignment, 4))
     assert isinstance(plan, SharedPlan)
     assert plan.fractions == pytest.approx((0.75, 0.25))
     assert [p.splits for p in plan.plans] == [3, 3]

@@ -16,7 +16,6 @@ from coded_shuffle.math.assignment import (
     points_by_pair,
     random_assignment,
     shuffle_matrix,
-    worst_shuffle,
 )
 from coded_shuffle.math.bounds import ordering_bound, worst_case_optimum
 from coded_shuffle.math.plan import XorBlock
@@ -31,6 +30,7 @@ from coded_shuffle.math.schemes.cycle_plan import (
     pair_cycles,
 )
 from coded_shuffle.math.schemes.uncoded import Uncoded
+from coded_shuffle.math.shuffles import cyclic_shuffle
 from tests.helpers import deliver
 
 PAPER_S = np.array([[2, 1, 2], [2, 1, 2], [1, 3, 1]])
@@ -63,10 +63,10 @@ def test_paper_example_loads_and_bytes():
 
 
 @pytest.mark.parametrize(("k", "q"), [(2, 3), (3, 4), (5, 2), (8, 3)])
-def test_worst_shuffle_is_optimal(k, q):
+def test_the_cyclic_shift_is_optimal(k, q):
     """Theorem 3: the worst shuffle costs (K-1) N / K, and both schemes reach it."""
     old = random_assignment(k * q, k, np.random.default_rng(k))
-    new = worst_shuffle(old, k)
+    new = cyclic_shuffle(old, k)
     optimum = worst_case_optimum(k * q, k)
     for name in NO_EXCESS:
         plan, _ = deliver(name, old, new, k)

@@ -33,11 +33,6 @@ def random_assignment(num_points: int, num_workers: int, rng: np.random.Generato
     return assignment
 
 
-def worst_shuffle(assignment: np.ndarray, num_workers: int) -> np.ndarray:
-    """The worst-case shuffle: every worker's whole batch moves to the next worker."""
-    return (assignment + 1) % num_workers
-
-
 def shuffle_matrix(old: np.ndarray, new: np.ndarray, num_workers: int) -> np.ndarray:
     """``S[i, j]`` = points held by ``i`` in the old and assigned to ``j`` in the new epoch."""
     flat = np.bincount(old * num_workers + new, minlength=num_workers * num_workers)

@@ -93,7 +93,13 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="bytes per point (default: the smallest size >= 64 at which T is exact)",
     )
-    ev.add_argument("--shuffle", default="random", help="random (default) or worst")
+    ev.add_argument(
+        "--shuffle",
+        default="random",
+        help="random (default); cyclic: every batch to the next worker; worst: per epoch the "
+        "candidate with the largest load (every cycle type of a whole-batch permutation, "
+        "every batch split over the others, random ones), named in the output",
+    )
     ev.add_argument(
         "--old", type=Path, help="initial assignment (.npy, length N, worker ids 0..K-1)"
     )
@@ -338,8 +344,9 @@ def _human_line(r: EpochReport) -> str:
         if r.storage_shifted
         else ""
     )
+    attained = f" on the worst shuffle found ({r.worst_shuffle})" if r.worst_shuffle else ""
     return (
-        f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points{shift} "
+        f"epoch {r.epoch}: {r.plan_scheme} load {r.load_points:g} points{attained}{shift} "
         f"(uncoded {r.uncoded_points:g}, saved {saved:.1f}%, {r.bound_label} {bound}); "
         f"{r.broadcast_bytes} bytes on the link; [{parts}]; "
         f"plan {r.plan_seconds:.3f}s encode {r.encode_seconds:.3f}s "

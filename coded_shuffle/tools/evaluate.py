@@ -22,13 +22,16 @@ from coded_shuffle.math.assignment import (
     batch_size,
     random_assignment,
     shuffle_matrix,
-    worst_shuffle,
 )
+from coded_shuffle.math.plan import plan_load
 from coded_shuffle.math.schemes import Scheme, get_scheme
 from coded_shuffle.math.schemes.decentralized import sender_holds
 from coded_shuffle.math.schemes.memory_sharing import exact_point_bytes, storage_used
+from coded_shuffle.math.shuffles import cyclic_shuffle, worst_case
 from coded_shuffle.math.transition_bounds import is_batch_placement
 from coded_shuffle.math.warm import counting_compiles, warm_planner
+
+SHUFFLES = ("random", "cyclic", "worst")  # docs/model.md, "Which shuffles"
 
 
 @dataclass
@@ -58,6 +61,7 @@ class EpochReport:
     storage_used: float = 0.0  # what the byte-exact parts store, in batches (T if exact)
     storage_shifted: bool = False  # the point size moved bytes to another corner
     bound_label: str = "lower bound"  # the scheme's: a per-transition bound or a worst case
+    worst_shuffle: str | None = None  # --shuffle worst: the candidate shuffle that attained it
 
 
 @dataclass
@@ -84,8 +88,8 @@ class Evaluation:
             raise UsageError(f"point bytes must be >= 1, got {self.point_bytes}")
         if self.epochs < 1:
             raise UsageError(f"epochs must be >= 1, got {self.epochs}")
-        if self.shuffle not in ("random", "worst"):
-            raise UsageError(f"shuffle {self.shuffle!r} unknown; valid: random, worst")
+        if self.shuffle not in SHUFFLES:
+            raise UsageError(f"shuffle {self.shuffle!r} unknown; valid: {', '.join(SHUFFLES)}")
         batch_size(self.points, self.workers)
         if not 1 <= self.storage <= self.workers:
             raise UsageError(f"storage T={self.storage} out of range 1..{self.workers} (workers)")
@@ -94,19 +98,43 @@ class Evaluation:
         scheme.check_point_bytes(self.workers, self.storage)
         return scheme
 
-    def assignments(self, rng: np.random.Generator) -> Iterator[np.ndarray]:
-        """The initial assignment, then one per transition."""
+    def initial(self, rng: np.random.Generator) -> np.ndarray:
+        """The placement's assignment."""
         if self.old is not None:
-            yield self.old
-            yield self.new
-            return
-        current = random_assignment(self.points, self.workers, rng)
+            return self.old
+        return random_assignment(self.points, self.workers, rng)
+
+    def transitions(self) -> int:
+        return 1 if self.old is not None else self.epochs
+
+    def next_assignment(
+        self,
+        current: np.ndarray,
+        load_of: Callable[[np.ndarray], float] | None,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, str | None]:
+        """The next epoch's assignment; for ``worst``, the candidate shuffle of ``current``
+        with the largest ``load_of`` (:func:`~coded_shuffle.math.shuffles.worst_case`) and
+        its name."""
+        if self.new is not None:
+            return self.new, None
+        if self.shuffle == "cyclic":
+            return cyclic_shuffle(current, self.workers), None
+        if self.shuffle == "worst":
+            assert load_of is not None
+            found, _ = worst_case(load_of, current, self.workers, rng)
+            return found.new, found.name
+        return random_assignment(self.points, self.workers, rng), None
+
+    def assignments(self, rng: np.random.Generator) -> Iterator[np.ndarray]:
+        """The initial assignment, then one per transition (``random`` and ``cyclic``: the
+        shuffles of ``worst`` depend on the scheme's state, :func:`run` finds them)."""
+        if self.shuffle == "worst" and self.new is None:
+            raise UsageError("assignments(): the worst shuffles depend on the plans; use run()")
+        current = self.initial(rng)
         yield current
-        for _ in range(self.epochs):
-            if self.shuffle == "worst":
-                current = worst_shuffle(current, self.workers)
-            else:
-                current = random_assignment(self.points, self.workers, rng)
+        for _ in range(self.transitions()):
+            current, _ = self.next_assignment(current, None, rng)
             yield current
 
 
@@ -126,10 +154,13 @@ def run(ev: Evaluation, on_compile: Callable[[float], None] | None = None) -> It
     rng = np.random.default_rng(ev.seed)
     gen = torch.Generator().manual_seed(ev.seed)
     data = torch.randint(0, 256, (ev.points, ev.point_bytes), dtype=torch.uint8, generator=gen)
-    assignments = ev.assignments(rng)
-    state = scheme.initial_state(next(assignments), ev.workers, ev.storage)
+    current = ev.initial(rng)
+    state = scheme.initial_state(current, ev.workers, ev.storage)
     stores: list[WorkerStore] | None = None
-    for epoch, new in enumerate(assignments, start=1):
+    for epoch in range(1, ev.transitions() + 1):
+        new, attained = ev.next_assignment(
+            current, lambda a, s=state: plan_load(scheme.plan(s, a)), rng
+        )
         t0 = time.perf_counter()
         plan = scheme.plan(state, new)
         delivery = Delivery.prepare(plan, ev.point_bytes)
@@ -169,8 +200,9 @@ def run(ev: Evaluation, on_compile: Callable[[float], None] | None = None) -> It
             storage_used=used,
             storage_shifted=abs(used - ev.storage) > 1e-9,
             bound_label=scheme.bound_label,
+            worst_shuffle=attained,
         )
-        state = next_state
+        state, current = next_state, new
 
 
 def pairs_only_load(state, new: np.ndarray) -> float | None:

@@ -6,9 +6,10 @@ be mixed epoch by epoch when they share a placement (what workers store, and how
 updated), so candidates are grouped by
 :meth:`~coded_shuffle.math.schemes.base.Scheme.placement_family`. At ``T = 1`` it takes the
 whole-batch family (uncoded, attia-tandon, cycles) without a probe; with several it commits
-at the placement to the family whose best member has the lowest load on one probe reshuffle
-(seeded, so the choice is reproducible), because the workers cannot change placement later
-without extra traffic. Each plan's ``scheme`` names the winner, e.g. ``"best:cycles"``.
+at the placement to the family whose best member has the lowest worst case: the larger of its
+loads on the cyclic shift and on one probe reshuffle (seeded, so the choice is reproducible;
+on a tie the lower probe load), because the workers cannot change placement later without
+extra traffic. Each plan's ``scheme`` names the winner, e.g. ``"best:cycles"``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.plan import DeliveryPlan, Plan, SharedPlan, plan_load
 from coded_shuffle.math.schemes.base import Scheme
+from coded_shuffle.math.shuffles import cyclic_shuffle
 from coded_shuffle.math.state import CacheState
 
 PROBE_SEED = 0
@@ -114,10 +116,27 @@ class Best(Scheme):
         ]
         chosen = 0
         if len(families) > 1:
-            probe = probe_reshuffle(np.asarray(assignment))
-            loads = [self._best_of(f, s, probe)[0] for f, s in zip(families, states, strict=True)]
-            chosen = int(np.argmin(loads))
+            chosen = self._family_choice(families, states, np.asarray(assignment), num_workers)
         return dataclasses.replace(states[chosen], members=tuple(families[chosen]))
+
+    def _family_choice(
+        self,
+        families: list[dict[str, Scheme]],
+        states: list[CacheState],
+        assignment: np.ndarray,
+        num_workers: int,
+    ) -> int:
+        """The family with the lowest worst case: the larger of its best member's loads on the
+        cyclic shift (the centralized schemes' worst shuffle, docs/model.md) and on the probe
+        reshuffle; on a tie, the lower load on the probe, then registry order."""
+        probe = probe_reshuffle(assignment)
+        shift = cyclic_shuffle(assignment, num_workers)
+        keys = []
+        for members, state in zip(families, states, strict=True):
+            on_probe = self._best_of(members, state, probe)[0]
+            on_shift = self._best_of(members, state, shift)[0]
+            keys.append((round(max(on_probe, on_shift), 9), round(on_probe, 9)))
+        return min(range(len(families)), key=keys.__getitem__)
 
     def _best_of(
         self, members: dict[str, Scheme], state: CacheState, new_assignment: np.ndarray
