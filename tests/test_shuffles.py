@@ -2,7 +2,9 @@
 them: every candidate is a balanced reshuffle; a cycle type's shuffle moves whole batches along
 cycles of those lengths; the split shuffle spreads every batch over all the others;
 ``evaluate --shuffle worst`` reports the largest load of any candidate (planned here apart) and
-names it; ``best`` commits to the family with the lowest worst case."""
+names it; the centralized schemes' worst found is the cyclic shift's load; ``best`` commits to
+the family with the lowest worst case; ``decentralized`` decodes on every cycle type, from
+senders that hold their terms, at its closed form and below the uncoded exchange."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
+from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import plan_load
 from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.math.schemes.decentralized import decentralized_load, sender_holds
 from coded_shuffle.math.shuffles import (
     candidate_shuffles,
+    cycle_type_shuffle,
     cycle_types,
     cyclic_shuffle,
     split_shuffle,
@@ -130,3 +135,31 @@ def test_a_centralized_schemes_worst_shuffle_found_costs_what_the_cyclic_shift_d
     shift = plan_load(plain.plan(state, cyclic_shuffle(old, k)))
     found = candidate_shuffles(old, k, np.random.default_rng(k + 1))
     assert max(plan_load(plain.plan(state, c.new)) for c in found) == pytest.approx(shift)
+
+
+def decentralized_on_every_cycle_type(k: int) -> list[str]:
+    """``decentralized`` at every ``T`` in 2..K-1 on every cycle type (3 points a bucket):
+    the plans that fail to decode, to be sent by a holder, to match the closed form, or to
+    stay below the uncoded exchange with the same storage."""
+    scheme, bad = get_scheme("decentralized"), []
+    for t in range(2, k):
+        old = random_assignment(k * 3 * (k - 1), k, np.random.default_rng(k * t))
+        state = scheme.initial_state(old, k, float(t))
+        for kind in cycle_types(k):
+            new = cycle_type_shuffle(old, k, kind)
+            plan = scheme.plan(state, new)
+            decode_plan(plan)  # raises for a worker its own storage cannot serve
+            closed = decentralized_load(shuffle_matrix(old, new, k), t)
+            if not sender_holds(plan):
+                bad.append(f"T={t} {kind}: a sender lacks a term")
+            if plan.load_points != pytest.approx(closed):
+                bad.append(f"T={t} {kind}: load {plan.load_points} != closed form {closed}")
+            if plan.load_points > plan.uncoded_points + 1e-9:
+                bad.append(f"T={t} {kind}: load {plan.load_points} > {plan.uncoded_points}")
+    return bad
+
+
+@pytest.mark.parametrize("k", [3, 4, 5, 6, 7, 8])
+def test_decentralized_plans_decode_on_every_cycle_type(k):
+    """docs/decentralized.md "The worst shuffle found": its closed form is these plans'."""
+    assert decentralized_on_every_cycle_type(k) == []
