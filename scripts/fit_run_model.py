@@ -23,50 +23,14 @@ from coded_shuffle.costs import run as run_model
 from coded_shuffle.tools import measured
 
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "measured_runs.json"
-SHARES = ("CPU_OVERLAP", "PACED_CPU_OVERLAP")  # fractions: at most 1
 
 
-def constants() -> dict[str, float | dict]:
-    """The run model's constants (upper-case floats and dicts of floats)."""
-    return {
-        name: value
-        for name, value in vars(run_model).items()
-        if name.isupper() and isinstance(value, float | dict) and not name.startswith("_")
-    }
-
-
-def scaled(name: str, value: float | dict, factor: float) -> float | dict:
-    if isinstance(value, dict):
-        return {k: v * factor for k, v in value.items()}
-    return min(1.0, value * factor) if name in SHARES else value * factor
-
-
-class Runs:
-    """The measured runs of one set, priced with whatever constants the model holds."""
-
-    def __init__(self, tables: list[measured.Table], which: str) -> None:
-        self.tables = [t for t in tables if t.set == which]
-        self.plans: dict[str, dict] = {t.title: {} for t in self.tables}
-
-    def ratios(self) -> np.ndarray:
-        return np.array(
-            [
-                measured.predicted(t, r, self.plans[t.title]) / r.seconds
-                for t in self.tables
-                for r in t.runs
-            ]
-        )
-
-    def error(self) -> float:
-        return float(np.mean(np.abs(np.log(self.ratios()))))
-
-
-def summary(label: str, runs: Runs) -> str:
-    r = runs.ratios()
+def summary(label: str, tables: list[measured.Table], plans: dict) -> str:
+    r = np.array([ratio for _, _, ratio in measured.ratios(tables, plans)])
     within = int(np.sum(np.abs(r - 1) <= measured.TARGET))
     return (
         f"{label:24s} {within:3d} of {r.size:3d} within 15%   {r.min():.2f}-{r.max():.2f}   "
-        f"mean |log| {np.mean(np.abs(np.log(r))):.4f}"
+        f"mean |log| {measured.mean_error(tables, plans):.4f}"
     )
 
 
@@ -75,23 +39,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=str(RUNS), help="the measured runs (JSON)")
     args = ap.parse_args(argv)
     tables = measured.load(args.runs)
-    fit, check = Runs(tables, "fit"), Runs(tables, "check")
-    start = constants()
-    print(summary("fit, the code's", fit))
-    print(summary("check, the code's", check))
+    fit = [t for t in tables if t.set == "fit"]
+    check = [t for t in tables if t.set == "check"]
+    plans: dict[str, dict] = {}
+    start = measured.model_constants()
+    print(summary("fit, the code's", fit, plans))
+    print(summary("check, the code's", check, plans))
 
     def put(x: np.ndarray) -> None:
         for (name, value), factor in zip(start.items(), np.exp(x), strict=True):
-            setattr(run_model, name, scaled(name, value, float(factor)))
+            setattr(run_model, name, measured.scaled(name, value, float(factor)))
 
     def loss(x: np.ndarray) -> float:
         put(x)
-        return fit.error()
+        return measured.mean_error(fit, plans)
 
     best = minimize(loss, np.zeros(len(start)), method="Powell", options={"xtol": 1e-3})
     put(best.x)
-    print(summary("fit, fitted", fit))
-    print(summary("check, fitted", check))
+    print(summary("fit, fitted", fit, plans))
+    print(summary("check, fitted", check, plans))
     print(f"\n{'constant':22s} {'code':>12s} {'fitted':>12s}")
     for name, value in start.items():
         now = getattr(run_model, name)

@@ -10,10 +10,8 @@ less of any of them makes the fitted runs' mean error larger."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from coded_shuffle.costs import run as run_model
@@ -21,29 +19,18 @@ from coded_shuffle.tools import measured
 
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "measured_runs.json"
 TABLES = measured.load(RUNS)
-CONSTANTS = sorted(
-    name
-    for name, value in vars(run_model).items()
-    if name.isupper() and isinstance(value, float | dict) and not name.startswith("_")
-)
-SHARES = ("CPU_OVERLAP", "PACED_CPU_OVERLAP")  # fractions: a third more stops at 1
-
-
-@functools.cache
-def plans(title: str) -> dict:
-    """Every table's planned loads, made once (the plans do not depend on the constants)."""
-    return {}
+FIT = [t for t in TABLES if t.set == "fit"]
+CONSTANTS = sorted(measured.model_constants())
+PLANS: dict[str, dict] = {}  # every table's planned loads (they do not depend on the constants)
 
 
 def outside() -> list[str]:
     """The runs whose prediction is beyond 15% of their measured seconds."""
-    found = []
-    for table in TABLES:
-        for run in table.runs:
-            ratio = measured.predicted(table, run, plans(table.title)) / run.seconds
-            if abs(ratio - 1) > measured.TARGET:
-                found.append(f"{table.title}: {run.label} {ratio:.2f}")
-    return found
+    return [
+        f"{table.title}: {run.label} {ratio:.2f}"
+        for table, run, ratio in measured.ratios(TABLES, PLANS)
+        if abs(ratio - 1) > measured.TARGET
+    ]
 
 
 def test_every_measured_run_is_predicted_within_15_percent():
@@ -63,32 +50,17 @@ def test_the_check_set_holds_what_the_fit_set_does_not():
     assert {r.prefetch for t in check for r in t.runs} == {True, False}
 
 
-def scaled(name: str, value: float | dict, factor: float) -> float | dict:
-    if isinstance(value, dict):
-        return {k: v * factor for k, v in value.items()}
-    return min(1.0, value * factor) if name in SHARES else value * factor
-
-
-def fit_error() -> float:
-    """The fitted runs' mean ``|log(predicted / measured)|``."""
-    ratios = [
-        measured.predicted(t, r, plans(t.title)) / r.seconds
-        for t in TABLES
-        if t.set == "fit"
-        for r in t.runs
-    ]
-    return float(np.mean(np.abs(np.log(ratios))))
-
-
-@pytest.mark.parametrize("name", sorted(set(CONSTANTS) - set(SHARES)))
+@pytest.mark.parametrize("name", sorted(set(CONSTANTS) - set(measured.SHARES)))
 def test_without_any_term_of_the_model_some_run_is_beyond_15_percent(name, monkeypatch):
-    monkeypatch.setattr(run_model, name, scaled(name, getattr(run_model, name), 0.0))
+    monkeypatch.setattr(run_model, name, measured.scaled(name, getattr(run_model, name), 0.0))
     assert outside(), f"{name} = 0: every run still within 15%"
 
 
 @pytest.mark.parametrize("factor", [2 / 3, 4 / 3])
 @pytest.mark.parametrize("name", CONSTANTS)
 def test_a_third_more_or_less_of_any_constant_fits_the_fitted_runs_worse(name, factor, monkeypatch):
-    fitted = fit_error()
-    monkeypatch.setattr(run_model, name, scaled(name, getattr(run_model, name), factor))
-    assert fit_error() > fitted, f"{name} x {factor:.2f} fits the fitted runs as well"
+    fitted = measured.mean_error(FIT, PLANS)
+    monkeypatch.setattr(run_model, name, measured.scaled(name, getattr(run_model, name), factor))
+    assert measured.mean_error(FIT, PLANS) > fitted, (
+        f"{name} x {factor:.2f} fits the fitted runs as well"
+    )

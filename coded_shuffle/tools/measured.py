@@ -15,10 +15,12 @@ checks them (``check``): no constant of :mod:`coded_shuffle.costs.run` was fitte
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from coded_shuffle.costs import run as run_model
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.predict_job import (
     JobRun,
@@ -115,6 +117,43 @@ def predicted(table: Table, run: Measured, plans: dict[float, Loads] | None = No
     return sum(priced.epoch_seconds[: run.epochs])
 
 
-def ratios(tables: list[Table]) -> list[tuple[Table, Measured, float]]:
-    """Every run's predicted over measured seconds."""
-    return [(t, r, predicted(t, r) / r.seconds) for t in tables for r in t.runs]
+def ratios(
+    tables: list[Table], plans: dict[str, dict[float, Loads]] | None = None
+) -> list[tuple[Table, Measured, float]]:
+    """Every run's predicted over measured seconds (``plans``: every table's planned loads
+    by title, kept for the next call: they do not depend on the run model's constants)."""
+    plans = {} if plans is None else plans
+    return [
+        (t, r, predicted(t, r, plans.setdefault(t.title, {})) / r.seconds)
+        for t in tables
+        for r in t.runs
+    ]
+
+
+def mean_error(tables: list[Table], plans: dict[str, dict[float, Loads]] | None = None) -> float:
+    """The runs' mean ``|log(predicted / measured)|``: what ``scripts/fit_run_model.py``
+    minimises over the ``fit`` set."""
+    found = [abs(math.log(ratio)) for _, _, ratio in ratios(tables, plans)]
+    return sum(found) / len(found)
+
+
+# the run model's constants that are shares of overlap: fractions, so never above 1
+SHARES = ("CPU_OVERLAP", "PACED_CPU_OVERLAP")
+
+
+def model_constants() -> dict[str, float | dict[str, float]]:
+    """The run model's constants (:mod:`coded_shuffle.costs.run`'s upper-case floats and
+    dicts of floats), by name."""
+    return {
+        name: value
+        for name, value in vars(run_model).items()
+        if name.isupper() and isinstance(value, float | dict) and not name.startswith("_")
+    }
+
+
+def scaled(name: str, value: float | dict[str, float], factor: float) -> float | dict[str, float]:
+    """Constant ``name``'s ``value`` times ``factor`` (every entry of a dict; a share at most
+    1)."""
+    if isinstance(value, dict):
+        return {k: v * factor for k, v in value.items()}
+    return min(1.0, value * factor) if name in SHARES else value * factor
