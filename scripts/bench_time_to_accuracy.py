@@ -58,7 +58,6 @@ accuracy against seconds. Needs root (network namespaces).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -69,6 +68,9 @@ from pathlib import Path
 import numpy as np
 
 from coded_shuffle.costs.model import PACE_SHARE
+from coded_shuffle.tools.cluster.jobs import job_argv, run_job, verified_records
+
+CALLER = "bench_time_to_accuracy.py"  # how its errors name it
 
 RUNS = (  # policy, scheme, transport
     ("full", "cycles", "chain"),
@@ -159,41 +161,12 @@ def cluster(
     given); its metrics (every epoch verified). With ``--reuse``, a finished run already in
     ``run_dir`` (every epoch recorded) is read instead."""
     if args.reuse and (run_dir / "summary.json").is_file():
-        return verified(run_dir)
+        return verified_records(run_dir, CALLER)
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    cmd = [
-        sys.executable,
-        "-m",
-        "coded_shuffle",
-        "cluster",
-        "--hosts",
-        str(args.workers + 1),
-        "--rate",
-        rate,
-        "--medium",
-        args.medium,
-        *(["--master-rate", master_rate] if master_rate else []),
-        "--",
-        f"hydra.run.dir={run_dir}",
-        f"seed={args.seed}",
-        *overrides,
-        *args.set,
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(
-            f"bench_time_to_accuracy.py: error: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}"
-        )
-    return verified(run_dir)
-
-
-def verified(run_dir: Path) -> list:
-    """A finished run's records, every epoch verified."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if not all(r["verified"] for r in rows):
-        raise SystemExit(f"bench_time_to_accuracy.py: error: {run_dir}: an epoch not verified")
-    return rows
+    job = [f"hydra.run.dir={run_dir}", f"seed={args.seed}", *overrides, *args.set]
+    run_job(job_argv(args.workers + 1, rate, args.medium, job, master_rate), CALLER)
+    return verified_records(run_dir, CALLER)
 
 
 def delivery(scheme: str, transport: str, policy: str, args: argparse.Namespace) -> list[str]:

@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES, REACH_DTYPE
+from coded_shuffle.tools.cluster.jobs import job_argv, run_job, verified_records
 
 COMBOS = (
     ("uncoded", "unicast"),
@@ -172,32 +173,10 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
         f"hydra.run.dir={run_dir}",
         *args.set,
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "coded_shuffle",
-        "cluster",
-        "--hosts",
-        str(k + 1),
-        "--rate",
-        args.rate,
-        "--mtu",
-        str(args.mtu),
-        "--medium",
-        args.medium,
-        *(["--master-rate", args.master_rate] if args.master_rate else []),
-        "--",
-        *overrides,
-    ]
+    argv = job_argv(k + 1, args.rate, args.medium, overrides, args.master_rate, args.mtu)
     with cpu_hog(args.cpu_hog):
-        out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(
-            f"bench_transport.py: error: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}"
-        )
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if not all(r["verified"] for r in rows):
-        raise SystemExit(f"bench_transport.py: error: {run_dir}: an epoch was not verified")
+        run_job(argv, "bench_transport.py")
+    rows = verified_records(run_dir, "bench_transport.py")
     cluster = json.loads((run_dir / "cluster.json").read_text())
     return Result(k, scheme, transport, rows, cluster)
 

@@ -19,12 +19,11 @@ title. Needs root (network namespaces) unless ``--from``.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from coded_shuffle.tools.cluster.jobs import job_argv, run_job, verified_records
 from coded_shuffle.tools.measured import SETS, Measured, Table, load, save
 from coded_shuffle.tools.predict_job import profile_of
 
@@ -58,26 +57,13 @@ def run_overrides(label: str, prefetch: bool, fraction: float) -> list[str]:
 
 def measure(args: argparse.Namespace, label: str, prefetch: bool, run_dir: Path) -> float:
     """One run on the cluster: its seconds to the end (every epoch verified)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "coded_shuffle",
-        "cluster",
-        "--hosts",
-        str(args.workers + 1),
-        "--rate",
-        args.rate,
-        "--medium",
-        args.medium,
-        *(["--master-rate", args.master_rate] if args.master_rate else []),
-        "--",
+    overrides = [
         *args.overrides,
         *run_overrides(label, prefetch, args.fraction),
         f"hydra.run.dir={run_dir}",
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"predict_runs.py: error: {' '.join(cmd)}:\n{out.stderr[-2000:]}")
+    argv = job_argv(args.workers + 1, args.rate, args.medium, overrides, args.master_rate)
+    run_job(argv, "predict_runs.py")
     return seconds_of(run_dir)
 
 
@@ -88,10 +74,7 @@ def epochs_of(overrides: list[str]) -> int:
 
 
 def seconds_of(run_dir: Path) -> float:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if not all(r["verified"] for r in rows):
-        raise SystemExit(f"predict_runs.py: error: {run_dir}: an epoch not verified")
-    return float(rows[-1]["elapsed_seconds"])
+    return float(verified_records(run_dir, "predict_runs.py")[-1]["elapsed_seconds"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,14 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--from takes one run directory per --runs entry, in their order")
     with tempfile.TemporaryDirectory(prefix="predict-runs-") as scratch:
         work = args.keep or scratch
-        measured = []
+        measured, epochs = [], epochs_of(args.overrides)
         for i, (label, prefetch) in enumerate(runs):
             seconds = (
                 seconds_of(args.dirs[i])
                 if args.dirs
                 else measure(args, label, prefetch, Path(work) / f"run{i}")
             )
-            epochs = epochs_of(args.overrides)
             measured.append(Measured(label, epochs, round(seconds, 2), prefetch))
             print(
                 f"  {label}{'' if prefetch else ' blocking'}: {seconds:.2f} s",

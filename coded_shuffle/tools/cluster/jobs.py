@@ -1,0 +1,58 @@
+"""One training job on the emulated cluster as the benchmark scripts run it: the
+``coded-shuffle cluster`` command line, the run, and its records with every epoch verified.
+
+A script names itself (``caller``): a failure ends it with one line that says which script,
+which command and what it printed last.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def job_argv(
+    hosts: int,
+    rate: str,
+    medium: str,
+    overrides: Sequence[str],
+    master_rate: str | None = None,
+    mtu: int | None = None,
+) -> list[str]:
+    """``python -m coded_shuffle cluster`` for one job of ``overrides`` on ``hosts`` hosts
+    with NICs of ``rate`` (the master's of ``master_rate`` where given) on ``medium``."""
+    return [
+        sys.executable,
+        "-m",
+        "coded_shuffle",
+        "cluster",
+        "--hosts",
+        str(hosts),
+        "--rate",
+        rate,
+        *(["--mtu", str(mtu)] if mtu is not None else []),
+        "--medium",
+        medium,
+        *(["--master-rate", master_rate] if master_rate else []),
+        "--",
+        *overrides,
+    ]
+
+
+def run_job(argv: Sequence[str], caller: str) -> None:
+    """Runs ``argv``; ``SystemExit`` naming ``caller`` where it fails."""
+    out = subprocess.run(list(argv), capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{caller}: error: {' '.join(argv)} failed:\n{out.stderr[-2000:]}")
+
+
+def verified_records(run_dir: Path, caller: str) -> list[dict]:
+    """A finished job's ``metrics.jsonl`` records; ``SystemExit`` naming ``caller`` unless
+    every epoch was verified."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if not all(r["verified"] for r in rows):
+        raise SystemExit(f"{caller}: error: {run_dir}: an epoch not verified")
+    return rows
