@@ -40,18 +40,17 @@ def check(table: Table) -> tuple[int, int, bool | None]:
     a table of one run)."""
     print(f"\n[{table.set}] {table.title}")
     print(f"{'run':46s} {'epoch':>5s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}")
-    within, guesses = 0, {}
+    within, guesses, measured, plans = 0, {}, {}, {}
     for m in table.runs:
-        seconds = predicted(table, m)
+        seconds = predicted(table, m, plans)  # plans: the table's loads, made once
         ratio = seconds / m.seconds
         label = m.label + ("" if m.prefetch else " blocking")
-        guesses[label] = seconds
+        guesses[label], measured[label] = seconds, m.seconds
         within += abs(ratio - 1) <= TARGET
         flag = "" if abs(ratio - 1) <= TARGET else "  outside 15%"
         print(f"{label:46s} {m.epochs:5d} {m.seconds:9.2f} {seconds:9.2f} {ratio:6.2f}{flag}")
     if len(table.runs) < 2:
         return within, 1, None
-    measured = {m.label + ("" if m.prefetch else " blocking"): m.seconds for m in table.runs}
     fastest, guess = min(measured, key=measured.get), min(guesses, key=guesses.get)
     same = fastest == guess
     print(f"fastest measured: {fastest}; predicted: {guess}{'' if same else '  (differs)'}")
