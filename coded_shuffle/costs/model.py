@@ -55,6 +55,9 @@ TRANSPORTS = ("unicast", "p2p", "tree", "chain", "multicast")
 BROADCASTS = ("tree", "chain", "multicast")  # what carries a coded delivery
 PEERS = ("peer-multicast", "peer-unicast")  # what carries a decentralized delivery
 PACE_SHARE = 0.99  # multicast paced at this share of the slowest NIC (the cluster's default)
+# a prefetched multicast stream at this share of its pace: the rest of the link is the training
+# loop's (dist.multicast.background_share's default)
+BACKGROUND_SHARE = 0.9
 OVERHEAD_SECONDS = 0.02  # per delivery: calibrated on the emulated cluster (transports.md)
 PEER_SECONDS = 0.021  # p2p: per peer a worker exchanges with (calibrated the same way)
 # peer-multicast: per worker's stream (its feedback round, and the decoding and reports the

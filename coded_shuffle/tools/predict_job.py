@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from coded_shuffle.costs.model import BROADCASTS, PACE_SHARE, Network, Traffic
+from coded_shuffle.costs.model import BACKGROUND_SHARE, BROADCASTS, PACE_SHARE, Network, Traffic
 from coded_shuffle.costs.model import seconds as transport_seconds
 from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.costs.run import (
@@ -113,7 +113,7 @@ class JobRun:
     placement: str = "random"
     label_shares: tuple[float, ...] = (1.0,)
     prefetch: bool = True  # dist.prefetch
-    background_share: float = 0.9  # dist.multicast.background_share
+    background_share: float = BACKGROUND_SHARE  # dist.multicast.background_share
 
     @property
     def option(self) -> Option:

@@ -8,6 +8,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coded_shuffle.costs.model import BACKGROUND_SHARE
 from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.distributed.transports.base import KeyName
 from coded_shuffle.errors import UsageError
@@ -83,7 +84,7 @@ class MulticastOptions:
     """Which datagrams ``drop`` discards."""
     slow_seconds: float = 0.0
     """Debug: rank 1 sleeps this long after every datagram it reads, in [0, 0.1]."""
-    background_share: float = 0.9
+    background_share: float = BACKGROUND_SHARE
     """A delivery in the background (prefetched while the loop trains) is paced at this
     share of the pace, in (0, 1]: the rest of the link is left to the training's own traffic
     (its gradient all-reduce), which UDP would otherwise queue behind the stream."""
