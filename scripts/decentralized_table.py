@@ -35,12 +35,7 @@ from coded_shuffle.math.schemes.decentralized import (
     corner_splits,
     decentralized_load,
 )
-from coded_shuffle.math.shuffles import (
-    cycle_type_shuffle,
-    cycle_types,
-    cyclic_shuffle,
-    split_shuffle,
-)
+from coded_shuffle.math.shuffles import cyclic_shuffle, structured_shuffles, worst_of
 from coded_shuffle.tools.evaluate import Evaluation, run
 
 
@@ -61,17 +56,12 @@ def worst_load(num_workers: int, storage: int) -> float:
 def worst_found(num_workers: int, storage: int) -> tuple[str, float]:
     """The structured shuffle with the largest closed-form load, in units of ``N``."""
     old = np.repeat(np.arange(num_workers), batch_points(num_workers, storage))
-    found = [
-        ("cycles " + "+".join(map(str, t)), cycle_type_shuffle(old, num_workers, t))
-        for t in cycle_types(num_workers)
-    ]
-    found.append(("split over the others", split_shuffle(old, num_workers)))
-    worst = ("", -1.0)
-    for name, new in found:
-        load = decentralized_load(shuffle_matrix(old, new, num_workers), storage) / old.size
-        if load > worst[1] + 1e-12:
-            worst = (name, load)
-    return worst
+
+    def load(new: np.ndarray) -> float:
+        return decentralized_load(shuffle_matrix(old, new, num_workers), storage) / old.size
+
+    found, worst = worst_of(load, structured_shuffles(old, num_workers))
+    return found.name, worst
 
 
 def worst_table(max_workers: int) -> list[str]:

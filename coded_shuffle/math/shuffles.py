@@ -83,21 +83,38 @@ def split_shuffle(assignment: np.ndarray, num_workers: int) -> np.ndarray:
     return (assignment + 1 + rank % (num_workers - 1)) % num_workers
 
 
-def candidate_shuffles(
-    assignment: np.ndarray, num_workers: int, rng: np.random.Generator
-) -> list[Shuffle]:
-    """The shuffles of :func:`worst_case`: every cycle type (the cyclic shift is ``cycles K``),
-    the split shuffle, and :data:`RANDOM_SHUFFLES` random reshuffles."""
+def structured_shuffles(assignment: np.ndarray, num_workers: int) -> list[Shuffle]:
+    """Every cycle type's shuffle (the cyclic shift is ``cycles K``) and the split shuffle."""
     found = [
         Shuffle(f"cycles {'+'.join(map(str, t))}", cycle_type_shuffle(assignment, num_workers, t))
         for t in cycle_types(num_workers)
     ]
     found.append(Shuffle("split over the others", split_shuffle(assignment, num_workers)))
-    found += [
+    return found
+
+
+def candidate_shuffles(
+    assignment: np.ndarray, num_workers: int, rng: np.random.Generator
+) -> list[Shuffle]:
+    """The shuffles of :func:`worst_case`: the structured ones and :data:`RANDOM_SHUFFLES`
+    random reshuffles."""
+    return structured_shuffles(assignment, num_workers) + [
         Shuffle(f"random {i + 1}", random_assignment(assignment.size, num_workers, rng))
         for i in range(RANDOM_SHUFFLES)
     ]
-    return found
+
+
+def worst_of(
+    load_of: Callable[[np.ndarray], float], shuffles: list[Shuffle]
+) -> tuple[Shuffle, float]:
+    """The shuffle with the largest ``load_of(new)`` (the first found on a tie) and that load."""
+    worst: tuple[Shuffle, float] | None = None
+    for shuffle in shuffles:
+        load = load_of(shuffle.new)
+        if worst is None or load > worst[1] + 1e-9:
+            worst = (shuffle, load)
+    assert worst is not None
+    return worst
 
 
 def worst_case(
@@ -108,10 +125,4 @@ def worst_case(
 ) -> tuple[Shuffle, float]:
     """The candidate shuffle of ``assignment`` with the largest ``load_of(new)`` (the first
     found on a tie) and that load."""
-    worst: tuple[Shuffle, float] | None = None
-    for shuffle in candidate_shuffles(assignment, num_workers, rng):
-        load = load_of(shuffle.new)
-        if worst is None or load > worst[1] + 1e-9:
-            worst = (shuffle, load)
-    assert worst is not None
-    return worst
+    return worst_of(load_of, candidate_shuffles(assignment, num_workers, rng))
