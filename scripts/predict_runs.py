@@ -62,7 +62,7 @@ def measure(args: argparse.Namespace, label: str, prefetch: bool, run_dir: Path)
         *run_overrides(label, prefetch, args.fraction),
         f"hydra.run.dir={run_dir}",
     ]
-    argv = job_argv(args.workers + 1, args.rate, args.medium, overrides, args.master_rate)
+    argv = job_argv(args.workers + 1, args.rate, args.medium, overrides, args.master_rate, args.mtu)
     run_job(argv, "predict_runs.py")
     return seconds_of(run_dir)
 
