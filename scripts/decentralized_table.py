@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from math import comb
 
 import numpy as np
@@ -53,31 +54,35 @@ def worst_load(num_workers: int, storage: int) -> float:
     return decentralized_load(moves, storage) / old.size
 
 
-def worst_found(num_workers: int, storage: int) -> tuple[str, float]:
-    """The structured shuffle with the largest closed-form load, in units of ``N``."""
+def worst_found(num_workers: int, storage: int) -> tuple[str, float, float]:
+    """The structured shuffle with the largest closed-form load, that load and the uncoded
+    exchange's on the same shuffle (every missing piece sent once), in units of ``N``."""
     old = np.repeat(np.arange(num_workers), batch_points(num_workers, storage))
 
     def load(new: np.ndarray) -> float:
         return decentralized_load(shuffle_matrix(old, new, num_workers), storage) / old.size
 
     found, worst = worst_of(load, structured_shuffles(old, num_workers))
-    return found.name, worst
+    moved = np.count_nonzero(found.new != old) / old.size
+    return found.name, worst, moved * (num_workers - storage) / (num_workers - 1)
 
 
-def worst_table(max_workers: int) -> list[str]:
-    lines = [
-        "| K | T | worst shuffle found | load | converse | load / converse | cyclic shift |",
-        "|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for k in range(3, max_workers + 1):
+def worst_table(workers: range, storages: list[int] | None) -> Iterator[str]:
+    yield (
+        "| K | T | worst shuffle found | load | converse | load / converse | uncoded "
+        "| cyclic shift |"
+    )
+    yield "|---:|---:|---|---:|---:|---:|---:|---:|"
+    for k in workers:
         for t in range(2, k):
-            name, load = worst_found(k, t)
+            if storages and t not in storages and t - k not in storages:
+                continue
+            name, load, uncoded = worst_found(k, t)
             conv = float(decentralized_converse(k, 1, t))
-            lines.append(
+            yield (
                 f"| {k} | {t} | {name} | {load:.4f} | {conv:.4f} | {load / conv:.3f} | "
-                f"{worst_load(k, t) / conv:.3f} |"
+                f"{uncoded:.4f} | {worst_load(k, t) / conv:.3f} |"
             )
-    return lines
 
 
 def measured_load(num_workers: int, storage: int) -> float:
@@ -113,14 +118,21 @@ def table(max_workers: int, measure: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-workers", type=int, default=MAX_WORKERS)
+    ap.add_argument("--min-workers", type=int, default=3)
     ap.add_argument("--measure", type=int, default=0, help="check plans up to this K")
     ap.add_argument("--shuffle", choices=("cyclic", "worst"), default="cyclic")
+    ap.add_argument("--storages", type=int, nargs="*", help="worst: only these T (negative: K + T)")
     args = ap.parse_args(argv)
-    if not 3 <= args.max_workers <= MAX_WORKERS:
-        print(f"--max-workers {args.max_workers} out of range 3..{MAX_WORKERS}", file=sys.stderr)
+    if not 3 <= args.min_workers <= args.max_workers <= MAX_WORKERS:
+        print(
+            f"--min-workers {args.min_workers} / --max-workers {args.max_workers} out of range "
+            f"3..{MAX_WORKERS} (min <= max)",
+            file=sys.stderr,
+        )
         return 2
     if args.shuffle == "worst":
-        print("\n".join(worst_table(args.max_workers)))
+        for line in worst_table(range(args.min_workers, args.max_workers + 1), args.storages):
+            print(line, flush=True)
     else:
         print("\n".join(table(args.max_workers, args.measure)))
     return 0

@@ -8,14 +8,12 @@ every run's exit codes and how many runs had a rank exit other than 0 (docs/test
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from coded_shuffle.tools.ranks import start_ranks
 
-from tests.ranks import start_ranks  # noqa: E402  (the repository's own helper)
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
@@ -32,7 +30,7 @@ def main() -> int:
     bad = 0
     for run in range(1, args.runs + 1):
         t0 = time.perf_counter()
-        procs = start_ranks(script, args.ranks)
+        procs = start_ranks(script, args.ranks, REPO)
         codes = []
         for p in procs:
             p.communicate(timeout=300)

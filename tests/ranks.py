@@ -12,15 +12,14 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
-import socket
 import subprocess
-import sys
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
+
+from coded_shuffle.tools.ranks import free_port
 
 CLONE_NEWNET = 0x40000000
 
@@ -56,12 +55,6 @@ def enter_netns(name: str) -> None:
             raise OSError(ctypes.get_errno(), f"setns({name})")
     finally:
         os.close(fd)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank, world, port, netns, target, args, out) -> None:
@@ -113,31 +106,3 @@ def run_ranks(
             if p.is_alive():
                 p.kill()
     return [results[r] for r in range(world)]
-
-
-def start_ranks(script: list[str], world: int) -> list[subprocess.Popen]:
-    """``python SCRIPT...`` once per rank of a ``world``, as plain processes with the
-    launcher's environment (no launcher that would notice a fault for them)."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "LOCAL_RANK": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *script],
-                cwd=Path(__file__).resolve().parent.parent,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        )
-    return procs

@@ -5,18 +5,21 @@ aborted rank 0 in one run of eight)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.ranks import start_ranks
+from coded_shuffle.tools.ranks import start_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 RUNS = 2  # scripts/unclosed_loops.py runs it 20 times (docs/testing.md)
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("close", [[], ["--close-after-destroy"]], ids=["never", "after"])
 def test_an_unclosed_coded_shuffle_exits_zero_on_every_rank(close):
     for run in range(RUNS if not close else 1):
-        procs = start_ranks(["tests/unclosed_loop.py", *close], 4)
+        procs = start_ranks(["tests/unclosed_loop.py", *close], 4, REPO)
         results = []
         for p in procs:
             out, err = p.communicate(timeout=120)

@@ -30,7 +30,7 @@ def test_a_stage_change_is_published_when_it_happens_not_at_the_next_beat():
     says the new stage long before the next heartbeat (here 30 s away)."""
     import torch.distributed as dist
 
-    from tests.ranks import free_port
+    from coded_shuffle.tools.ranks import free_port
 
     port = free_port()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ranks import start_ranks
+from coded_shuffle.tools.ranks import start_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -52,7 +52,9 @@ def fault_seen(proc: subprocess.Popen, limit: float = 120) -> float:
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_worker_lost_mid_delivery_ends_every_rank_naming_it(fault):
     timeout = 4.0
-    procs = start_ranks(["tests/fault_loop.py", "--fault", fault, "--timeout", str(timeout)], 4)
+    procs = start_ranks(
+        ["tests/fault_loop.py", "--fault", fault, "--timeout", str(timeout)], 4, REPO
+    )
     at = fault_seen(procs[2])
     results = wait_all(procs, skip=2, limit=timeout + 5 + 5)  # timeout, a few s, start-up slack
     ended = time.monotonic() - at

@@ -17,7 +17,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.ranks import run_ranks, start_ranks
+from coded_shuffle.tools.ranks import start_ranks
+from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.distributed]
 POINTS, FEATURES, EPOCHS = 240, 6, 4
@@ -162,7 +163,7 @@ def test_a_background_delivery_that_fails_while_the_loop_waits_ends_it_in_one_li
     or its store, lost)."""
     timeout = 2.5
     t0 = time.monotonic()
-    procs = start_ranks(["tests/prefetch_loop.py", "--timeout", str(timeout)], 4)
+    procs = start_ranks(["tests/prefetch_loop.py", "--timeout", str(timeout)], 4, REPO)
     outs = []
     try:
         for p in procs:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from coded_shuffle.math.assignment import random_assignment, shuffle_matrix
 from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import plan_load
+from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes import get_scheme
 from coded_shuffle.math.schemes.decentralized import decentralized_load, sender_holds
 from coded_shuffle.math.shuffles import (
@@ -96,10 +97,11 @@ def worst_of(members: dict, state, found: list) -> float:
 BEST_CASES = [(k, q, seed) for k, q in [(3, 2), (3, 3), (4, 3)] for seed in range(5)]
 
 
-@pytest.mark.parametrize(("k", "q", "seed"), [*BEST_CASES, (5, 2, 0)])
+@pytest.mark.parametrize(("k", "q", "seed"), [*BEST_CASES, (5, 2, 0), (6, 2, 0)])
 def test_best_has_the_lowest_worst_case_of_the_placement_families(k, q, seed):
     """At ``K = 3, T = 2, q = 2`` (seeds 1, 3, 4) a probe alone ties two families to within
-    rounding and used to keep one whose cyclic shift costs 4/3 of the other's."""
+    rounding and used to keep one whose cyclic shift costs 4/3 of the other's. ``K`` 7 and 8
+    (4 minutes a seed): ``scripts/best_worst_case.py``, in docs/model.md."""
     best = get_scheme("best")
     for t in range(2, k):
         old = random_assignment(q * k, k, np.random.default_rng(seed))
@@ -137,16 +139,25 @@ def test_a_centralized_schemes_worst_shuffle_found_costs_what_the_cyclic_shift_d
     assert max(plan_load(plain.plan(state, c.new)) for c in found) == pytest.approx(shift)
 
 
+def guarantee(k: int, t: int) -> float:
+    """The decentralized scheme's claim on the worst case, over the converse
+    (docs/decentralized.md): the converse itself for ``K <= 4`` and ``T >= K - 2``, else 1.5."""
+    return 1.0 if k <= 4 or t >= k - 2 else 1.5
+
+
 def decentralized_on_every_cycle_type(k: int) -> list[str]:
-    """``decentralized`` at every ``T`` in 2..K-1 on every cycle type (3 points a bucket):
-    the plans that fail to decode, to be sent by a holder, to match the closed form, or to
-    stay below the uncoded exchange with the same storage."""
+    """``decentralized`` at every ``T`` in 2..K-1 on every cycle type and the split shuffle
+    (3 points a bucket): the plans that fail to decode, to be sent by a holder, to match the
+    closed form, to stay below the uncoded exchange with the same storage, or to keep the
+    guarantee."""
     scheme, bad = get_scheme("decentralized"), []
     for t in range(2, k):
         old = random_assignment(k * 3 * (k - 1), k, np.random.default_rng(k * t))
         state = scheme.initial_state(old, k, float(t))
-        for kind in cycle_types(k):
-            new = cycle_type_shuffle(old, k, kind)
+        converse = float(decentralized_converse(k, old.size, t))
+        kinds = [*cycle_types(k), "split"]
+        shuffles = [cycle_type_shuffle(old, k, kind) for kind in cycle_types(k)]
+        for kind, new in zip(kinds, [*shuffles, split_shuffle(old, k)], strict=True):
             plan = scheme.plan(state, new)
             decode_plan(plan)  # raises for a worker its own storage cannot serve
             closed = decentralized_load(shuffle_matrix(old, new, k), t)
@@ -156,10 +167,15 @@ def decentralized_on_every_cycle_type(k: int) -> list[str]:
                 bad.append(f"T={t} {kind}: load {plan.load_points} != closed form {closed}")
             if plan.load_points > plan.uncoded_points + 1e-9:
                 bad.append(f"T={t} {kind}: load {plan.load_points} > {plan.uncoded_points}")
+            if plan.load_points > guarantee(k, t) * converse + 1e-9:
+                bad.append(
+                    f"T={t} {kind}: load {plan.load_points} > {guarantee(k, t)} x {converse}"
+                )
     return bad
 
 
 @pytest.mark.parametrize("k", [3, 4, 5, 6, 7, 8])
 def test_decentralized_plans_decode_on_every_cycle_type(k):
-    """docs/decentralized.md "The worst shuffle found": its closed form is these plans'."""
+    """docs/decentralized.md "The worst shuffle found": its closed form is these plans', and
+    on every one of these shuffles the load keeps the guarantee."""
     assert decentralized_on_every_cycle_type(k) == []

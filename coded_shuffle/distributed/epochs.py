@@ -20,12 +20,12 @@ from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.distributed.transports import Routes
 from coded_shuffle.distributed.transports.framing import PickedRows
 from coded_shuffle.errors import VerificationError
+from coded_shuffle.math.index_decoder import peer_routes
 from coded_shuffle.math.plan import (
     DeliveryPlan,
     Plan,
     direct_routes,
     held_at,
-    peer_routes,
     subpoint_bytes,
 )
 from coded_shuffle.math.policies import ShufflePolicy, full_assignment

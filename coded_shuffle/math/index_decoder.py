@@ -62,6 +62,17 @@ def decode_plan(plan: DeliveryPlan) -> list[WorkerProgram]:
     return [decode_worker(plan, k, index) for k in range(plan.num_workers)]
 
 
+def peer_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Routes of a plan whose symbols carry their senders (:attr:`DeliveryPlan.senders`): per
+    worker, the symbols its decoder keeps (a triple's ``A`` learnt on the way, docs/
+    decentralized.md section 2b; the sums of a path between a receiver's row and the row it
+    knows, section 2d), and the worker that sends each. Returns ``(needs, senders)`` (sorted
+    symbol ids; 0-based workers)."""
+    who = np.concatenate(plan.senders) if plan.senders else np.zeros(0, dtype=np.int64)
+    needs = tuple(program.symbol_ids for program in decode_plan(plan))
+    return needs, tuple(who[n] for n in needs)
+
+
 def decode_worker(plan: DeliveryPlan, worker: int, index: PlanIndex | None = None) -> WorkerProgram:
     """Peeling + GF(2) elimination for one worker, using only that worker's cache."""
     index = index or PlanIndex(plan)

@@ -151,35 +151,6 @@ def direct_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.
     return needs, holders
 
 
-def peer_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """Routes of a plan whose symbols carry their senders (:attr:`DeliveryPlan.senders`): per
-    worker, the symbols it needs and the worker that sends each.
-
-    Worker ``k`` needs every symbol with a term it demands (a sub-point of its new batch that
-    it does not cache), and then every symbol with a term it must learn on the way (one of
-    those symbols' terms it neither caches nor demands: a triple's ``A``, docs/decentralized.md
-    section 2b), until nothing is added: the symbols its decoder keeps. Returns ``(needs,
-    senders)`` (sorted symbol ids; 0-based workers)."""
-    owner = new_owners(plan)
-    offsets, symbol_of_term, terms = plan.symbol_terms()
-    receiver = owner[terms // plan.splits]
-    who = np.concatenate(plan.senders) if plan.senders else np.zeros(0, dtype=np.int64)
-    needs = []
-    for k in range(plan.num_workers):
-        unknown = ~np.isin(terms, plan.caches[k])
-        needed = np.zeros(offsets.size - 1, dtype=bool)
-        needed[symbol_of_term[unknown & (receiver == k)]] = True
-        while True:  # the terms to learn pull in the symbols that carry them
-            learn = np.unique(terms[unknown & needed[symbol_of_term]])
-            more = needed.copy()
-            more[symbol_of_term[np.isin(terms, learn)]] = True
-            if np.array_equal(more, needed):
-                break
-            needed = more
-        needs.append(np.flatnonzero(needed))
-    return tuple(needs), tuple(who[n] for n in needs)
-
-
 @dataclass(frozen=True)
 class SharedPlan:
     """Memory sharing (docs/excess-storage.md, memory sharing): ``plans[i]`` runs on

@@ -91,7 +91,9 @@ def validate(cfg: Config) -> None:
 
 
 def _check_debug(cfg: Config, workers: int) -> None:
-    die, step, master = cfg.debug.die_rank, cfg.debug.die_step, int(cfg.dist.master_rank)
+    """Every ``debug.*`` key: a fault that could never fire is refused, not ignored."""
+    debug, epochs = cfg.debug, int(cfg.epochs)
+    die, step, master = debug.die_rank, debug.die_step, int(cfg.dist.master_rank)
     if die is not None and not 0 <= int(die) <= workers:
         raise UsageError(f"debug.die_rank={die} out of range 0..{workers}")
     if step is not None and (int(step) < 1 or (die is not None and int(die) == master)):
@@ -99,6 +101,17 @@ def _check_debug(cfg: Config, workers: int) -> None:
             f"debug.die_step={step}: a step >= 1 of a worker's epoch (debug.die_rank a worker's "
             f"rank: 0..{workers} but {master}, the master's)"
         )
+    if die is not None and not 1 <= int(debug.die_epoch) <= epochs:
+        raise UsageError(f"debug.die_epoch={debug.die_epoch} out of range 1..{epochs} (epochs)")
+    if debug.die_mode not in ("exit", "hang"):
+        raise UsageError(f"debug.die_mode={debug.die_mode!r} unknown; valid: exit, hang")
+    corrupt = debug.corrupt_epoch
+    if corrupt is not None and not 2 <= int(corrupt) <= epochs:
+        raise UsageError(
+            f"debug.corrupt_epoch={corrupt} out of range 2..{epochs} (the coded deliveries)"
+        )
+    if float(debug.step_delay) < 0:
+        raise UsageError(f"debug.step_delay={debug.step_delay} out of range (must be >= 0)")
 
 
 def _check_optim(cfg: Config) -> None:

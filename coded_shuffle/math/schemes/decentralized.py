@@ -18,7 +18,9 @@ At ``m = 2`` (from ``K = 6``) what a group would send uncoded goes into triples 
 senders instead, three pieces for two symbols (section 2b, :mod:`.peer_alignment`); at
 ``3 <= m <= K - 3`` a group keeps what it codes at a gain of ``m - 1`` or more and deals the
 rest to cliques of ``m`` workers across groups where that costs fewer symbols (section 2c,
-:mod:`.peer_cliques`).
+:mod:`.peer_cliques`). At every corner, symbols whose receivers each know another one whole
+go as a path of sums from a worker that stores them all, one symbol fewer a path (section
+2d, :mod:`.peer_paths`).
 
 Update (section 3): the new owner keeps the point whole; a piece whose holders missed it is
 now held by ``H - j + k`` (the old owner drops it); nothing is sent, and every worker again
@@ -27,7 +29,8 @@ stores ``m q`` points.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from math import comb
 
@@ -38,6 +41,7 @@ from coded_shuffle.math.plan import DeliveryPlan, held_at
 from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes import peer_alignment as alignment
 from coded_shuffle.math.schemes import peer_cliques as cliques
+from coded_shuffle.math.schemes import peer_paths as paths
 from coded_shuffle.math.schemes.base import batch_plan_fields
 from coded_shuffle.math.schemes.memory_sharing import CornerScheme
 from coded_shuffle.math.state import CacheState
@@ -157,7 +161,7 @@ def demanded_pieces(state: CacheState, new: np.ndarray) -> tuple[np.ndarray, ...
 def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
     """Section 2: every group's symbols, each with the member that sends it; at ``m = 2`` the
     lone pieces' triples (section 2b), at ``3 <= m <= K - 3`` the groups' excess in cliques
-    where they cost fewer symbols (section 2c)."""
+    where they cost fewer symbols (section 2c); then the closed form's paths (section 2d)."""
     labels: PeerLabels = state.labels
     k, m = state.num_workers, labels.m
     r = sub_pieces(k, m)
@@ -166,8 +170,8 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     rows: list[tuple[int, np.ndarray]] = []
     lone: dict[tuple[int, int, int], list[np.ndarray]] = {}
     excess: dict[cliques.Bucket, np.ndarray] = {}
-    costs = group_costs(shuffle_matrix(state.assignment, new, k), m) if cliqued(k, m) else None
-    deals = costs is not None and costs.cliques_pay
+    costs = group_costs(shuffle_matrix(state.assignment, new, k), m)
+    deals = costs.cliques_pay
     dealt = {(b.group, b.receiver, b.owner): b for b in costs.buckets} if deals else {}
     owners = state.assignment[ids // labels.holders.shape[1]]
     cuts = np.flatnonzero(np.diff(groups)) + 1
@@ -194,6 +198,9 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         dealt_rows = cliques.clique_rows(buckets, [excess[b] for b in buckets], costs.deal, r)
         rows.extend(dealt_rows)
         breakdown["cliques"] = int(sum(r.shape[0] for _, r in dealt_rows))
+    rows = with_paths(rows, labels, new, r, costs)
+    if costs.paths:
+        breakdown["saved by paths"] = paths.saved(list(costs.paths))
     symbols, senders = sender_blocks(rows)
     return DeliveryPlan(
         scheme=scheme,
@@ -202,6 +209,55 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         breakdown=breakdown,
         **batch_plan_fields(state, new),
     )
+
+
+def padded(rows: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``-1``-padded rows as one matrix, and the sender of each."""
+    width = max((r.shape[1] for _, r in rows), default=1)
+    counts = [r.shape[0] for _, r in rows]
+    terms = np.full((sum(counts), width), -1, dtype=np.int64)
+    start = 0
+    for _, r in rows:
+        terms[start : start + r.shape[0], : r.shape[1]] = r
+        start += r.shape[0]
+    return terms, np.repeat(np.array([s for s, _ in rows], dtype=np.int64), counts)
+
+
+def symbol_types(terms: np.ndarray, labels: PeerLabels, new: np.ndarray, r: int) -> np.ndarray:
+    """Receivers' and knowers' masks of every row (section 2d)."""
+    piece = np.maximum(terms, 0).reshape(-1) // r
+    c = labels.holders.shape[1]
+    receiver = np.int64(1) << new[piece // c]
+    return paths.row_types(terms, receiver, labels.holders.reshape(-1)[piece])
+
+
+def with_paths(
+    rows: list[tuple[int, np.ndarray]],
+    labels: PeerLabels,
+    new: np.ndarray,
+    r: int,
+    costs: GroupCosts,
+) -> list[tuple[int, np.ndarray]]:
+    """The rows with the closed form's paths across them (section 2d), which the rows' own
+    types must match."""
+    if not costs.paths:
+        return rows
+    terms, who = padded(rows)
+    types = symbol_types(terms, labels, new, r)
+    assert paths.pathable(type_counts(types)) == paths.pathable(costs.types), (
+        "the plan's symbol types must be the closed form's"
+    )
+    summed, used = paths.path_rows(terms, types, list(costs.paths))
+    kept = [(int(w), terms[(who == w) & ~used]) for w in np.unique(who[~used])]
+    return [(s, x) for s, x in kept if x.shape[0]] + summed
+
+
+def type_counts(types: np.ndarray) -> dict[paths.SymbolType, int]:
+    """How many rows of each type."""
+    keys, counts = np.unique(types, axis=0, return_counts=True)
+    return {
+        paths.SymbolType(int(a), int(b)): int(n) for (a, b), n in zip(keys, counts, strict=True)
+    }
 
 
 def owner_counts(members: list[int], owners: list[np.ndarray]) -> np.ndarray:
@@ -340,12 +396,15 @@ class GroupCosts:
     """Symbols (sub-pieces' worth) of a delivery at corner ``m``: ``plain`` = eq. (1) summed
     over the groups (section 2) with, at ``m = 2``, the lone pieces' triples (section 2b);
     where corner ``m`` deals cliques (section 2c), ``dealt`` = the groups' kept pieces plus
-    the cliques' symbols, with the excess ``buckets`` (sorted) and their ``deal``."""
+    the cliques' symbols, with the excess ``buckets`` (sorted) and their ``deal``; ``types``:
+    the chosen delivery's symbols by type, and the ``paths`` across them (section 2d)."""
 
     plain: int
     dealt: int | None = None
     buckets: tuple[cliques.Bucket, ...] = ()
     deal: cliques.Deal | None = None
+    types: dict[paths.SymbolType, int] = field(default_factory=dict)
+    paths: tuple[paths.Path, ...] = ()
 
     @property
     def cliques_pay(self) -> bool:
@@ -353,7 +412,7 @@ class GroupCosts:
 
     @property
     def symbols(self) -> int:
-        return self.dealt if self.cliques_pay else self.plain
+        return (self.dealt if self.cliques_pay else self.plain) - paths.saved(list(self.paths))
 
 
 def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
@@ -363,6 +422,7 @@ def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
     plain, kept = 0, 0
     buckets: list[cliques.Bucket] = []
     lone = np.zeros((k, k, k), dtype=np.int64)
+    plain_needs, kept_needs = [], []
     for members, sub in group_moves(moves, m):
         needs = sub.sum(axis=0)
         if aligned(k, m):
@@ -371,23 +431,73 @@ def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
                 lone[members[o], members[u], members[3 - u - o]] += taken[o]
                 needs[u] -= taken[o]
         plain += int(group_shares(needs, m, r).sum())
+        plain_needs.append((members, needs * r))
         if cliqued(k, m):
             keep = cliques.kept(needs, m)
             kept += int(group_shares(keep, m, r).sum())
+            kept_needs.append((members, keep * r))
             group = sum(1 << w for w in members)
             buckets.extend(excess_buckets(group, members, sub.T, needs - keep, r))
-    if aligned(k, m):
-        plain += alignment.match_triples(lone).symbols  # r = 2: the triples' halves
-    if not cliqued(k, m):
-        return GroupCosts(plain)
-    ordered = tuple(sorted(buckets))
-    dealt = cliques.deal(list(ordered), m)
-    return GroupCosts(plain, kept + dealt.symbols, ordered, dealt)
+    triples = alignment.match_triples(lone) if aligned(k, m) else None
+    if triples is not None:
+        plain += triples.symbols  # r = 2: the triples' halves
+    costs = GroupCosts(plain)
+    if cliqued(k, m):
+        ordered = tuple(sorted(buckets))
+        dealt = cliques.deal(list(ordered), m)
+        costs = GroupCosts(plain, kept + dealt.symbols, ordered, dealt)
+    types = group_types(kept_needs if costs.cliques_pay else plain_needs)
+    if costs.cliques_pay:
+        types.update(dealt_types(costs.buckets, costs.deal))
+    if triples is not None:
+        types.update(triple_types(triples))
+    return replace(costs, types=dict(types), paths=tuple(paths.find_paths(types)))
+
+
+def group_types(needs: list[tuple[tuple[int, ...], np.ndarray]]) -> Counter:
+    """The groups' symbols by type (section 2d): member ``u`` of ``J`` needs sub-pieces held
+    by ``J - u``."""
+    out: Counter = Counter()
+    for members, slots in needs:
+        mask = sum(1 << w for w in members)
+        segments = [[(int(n), mask & ~(1 << w))] for w, n in zip(members, slots, strict=True)]
+        out.update(paths.clique_type_counts(list(members), segments))
+    return out
+
+
+def dealt_types(buckets: tuple[cliques.Bucket, ...], dealt: cliques.Deal) -> Counter:
+    """The cliques' symbols by type (sections 2c, 2d): in set ``V``, a bucket's pieces are
+    held by its group less its receiver, in bucket order."""
+    segments: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    for bucket, shares in zip(buckets, dealt.shares, strict=True):
+        holders = bucket.group & ~(1 << bucket.receiver)
+        for v, count in shares:
+            segments.setdefault(v, {}).setdefault(bucket.receiver, []).append((count, holders))
+    out: Counter = Counter()
+    for v in sorted(segments):
+        members = paths.bits(v)
+        out.update(paths.clique_type_counts(members, [segments[v].get(w, []) for w in members]))
+    return out
+
+
+def triple_types(triples: alignment.Triples) -> Counter:
+    """The lone pieces' symbols by type (sections 2b, 2d): ``x``'s ``A + B`` serves ``r`` and
+    ``y``; ``j``'s ``A + C`` serves ``r`` twice (kept out of paths); a leftover piece serves
+    its receiver from its two holders."""
+    out: Counter = Counter()
+    half = alignment.SUB_PIECES
+    for (_, r, x, y), t in zip(triples.types, triples.counts, strict=True):
+        out[paths.SymbolType((1 << r) | (1 << y), 1 << x)] += half * t
+        out[paths.SymbolType(1 << r, 0)] += half * t
+    for o, n, z in np.argwhere(triples.left > 0).tolist():
+        out[paths.SymbolType(1 << n, (1 << o) | (1 << z))] += half * int(triples.left[o, n, z])
+    return out
 
 
 def decentralized_load(moves: np.ndarray, m: int) -> float:
     """The delivery's load in points for shuffle matrix ``moves`` at corner ``m``: the fewer
-    symbols of :func:`group_costs`' two, in sub-pieces of ``1/(r C(K-1, m-1))`` point."""
+    symbols of :func:`group_costs`' two less what the paths save, in sub-pieces of ``1/(r
+    C(K-1, m-1))`` point."""
     k = moves.shape[0]
     if m >= k:
         return 0.0
