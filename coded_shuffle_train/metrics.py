@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from coded_shuffle.tools.records import metrics_path
+
 log = logging.getLogger("train")
 
 # Keys every epoch object carries (docs/training.md explains each one).
@@ -105,7 +107,7 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.epochs = epochs
-        self.path = self.run_dir / "metrics.jsonl"
+        self.path = metrics_path(self.run_dir)
         self.path.write_text("")
         self.rows: list[dict[str, Any]] = []
         self.tb = _tensorboard(self.run_dir) if tensorboard else None

@@ -22,7 +22,6 @@ pre-empted before the first step; every method computes ``A x`` for ``--trials``
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from coded_shuffle.elastic.product_runner import (
 )
 from coded_shuffle.elastic.settings import make_settings
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.records import METRICS, read_metrics
 
 PAPER = (30000, 10000)  # Yang et al. 2018, sec. 4: A is 30000 x 10000, P = 6, L = 3
 
@@ -140,8 +140,8 @@ def whole_job(
             done = subprocess.run(command + args, capture_output=True, text=True, cwd=run_dir)
             if done.returncode != 0:
                 raise SystemExit(f"bench_elastic: the job failed: {done.stderr.strip()[-500:]}")
-            found = sorted(Path(run_dir).rglob("metrics.jsonl"))
-            records = [json.loads(line) for line in found[0].open()]
+            found = sorted(Path(run_dir).rglob(METRICS))
+            records = read_metrics(found[0])
         for method in PRODUCT_METHODS:
             rows_m = [r for r in records if r["method"] == method][1:]
             out.append(summarise(method, m, rows_m))

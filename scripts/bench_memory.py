@@ -22,7 +22,6 @@ processes' transients happen at the same moment).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from coded_shuffle.tools.records import verified_records
 
 KB = 1024
 
@@ -106,10 +107,7 @@ def train(args: argparse.Namespace, packed: Path, run_dir: Path) -> tuple[Peak, 
     _, err = job.communicate()
     if job.returncode:
         raise SystemExit(f"bench_memory.py: error: the job failed:\n{err.decode()[-2000:]}")
-    rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if not all(r["verified"] for r in rows):
-        raise SystemExit("bench_memory.py: error: an epoch was not verified")
-    return peak, rows
+    return peak, verified_records(run_dir, "bench_memory.py")
 
 
 def pack(work: Path, name: str, features: int, points: int, test: bool) -> Path:

@@ -68,7 +68,8 @@ from pathlib import Path
 import numpy as np
 
 from coded_shuffle.costs.model import PACE_SHARE
-from coded_shuffle.tools.cluster.jobs import job_argv, run_job, verified_records
+from coded_shuffle.tools.cluster.jobs import job_argv, run_job
+from coded_shuffle.tools.records import verified_records
 
 CALLER = "bench_time_to_accuracy.py"  # how its errors name it
 

@@ -54,7 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES, REACH_DTYPE
-from coded_shuffle.tools.cluster.jobs import job_argv, run_job, verified_records
+from coded_shuffle.tools.cluster.jobs import job_argv, run_job
+from coded_shuffle.tools.records import verified_records
 
 COMBOS = (
     ("uncoded", "unicast"),

@@ -17,7 +17,6 @@ all-reduce then runs over gloo on the GPUs' tensors: NCCL takes one rank per GPU
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from coded_shuffle.tools.records import read_metrics
 
 JOBS = {
     "default": [],
@@ -48,8 +49,7 @@ def run(job: list[str], device: str, args: argparse.Namespace, where: Path) -> l
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"check_gpu.py: error: {' '.join(cmd)}:\n{out.stderr[-2000:]}")
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return read_metrics(run_dir)
 
 
 def compare(name: str, cpu: list[dict], gpu: list[dict], tolerance: float) -> bool:

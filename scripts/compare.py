@@ -28,6 +28,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from coded_shuffle.tools.records import METRICS, metrics_path, read_metrics
+
 
 @dataclass
 class Run:
@@ -43,10 +45,6 @@ class Run:
         return self.series("epoch")
 
 
-def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def find_runs(paths: list[str]) -> list[Run]:
     """Runs under the given paths; what holds no run is skipped with one line on stderr."""
     runs = []
@@ -56,12 +54,12 @@ def find_runs(paths: list[str]) -> list[Run]:
             print(f"compare.py: skipped {arg!r}: does not exist", file=sys.stderr)
             continue
         if root.is_file():
-            files = [root] if root.name == "metrics.jsonl" else []
-        elif (root / "metrics.jsonl").is_file():
-            files = [root / "metrics.jsonl"]
+            files = [root] if root.name == METRICS else []
+        elif metrics_path(root).is_file():
+            files = [metrics_path(root)]
         else:
-            files = sorted(root.rglob("metrics.jsonl"))
-        rows = [(f, _read(f)) for f in files]
+            files = sorted(root.rglob(METRICS))
+        rows = [(f, read_metrics(f)) for f in files]
         rows = [(f, r) for f, r in rows if r]
         if not rows:
             print(f"compare.py: skipped {arg!r}: not a run directory", file=sys.stderr)

@@ -20,6 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from coded_shuffle.tools.records import metrics_path, read_metrics
+
 STYLE = {  # method: (label, colour, line style, width, z-order)
     "nofailure": ("no failure (uncoded)", "0.55", "-", 5.0, 1),
     "coded": ("coded elastic", "tab:blue", "--", 1.8, 4),
@@ -30,15 +32,13 @@ STYLE = {  # method: (label, colour, line style, width, z-order)
 
 
 def load(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    path = run_dir / "metrics.jsonl"
+    path = metrics_path(run_dir)
     if not path.exists():
         raise SystemExit(f"plot_elastic: error: {path} not found (is it an elastic_gd run?)")
     runs: dict[str, list[dict[str, Any]]] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if "method" in r:
-                runs.setdefault(r["method"], []).append(r)
+    for r in read_metrics(path):
+        if "method" in r:
+            runs.setdefault(r["method"], []).append(r)
     if not runs:
         raise SystemExit(f"plot_elastic: error: {path} has no elastic_gd records")
     return runs

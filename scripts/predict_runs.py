@@ -23,9 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from coded_shuffle.tools.cluster.jobs import job_argv, run_job, verified_records
+from coded_shuffle.tools.cluster.jobs import job_argv, run_job
 from coded_shuffle.tools.measured import SETS, Measured, Table, load, save
 from coded_shuffle.tools.predict_job import profile_of
+from coded_shuffle.tools.records import verified_records
 
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "measured_runs.json"
 

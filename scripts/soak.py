@@ -37,6 +37,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from coded_shuffle.tools.records import metrics_path, read_metrics
+
 KINDS = ("kill", "stop", "cut", "master", "lose", "corrupt", "inside")
 CLUSTER_FLAG = {"master": "kill", "inside": "kill"}  # the cluster's own fault for a kind
 JOB = [
@@ -115,10 +117,7 @@ def cluster_args(faults: list[tuple[Planned, str, int, int]]) -> list[str]:
 
 
 def read_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return read_metrics(run_dir) if metrics_path(run_dir).is_file() else []
 
 
 def coded_shuffle() -> list[str]:

@@ -16,7 +16,6 @@ with the defaults (derived from each job's identifier) they hear nothing of each
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.tools.cluster import netns, run
+from coded_shuffle.tools.records import metrics_path, read_metrics
 
 
 def one_job(cluster: netns.Cluster, j: int, overrides: list[str], out: Path, results: list) -> None:
@@ -65,12 +65,7 @@ def main() -> int:
         failed = False
         for j, (hosts, run_dir) in enumerate(results):
             codes = [h.code for h in hosts]
-            metrics = run_dir / "metrics.jsonl"
-            rows = (
-                [json.loads(x) for x in metrics.read_text().splitlines()]
-                if metrics.is_file()
-                else []
-            )
+            rows = read_metrics(run_dir) if metrics_path(run_dir).is_file() else []
             verified = bool(rows) and all(r["verified"] for r in rows)
             foreign = sum(r.get("foreign_datagrams", 0) for r in rows)
             refused = sum(r.get("refused_connections", 0) for r in rows)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import EXCESS, JOB, SCHEMES, TRANSPORTS, read_metrics, run_job
+from coded_shuffle.tools.records import METRICS, read_metrics
+from tests.helpers import EXCESS, JOB, SCHEMES, TRANSPORTS, run_job
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -45,7 +46,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     ):
         out = run_job([*sweep, *JOB, f"hydra.sweep.dir={root / name}"], root)
         assert out.returncode == 0, out.stderr[-3000:]
-        for metrics in (root / name).rglob("metrics.jsonl"):
+        for metrics in (root / name).rglob(METRICS):
             first = read_metrics(metrics.parent)[0]
             key = {
                 "schemes": first["scheme"],

@@ -71,10 +71,6 @@ def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def mapped_file(address: int) -> str | None:
     """The file whose mapping holds ``address`` in this process (None: anonymous memory)."""
     for line in Path("/proc/self/maps").read_text().splitlines():

@@ -18,6 +18,7 @@ import pytest
 from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES as DGRAM_HEAD
 from coded_shuffle.tools import cli
 from coded_shuffle.tools.cluster import netns, run
+from coded_shuffle.tools.records import metrics_path, read_metrics
 from tests.ranks import is_root
 
 ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
@@ -108,7 +109,7 @@ def test_without_root_it_says_so_in_one_line(monkeypatch, capsys):
 
 def test_an_epoch_fault_fires_once_the_job_recorded_or_the_script_printed_that_epoch(tmp_path):
     fault = run.Fault.parse("kill", "2@e2", 3)
-    fault.metrics = tmp_path / "metrics.jsonl"
+    fault.metrics = metrics_path(tmp_path)
     assert (fault.at, fault.after_epoch) == (None, 2)
     assert not fault.due(1e9)  # no file yet
     fault.metrics.write_text('{"epoch": 1}\n')
@@ -132,7 +133,7 @@ def test_a_fault_a_delay_after_an_epoch_fires_inside_the_next(tmp_path):
 
     fault = Fault.parse("kill", "2@e2+0.5", 3)
     assert (fault.at, fault.after_epoch, fault.delay) == (None, 2, 0.5)
-    fault.metrics = tmp_path / "metrics.jsonl"
+    fault.metrics = metrics_path(tmp_path)
     fault.metrics.write_text('{"epoch": 1}\n{"epoch": 2}\n')
     assert not fault.due(10.0) and not fault.due(10.4) and fault.due(10.5)
 
@@ -234,7 +235,7 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     assert "cycles over multicast" in out.stdout  # host 0's console lines came through
     killed = r"coded-shuffle cluster: kill host 2 at [\d.]+ s \(after epoch 2\)"
     assert re.search(killed, out.stderr), out.stderr[-2000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert [r["epoch"] for r in rows] == list(range(1, 5))
     assert rows[-1]["attempt"] == 1  # the launcher restarted every process once
     resumed = [r for r in rows if "resumed_after_epoch" in r]
@@ -324,7 +325,7 @@ def test_workers_multicast_their_own_coded_symbols_on_a_shared_medium(tmp_path):
         unbroken.kill()
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     assert unbroken.returncode == 0, err[-2000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert all(r["verified"] and r["transport"] == "peer-multicast" for r in rows)
     placement, *coded = rows
     assert placement["placement_transport"] == "peer-multicast"  # one stream from the master
@@ -354,7 +355,7 @@ def test_a_storage_host_beside_training_hosts_runs_the_job_and_an_own_loop(tmp_p
     job = [*layout, "--", *SMALL, "epochs=2", "dist.master_rank=4", f"hydra.run.dir={run_dir}"]
     out = run_cluster(job, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert len(rows) == 2 and all(r["verified"] and r["workers"] == 4 for r in rows)
     record = json.loads((run_dir / "cluster.json").read_text())
     assert [h["processes"] for h in record["hosts"]] == [2, 2, 1]
@@ -406,7 +407,7 @@ def test_an_elastic_cluster_goes_on_without_a_host_lost_for_good(tmp_path):
         r"coded-shuffle cluster: lose host 2 at [\d.]+ s \(after epoch 2\)", out.stderr
     ), out.stderr[-2000:]
     assert "dist.elastic: 2 processes: workers=1 (the config said 2)" in out.stdout
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     assert [r["epoch"] for r in rows] == list(range(1, 5))
     assert all(r["verified"] for r in rows)
     workers = [r["workers"] for r in rows]

@@ -17,6 +17,7 @@ import torch
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.records import read_metrics
 from coded_shuffle_train import data, shuffle_sgd
 from coded_shuffle_train.shuffle_sgd import model_inputs
 from tests.helpers import compose
@@ -164,7 +165,7 @@ def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path)
     summaries = {}
     for path in tmp_path.rglob("summary.json"):
         summary = json.loads(path.read_text())
-        rows = [json.loads(r) for r in (path.parent / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(path.parent)
         assert summary["all_verified"] and all(r["verified"] for r in rows)
         summaries[(summary["data"], summary["point_bytes"], summary["scheme"])] = summary
     assert set(summaries) == {

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from coded_shuffle.elastic import make_problem, make_settings, simulate
+from coded_shuffle.tools.records import metrics_path, read_metrics, recorded_lines
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,8 +63,7 @@ class Job:
 
 def records(run_dir: Path) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_metrics(run_dir):
         out.setdefault(r["method"], []).append(r)
     return out
 
@@ -129,11 +129,11 @@ def test_killed_worker_job_restarts_with_survivors_blocks(tmp_path: Path) -> Non
     args = ["job.elastic.events=[]", f"job.steps={steps}", "job.elastic.methods=[coded]"]
     job = Job([*args, "job.elastic.step_delay=0.05"], tmp_path)
     try:
-        wait_for_lines(tmp_path / "metrics.jsonl", 6, job, timeout=90)
+        wait_for_lines(metrics_path(tmp_path), 6, job, timeout=90)
         before = stored_digests(tmp_path)
         victim = int((tmp_path / "elastic" / "pids" / "rank_3").read_text())
         os.kill(victim, signal.SIGKILL)  # a pre-empted machine: no chance to clean up
-        killed_at = len((tmp_path / "metrics.jsonl").read_text().splitlines())
+        killed_at = recorded_lines(metrics_path(tmp_path))
     finally:
         code, log = job.wait(120)
     assert code == 0, log[-3000:]
@@ -161,7 +161,7 @@ def test_bad_config_is_one_line_without_traceback(tmp_path: Path) -> None:
     lines = log.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in log
     assert "fewer than the recovery threshold L=2" in lines[0]
-    assert not (tmp_path / "metrics.jsonl").exists()
+    assert not metrics_path(tmp_path).exists()
 
 
 MATMUL = ["job=elastic_matmul", "job.problem.rows=240", "job.problem.cols=40", "job.steps=6"]

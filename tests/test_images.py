@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from coded_shuffle.tools.cli import PACK_PHOTOS
-from tests.helpers import read_metrics, run_job
+from coded_shuffle.tools.records import read_metrics
+from tests.helpers import run_job
 
 REPO = Path(__file__).resolve().parent.parent
 CLASSES, PER_CLASS = 3, 16

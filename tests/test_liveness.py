@@ -10,7 +10,8 @@ import pytest
 
 from coded_shuffle.distributed.liveness import Heartbeat as Record
 from coded_shuffle.distributed.liveness import Liveness
-from tests.helpers import JOB, read_metrics, run_job
+from coded_shuffle.tools.records import read_metrics
+from tests.helpers import JOB, run_job
 
 
 def watchdog(world: int = 3, deadline: float = 5.0) -> Liveness:

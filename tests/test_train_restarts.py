@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.records import read_metrics
 from coded_shuffle_train import checkpoint
 from coded_shuffle_train.metrics import RESIZE_KEYS
 from tests.helpers import (
     JOB,
     compose,
-    read_metrics,
     read_summary,
     run_job,
 )

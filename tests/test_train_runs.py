@@ -14,11 +14,11 @@ import torch
 from omegaconf import OmegaConf
 
 from coded_shuffle.costs.wire import REACH_DTYPE
+from coded_shuffle.tools.records import read_metrics
 from coded_shuffle_train.metrics import EPOCH_KEYS
 from tests.helpers import (
     REPO,
     RUNS,
-    read_metrics,
     read_summary,
 )
 

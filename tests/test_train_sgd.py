@@ -9,11 +9,11 @@ import torch
 
 from coded_shuffle.distributed.ddp import mean_in_model_order
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.records import read_metrics
 from coded_shuffle_train import data, shuffle_sgd
 from tests.helpers import (
     JOB,
     compose,
-    read_metrics,
     read_summary,
     run_job,
 )

@@ -14,6 +14,7 @@ from typing import Any
 from coded_shuffle.elastic.settings import METHODS, Settings, make_settings
 from coded_shuffle.elastic.sinks import JsonlSink
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.records import metrics_path
 
 from ..config import Config, ElasticJobConf, ElasticMatmulConf
 from ..dist import RankContext
@@ -120,9 +121,7 @@ class MasterFrame:
 
     def sink(self, step_line: Callable[[dict[str, Any]], str]) -> ElasticSink:
         every = int(self.cfg.job.report_every)
-        return ElasticSink(
-            self.ctx.run_dir / "metrics.jsonl", self.settings.steps, every, step_line
-        )
+        return ElasticSink(metrics_path(self.ctx.run_dir), self.settings.steps, every, step_line)
 
     @staticmethod
     def close(channel: DistChannel, head: str, lines: list[str]) -> None:

@@ -29,6 +29,7 @@ from coded_shuffle.tools.cluster.run import (
     torchrun_argv,
     training_overrides,
 )
+from coded_shuffle.tools.records import metrics_path
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -138,7 +139,7 @@ def what_runs(
     overrides, run_dir = training_overrides(rest, cluster, elastic=min_hosts is not None)
     check_training_config(overrides)
     for fault in faults:
-        fault.metrics = run_dir / "metrics.jsonl"
+        fault.metrics = metrics_path(run_dir)
     return (
         ["-m", JOB_MODULE, *overrides],
         args.logs or run_dir / "hosts",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
+from coded_shuffle.tools.records import recorded_lines
 
 KINDS = ("kill", "lose", "cut", "stop", "corrupt")
 WHEN = re.compile(r"(\d+)@(?:(\d+(?:\.\d*)?)|e(\d+)(?:\+(\d+(?:\.\d*)?))?)")
@@ -70,7 +71,7 @@ class Fault:
             if self.console is not None:
                 reached = printed_epochs(self.console) >= self.after_epoch
             else:
-                reached = recorded_epochs(self.metrics) >= self.after_epoch
+                reached = recorded_lines(self.metrics) >= self.after_epoch
             if not reached:
                 return False
             self.seen_at = now
@@ -87,14 +88,6 @@ class Fault:
             "restarted": self.restarted,
             "healed_at": self.healed_at,
         }
-
-
-def recorded_epochs(metrics: Path | None) -> int:
-    """Epochs the job has written to ``metrics.jsonl`` so far (0 before the file exists)."""
-    try:
-        return metrics.read_bytes().count(b"\n") if metrics is not None else 0
-    except FileNotFoundError:
-        return 0
 
 
 def printed_epochs(log: Path) -> int:

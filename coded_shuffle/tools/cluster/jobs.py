@@ -7,11 +7,9 @@ which command and what it printed last.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 
 def job_argv(
@@ -47,12 +45,3 @@ def run_job(argv: Sequence[str], caller: str) -> None:
     out = subprocess.run(list(argv), capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"{caller}: error: {' '.join(argv)} failed:\n{out.stderr[-2000:]}")
-
-
-def verified_records(run_dir: Path, caller: str) -> list[dict]:
-    """A finished job's ``metrics.jsonl`` records; ``SystemExit`` naming ``caller`` unless
-    every epoch was verified."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if not all(r["verified"] for r in rows):
-        raise SystemExit(f"{caller}: error: {run_dir}: an epoch not verified")
-    return rows
