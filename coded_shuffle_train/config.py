@@ -31,7 +31,16 @@ class SchemeConf:
 
 
 @dataclass
-class DigitsConf:
+class SourceConf:
+    """What every data source has."""
+
+    placement: str = "random"
+    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
+    shards)."""
+
+
+@dataclass
+class DigitsConf(SourceConf):
     _target_: str = "coded_shuffle_train.sources.Digits"
     source: str = "digits"
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes, no download)."""
@@ -39,13 +48,10 @@ class DigitsConf:
     """Share of the points the master holds for evaluation, in (0, 1)."""
     normalise: bool = True
     """Per-feature standardisation with the training split's statistics."""
-    placement: str = "random"
-    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
-    shards)."""
 
 
 @dataclass
-class SyntheticConf:
+class SyntheticConf(SourceConf):
     _target_: str = "coded_shuffle_train.sources.Synthetic"
     source: str = "synthetic"
     """Gaussian classes with size knobs (scale runs)."""
@@ -61,13 +67,10 @@ class SyntheticConf:
     """Scale of the class means."""
     normalise: bool = True
     """Per-feature standardisation with the training split's statistics."""
-    placement: str = "random"
-    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
-    shards)."""
 
 
 @dataclass
-class FileConf:
+class FileConf(SourceConf):
     _target_: str = "coded_shuffle_train.sources.File"
     source: str = "file"
     """X (n, ...) and y (n,) integer labels: a directory of .npy files (memory-mapped, never
@@ -84,13 +87,10 @@ class FileConf:
     )
     """Decoded inputs (n, ...) -> the model's floats (default ToFloat: uint8 scaled by 1/255,
     float32 as it is)."""
-    placement: str = "random"
-    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
-    shards)."""
 
 
 @dataclass
-class DatasetConf:
+class DatasetConf(SourceConf):
     _target_: str = "coded_shuffle_train.datasets.DatasetSource"
     source: str = "dataset"
     """Any map-style Dataset that Hydra can instantiate; records keep the items' dtypes."""
@@ -117,9 +117,6 @@ class DatasetConf:
     split (null: none). The default ToFloat takes +data.transform.scale (null: 1/255 for uint8),
     .mean, .std; ++data.transform={_target_:pkg.fn,_partial_:true} for an own function. The
     inputs move as the items hold them (no standardisation)."""
-    placement: str = "random"
-    """The first assignment: random (from the seed) | by_label (dealt in label order: skewed
-    shards)."""
 
 
 @dataclass
