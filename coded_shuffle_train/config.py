@@ -210,8 +210,6 @@ class ElasticGDElasticConf(ElasticConf):
     events: list[Any] | None = field(
         default_factory=lambda: [{"step": 10, "leave": [2, 4]}, {"step": 25, "join": 1}]
     )
-    max_restarts: int = 1
-    """Restarts after a worker process dies (checkpointed), >= 0."""
     fully_distributed: bool = False
     """No master in the loop (sec. 3.3; coded, departures only)."""
 
@@ -303,9 +301,10 @@ class DistConf:
     """forkserver | spawn (local launcher only)."""
     monitor_interval: float = 0.1
     """Seconds between the launcher's liveness checks."""
-    max_restarts: int = 0
-    """How often the launcher restarts the job's processes after a failure (>= 0); the
-    job resumes from its checkpoint."""
+    max_restarts: int | None = None
+    """How often the launcher restarts the job's processes after a failure (>= 0); the job
+    resumes from its checkpoint. null: the job's own default (job=elastic_gd: 1, a worker
+    that dies is survived; the others: 0). The one restart setting of every job."""
     elastic: bool = False
     """Under ``torchrun --nnodes MIN:MAX``: the number of workers follows the processes the
     launcher started (WORLD_SIZE - 1) at every start, so a restart with fewer or more hosts

@@ -6,8 +6,8 @@ own persistent store under ``RUN_DIR/elastic/stores`` (:mod:`coded_shuffle_train
 All traffic is point-to-point between the master and one worker
 (:mod:`coded_shuffle_train.elastic.channel`), so a worker that dies is named by the connection that
 fails. The master then checkpoints the loss and exits; torch's elastic launcher restarts every
-process (``job.elastic.max_restarts``), the master resumes from the checkpoint without the lost
-worker, and the survivors reuse the coded blocks on their disks (docs/elastic.md)."""
+process (``dist.max_restarts``, 1 unless set), the master resumes from the checkpoint without
+the lost worker, and the survivors reuse the coded blocks on their disks (docs/elastic.md)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,7 @@ def master_main(cfg: Config, ctx: RankContext) -> None:
 
 class ElasticGD(Job):
     name = "elastic_gd"
+    default_restarts = 1  # a worker that dies is survived: the master resumes without it
 
     def validate(self, cfg: Config) -> None:
         """Every check that can fail before a process starts (one :class:`UsageError` line)."""
@@ -114,8 +115,6 @@ class ElasticGD(Job):
             )
         check_report_every(cfg)
         el = cfg.job.elastic
-        if int(el.max_restarts) < 0:
-            raise UsageError(f"job.elastic.max_restarts={el.max_restarts} must be >= 0")
         if el.fully_distributed:
             peers.check(s)
             if s.line_search:
@@ -123,10 +122,6 @@ class ElasticGD(Job):
                     "job.line_search needs the master (trial losses); not with "
                     "job.elastic.fully_distributed"
                 )
-
-    def max_restarts(self, cfg: Config) -> int:
-        """How often the launcher restarts the job after a process dies (``job.elastic``)."""
-        return int(cfg.job.elastic.max_restarts)
 
     def run(self, cfg: Config) -> None:
         """One rank of the job; :mod:`coded_shuffle_train.entry` has set the process group up."""

@@ -32,10 +32,16 @@ class Job:
         """How many processes the job runs (rank 0 is the master)."""
         return int(cfg.workers) + 1
 
+    default_restarts = 0  # what a null dist.max_restarts means for this job
+
     def max_restarts(self, cfg: Config) -> int:
-        """How often the launcher restarts every process after a failure."""
-        del cfg
-        return 0
+        """How often the launcher restarts every process after a failure:
+        ``dist.max_restarts``, else the job's :attr:`default_restarts`."""
+        value = cfg.dist.max_restarts
+        restarts = self.default_restarts if value is None else int(value)
+        if restarts < 0:
+            raise UsageError(f"dist.max_restarts={value} out of range (must be >= 0)")
+        return restarts
 
     def run(self, cfg: Config) -> None:
         """Every rank's body, once the process group is set up

@@ -185,3 +185,28 @@ def test_every_group_file_sets_only_what_its_option_changes():
         schema = OmegaConf.structured(schema_of[schema_name])
         for key, value, default in _overrides(node, schema):
             assert value != default, f"{path.name}: {key}={value} repeats the schema's default"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "restarts"),
+    [
+        ([], 0),
+        (["dist.max_restarts=2"], 2),
+        (["job=elastic_gd", "workers=8"], 1),  # a worker that dies is survived unless told
+        (["job=elastic_gd", "workers=8", "dist.max_restarts=0"], 0),  # one key for every job
+        (["job=elastic_matmul", "workers=8"], 0),
+    ],
+)
+def test_one_restart_setting_for_every_job(overrides, restarts):
+    from coded_shuffle_train.entry import validate
+
+    cfg = compose(*overrides)
+    assert validate(cfg).max_restarts(cfg) == restarts
+
+
+def test_a_negative_restart_count_is_one_usage_error():
+    from coded_shuffle_train.entry import validate
+
+    cfg = compose("dist.max_restarts=-1")
+    with pytest.raises(UsageError, match=r"dist\.max_restarts=-1 out of range \(must be >= 0\)"):
+        validate(cfg).max_restarts(cfg)

@@ -40,11 +40,6 @@ class ShuffleSGD(Job):
     def validate(self, cfg: Config) -> None:
         validate(cfg)
 
-    def max_restarts(self, cfg: Config) -> int:
-        """``dist.max_restarts``: the launcher restarts every process; the job resumes from
-        its checkpoint (``job.checkpoint``)."""
-        return int(cfg.dist.max_restarts)
-
     def run(self, cfg: Config) -> None:
         """Every rank: the watchdog (from here on collectives wait for long work: it bounds
         how long a lost peer goes unnoticed), the agreed device, then the master's or a

@@ -132,8 +132,6 @@ def _check_dist(d: DistConf, workers: int) -> None:
         raise UsageError(
             f"dist.master_rank={d.master_rank} out of range 0..{workers} (the job's ranks)"
         )
-    if int(d.max_restarts) < 0:
-        raise UsageError(f"dist.max_restarts={d.max_restarts} out of range (must be >= 0)")
     for key in ("timeout_seconds", "heartbeat_seconds", "progress_seconds"):
         if float(getattr(d, key)) <= 0:
             raise UsageError(f"dist.{key}={getattr(d, key)} out of range (must be > 0)")
