@@ -30,16 +30,28 @@ FILE = "checkpoint.pt"
 DELIVERY_FILE = "delivery.pt"
 # what must not change for a checkpoint to be resumed (the transport may: bit-identical; the
 # number of workers may: the run goes on with the new one, from a new placement)
-IDENTITY_KEYS = ("scheme", "storage", "seed", "data", "model", "optim")
+IDENTITY_KEYS = ("scheme", "storage", "shuffle", "seed", "data", "model", "optim")
 
 
-def identity(cfg: Config) -> str:
-    """The run's identity: the config that decides batches, model and optimiser."""
-    keys = {k: getattr(cfg, k) for k in IDENTITY_KEYS}
-    plain = {
-        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in keys.items()
-    }
-    return json.dumps(plain, sort_keys=True, default=str)
+def identity(cfg: Config) -> dict[str, str]:
+    """The run's identity: the config that decides batches (the scheme, its storage, the
+    shuffle policy, the seed, the data and its placement), model and optimiser, key by key."""
+    out = {}
+    for key in IDENTITY_KEYS:
+        value = getattr(cfg, key)
+        plain = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        out[key] = json.dumps(plain, sort_keys=True, default=str)
+    return out
+
+
+def differing_keys(state: dict[str, Any], cfg: Config) -> list[str]:
+    """The identity keys on which an artefact's stamp and this run differ (every key, for a
+    stamp without them)."""
+    saved = state.get("identity")
+    if not isinstance(saved, dict):
+        return list(IDENTITY_KEYS)
+    mine = identity(cfg)
+    return [k for k in IDENTITY_KEYS if saved.get(k) != mine[k]]
 
 
 def stamp(cfg: Config) -> dict[str, Any]:
@@ -64,9 +76,10 @@ def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
         return None
     saved = torch.load(path, map_location="cpu", weights_only=False)
     if not same_run(saved, cfg, any_workers=True):
+        keys = ", ".join(differing_keys(saved, cfg))
         raise UsageError(
-            f"{path} is the checkpoint of another run (different scheme, storage, seed, "
-            "data, model or optim): use another hydra.run.dir, or delete it"
+            f"{path} is the checkpoint of another run (it differs in {keys}): use another "
+            "hydra.run.dir, or delete it"
         )
     if saved["epoch"] > int(cfg.epochs):
         raise UsageError(

@@ -21,6 +21,28 @@ from tests.helpers import (
 )
 
 
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("scheme=uncoded", "scheme"),
+        ("storage=2", "storage"),
+        ("shuffle=partial", "shuffle"),
+        ("seed=4", "seed"),
+        ("data.placement=by_label", "data"),
+        ("model.hidden=32", "model"),
+        ("optim.lr=0.5", "optim"),
+    ],
+)
+def test_resuming_with_another_key_that_decides_the_run_names_it(tmp_path, override, key):
+    """Every key of the run's identity (what decides the batches, the model and the
+    optimiser) refused at load, in one line naming it."""
+    checkpoint.save(
+        tmp_path, compose("scheme=cycles", *JOB), 2, torch.zeros(3), torch.zeros(0), [], 1
+    )
+    with pytest.raises(UsageError, match=rf"another run \(it differs in {key}\)"):
+        checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, override))
+
+
 @pytest.mark.distributed
 def test_a_dead_worker_fails_the_job_naming_its_rank_and_the_same_command_resumes(runs, tmp_path):
     """The job fails in one line naming the rank; the same command again (same run
