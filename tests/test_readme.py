@@ -61,14 +61,22 @@ def commands(text: str) -> list[str]:
     return [c for block in blocks(text) for c in block]
 
 
+def fault_epochs(words: list[str]) -> list[int]:
+    """The epochs a command's ``debug.*`` faults fire at (a smaller run must still reach them)."""
+    keys = ("debug.die_epoch=", "debug.corrupt_epoch=")
+    return [int(w.split("=", 1)[1]) for w in words if w.startswith(keys)]
+
+
 def sized(command: str) -> str:
-    """The command with the size overrides applied (nothing else changes)."""
+    """The command with the size overrides applied (nothing else changes; ``epochs`` stays
+    as large as the command's fault epochs)."""
     words = shlex.split(command)
     if words[:2] == ["coded-shuffle", "pack"]:
         words = [w if not w.startswith("data.points=") else "data.points=4000" for w in words]
     elif words[0] == "coded-shuffle-train" or words[:2] == ["coded-shuffle", "cluster"]:
         keys = {w.split("=", 1)[0]: i for i, w in enumerate(words) if re.match(r"[\w.]+=", w)}
-        for key, value in TRAIN_SIZE.items():
+        size = {**TRAIN_SIZE, "epochs": str(max([int(TRAIN_SIZE["epochs"]), *fault_epochs(words)]))}
+        for key, value in size.items():
             if key in keys:
                 words[keys[key]] = f"{key}={value}"
             elif key == "epochs" or (key == "job.steps" and "job=elastic_gd" in words):
