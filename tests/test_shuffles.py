@@ -97,11 +97,11 @@ def worst_of(members: dict, state, found: list) -> float:
 BEST_CASES = [(k, q, seed) for k, q in [(3, 2), (3, 3), (4, 3)] for seed in range(5)]
 
 
-@pytest.mark.parametrize(("k", "q", "seed"), [*BEST_CASES, (5, 2, 0), (6, 2, 0)])
+@pytest.mark.parametrize(("k", "q", "seed"), [*BEST_CASES, (5, 2, 0)])
 def test_best_has_the_lowest_worst_case_of_the_placement_families(k, q, seed):
     """At ``K = 3, T = 2, q = 2`` (seeds 1, 3, 4) a probe alone ties two families to within
-    rounding and used to keep one whose cyclic shift costs 4/3 of the other's. ``K`` 7 and 8
-    (4 minutes a seed): ``scripts/best_worst_case.py``, in docs/model.md."""
+    rounding and used to keep one whose cyclic shift costs 4/3 of the other's. ``K`` 6 to 8
+    (4 minutes a seed at 8): ``scripts/best_worst_case.py``, in docs/model.md."""
     best = get_scheme("best")
     for t in range(2, k):
         old = random_assignment(q * k, k, np.random.default_rng(seed))

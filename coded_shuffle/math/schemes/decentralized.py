@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from itertools import combinations
 from math import comb
 
@@ -346,14 +347,7 @@ def sender_blocks(rows: list[tuple[int, np.ndarray]]) -> tuple[tuple, tuple]:
     symbol."""
     if not rows:
         return (), ()
-    width = max(r.shape[1] for _, r in rows)
-    counts = [r.shape[0] for _, r in rows]
-    terms = np.full((sum(counts), width), -1, dtype=np.int64)
-    start = 0
-    for _, r in rows:
-        terms[start : start + r.shape[0], : r.shape[1]] = r
-        start += r.shape[0]
-    who = np.repeat(np.array([s for s, _ in rows], dtype=np.int64), counts)
+    terms, who = padded(rows)
     valid = terms >= 0
     degree = valid.sum(axis=1)
     blocks, senders = [], []
@@ -416,8 +410,15 @@ class GroupCosts:
 
 
 def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
-    """:class:`GroupCosts` for shuffle matrix ``moves``, from the counts alone."""
-    k = moves.shape[0]
+    """:class:`GroupCosts` for shuffle matrix ``moves``, from the counts alone (remembered
+    for the last few matrices: a plan and its closed form ask for the same one)."""
+    matrix = np.ascontiguousarray(moves, dtype=np.int64)
+    return _group_costs(matrix.tobytes(), matrix.shape[0], m)
+
+
+@lru_cache(maxsize=16)
+def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
+    moves = np.frombuffer(moves_bytes, dtype=np.int64).reshape(k, k)
     r = sub_pieces(k, m)
     plain, kept = 0, 0
     buckets: list[cliques.Bucket] = []
