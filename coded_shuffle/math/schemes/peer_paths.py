@@ -21,6 +21,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from coded_shuffle.math.jit import LazyJit
 from coded_shuffle.math.schemes import peer_cliques as cliques
 
 MAX_LENGTH = 24  # symbols per path the search grows before it gives a start up
@@ -64,36 +65,62 @@ class Pool:
         self.by_sender = {w: np.flatnonzero((self.knowers >> w) & 1) for w in range(MAX_WORKERS)}
 
     def grow(self, start: int, sender: int) -> tuple[list[int], bool]:
-        """The path from type ``start`` sent by ``sender``: add the type (``sender`` among its
-        knowers, one left) that covers the most open receivers (receivers of a member that
-        know no other member whole: the members' receivers less their knowers, since a
-        receiver never knows its own symbol) less the new ones it opens, the first such in
-        type order, until none is open. Returns the types taken and whether they make a path
-        (not past :data:`MAX_LENGTH`, nothing left uncovered)."""
-        path = [start]
-        self.counts[start] -= 1
-        reach, known = int(self.receivers[start]), int(self.knowers[start])
-        candidates = self.by_sender[sender]
-        closed = False
-        while len(path) <= MAX_LENGTH:
-            open_ = reach & ~known
-            if not open_:
-                closed = True
-                break
-            left = candidates[self.counts[candidates] > 0]
-            gain = POPCOUNT[open_ & self.knowers[left]]
-            if not gain.any():
-                break
-            value = (gain - POPCOUNT[self.receivers[left] & ~known]) * 64 + gain
-            value[gain == 0] = np.iinfo(np.int64).min
-            best = int(left[int(np.argmax(value))])
-            path.append(best)
-            self.counts[best] -= 1
-            reach |= int(self.receivers[best])
-            known |= int(self.knowers[best])
-        for t in path:
-            self.counts[t] += 1
-        return path, closed
+        """The path from type ``start`` sent by ``sender`` (:func:`grow_path`): the types
+        taken and whether they make a path."""
+        out = np.empty(MAX_LENGTH + 2, dtype=np.int64)
+        n, closed = grow_path(
+            start, self.by_sender[sender], self.receivers, self.knowers, self.counts, POPCOUNT, out
+        )
+        return out[:n].tolist(), bool(closed)
+
+
+@LazyJit
+def grow_path(
+    start: int,
+    candidates: np.ndarray,
+    receivers: np.ndarray,
+    knowers: np.ndarray,
+    counts: np.ndarray,
+    popcount: np.ndarray,
+    out: np.ndarray,
+) -> tuple[int, bool]:
+    """Grows a path from type ``start`` into ``out``: add the candidate type (one left) that
+    covers the most open receivers (receivers of a member that know no other member whole:
+    the members' receivers less their knowers, since a receiver never knows its own symbol)
+    less the new ones it opens, the first such in type order, until none is open. Returns
+    the types taken (``out[:n]``) and whether they make a path (nothing left uncovered within
+    :data:`MAX_LENGTH` + 1 types). ``counts`` is the same after as before."""
+    out[0] = start
+    n = 1
+    counts[start] -= 1
+    reach, known = receivers[start], knowers[start]
+    closed = False
+    while n <= out.size - 2:
+        open_ = reach & ~known
+        if open_ == 0:
+            closed = True
+            break
+        best, best_value = -1, -(1 << 62)
+        for i in range(candidates.size):
+            t = candidates[i]
+            if counts[t] <= 0:
+                continue
+            gain = popcount[open_ & knowers[t]]
+            if gain == 0:
+                continue
+            value = (gain - popcount[receivers[t] & ~known]) * 64 + gain
+            if value > best_value:
+                best, best_value = t, value
+        if best < 0:
+            break
+        out[n] = best
+        n += 1
+        counts[best] -= 1
+        reach |= receivers[best]
+        known |= knowers[best]
+    for i in range(n):
+        counts[out[i]] += 1
+    return n, closed
 
 
 class Search:
