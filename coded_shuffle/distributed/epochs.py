@@ -105,11 +105,13 @@ def placement_points(scheme: Scheme, state: CacheState, worker: int) -> np.ndarr
 def symbol_routes(routing: str, plan: DeliveryPlan, known: dict[int, np.ndarray]) -> Routes:
     """Routes of one part's symbols: ``known`` holds the needs this rank knows (by worker).
 
-    Under ``peers`` routing every rank derives every worker's needs and the holder that sends
-    each row (:func:`~coded_shuffle.math.plan.direct_routes`); otherwise only the master sends.
+    Under ``peers`` routing every rank derives every worker's needs (decoding the workers it
+    does not know: :func:`~coded_shuffle.math.index_decoder.peer_routes`) and the holder that
+    sends each row (:func:`~coded_shuffle.math.plan.direct_routes`); otherwise only the master
+    sends.
     """
     if routing == "peers":
-        needs, holders = peer_routes(plan) if plan.senders else direct_routes(plan)
+        needs, holders = peer_routes(plan, known) if plan.senders else direct_routes(plan)
         return Routes(needs, tuple(h + 1 for h in holders))
     return Routes(tuple(known.get(k) for k in range(plan.num_workers)))
 

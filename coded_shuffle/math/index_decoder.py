@@ -62,14 +62,22 @@ def decode_plan(plan: DeliveryPlan) -> list[WorkerProgram]:
     return [decode_worker(plan, k, index) for k in range(plan.num_workers)]
 
 
-def peer_routes(plan: DeliveryPlan) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+def peer_routes(
+    plan: DeliveryPlan, known: dict[int, np.ndarray] | None = None
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """Routes of a plan whose symbols carry their senders (:attr:`DeliveryPlan.senders`): per
     worker, the symbols its decoder keeps (a triple's ``A`` learnt on the way, docs/
     decentralized.md section 2b; the sums of a path between a receiver's row and the row it
-    knows, section 2d), and the worker that sends each. Returns ``(needs, senders)`` (sorted
-    symbol ids; 0-based workers)."""
+    knows, section 2d), and the worker that sends each. ``known``: the workers' kept symbols
+    already decoded (by worker); only the others are decoded here. Returns ``(needs,
+    senders)`` (sorted symbol ids; 0-based workers)."""
+    known = known or {}
     who = np.concatenate(plan.senders) if plan.senders else np.zeros(0, dtype=np.int64)
-    needs = tuple(program.symbol_ids for program in decode_plan(plan))
+    index = PlanIndex(plan) if len(known) < plan.num_workers else None
+    needs = tuple(
+        known[k] if k in known else decode_worker(plan, k, index).symbol_ids
+        for k in range(plan.num_workers)
+    )
     return needs, tuple(who[n] for n in needs)
 
 
