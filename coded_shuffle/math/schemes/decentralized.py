@@ -179,7 +179,7 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     starts = np.r_[0, cuts] if groups.size else cuts  # no group at all: nothing to send
     splits = zip(*(np.split(a, cuts) for a in (receivers, ids, owners)), strict=True)
     for mask, (g_rcv, g_ids, g_own) in zip(groups[starts], splits, strict=False):
-        members = [w for w in range(k) if (int(mask) >> w) & 1]
+        members = cliques.bits(int(mask))
         pieces = [g_ids[g_rcv == w] for w in members]
         mine = [g_own[g_rcv == w] for w in members]
         if aligned(k, m):
@@ -201,7 +201,7 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         breakdown["cliques"] = int(sum(r.shape[0] for _, r in dealt_rows))
     rows = with_paths(rows, labels, new, r, costs)
     if costs.paths:
-        breakdown["saved by paths"] = paths.saved(list(costs.paths))
+        breakdown["saved by paths"] = paths.saved(costs.paths)
     symbols, senders = sender_blocks(rows)
     return DeliveryPlan(
         scheme=scheme,
@@ -406,7 +406,7 @@ class GroupCosts:
 
     @property
     def symbols(self) -> int:
-        return (self.dealt if self.cliques_pay else self.plain) - paths.saved(list(self.paths))
+        return (self.dealt if self.cliques_pay else self.plain) - paths.saved(self.paths)
 
 
 def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
@@ -476,7 +476,7 @@ def dealt_types(buckets: tuple[cliques.Bucket, ...], dealt: cliques.Deal) -> Cou
             segments.setdefault(v, {}).setdefault(bucket.receiver, []).append((count, holders))
     out: Counter = Counter()
     for v in sorted(segments):
-        members = paths.bits(v)
+        members = cliques.bits(v)
         out.update(paths.clique_type_counts(members, [segments[v].get(w, []) for w in members]))
     return out
 

@@ -27,6 +27,11 @@ ROUNDS = 6  # shares of every bucket dealt one round at a time
 MIN_CORNER = 3  # at m = 2 a set V is a pair: nothing to code (section 2b aligns instead)
 
 
+def bits(mask: int) -> list[int]:
+    """The workers of a bitmask, in order."""
+    return [w for w in range(mask.bit_length()) if (mask >> w) & 1]
+
+
 def sub_ids(ids: np.ndarray, r: int) -> np.ndarray:
     """The ``r`` sub-pieces of every piece in ``ids``, piece by piece."""
     return (ids[:, None] * r + np.arange(r, dtype=np.int64)).reshape(-1)
@@ -190,7 +195,7 @@ def clique_rows(
     rows: list[tuple[int, np.ndarray]] = []
     empty = np.zeros(0, dtype=np.int64)
     for v in sorted(needs):
-        members = [w for w in range(v.bit_length()) if (v >> w) & 1]
+        members = bits(v)
         subs = [np.concatenate(needs[v].get(w, [empty])) for w in members]
         rows.extend(clique_symbols(members, subs))
     return rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -45,10 +46,6 @@ class Path:
     sender: int
     types: tuple[SymbolType, ...]
     copies: int
-
-
-def bits(mask: int) -> list[int]:
-    return [w for w in range(mask.bit_length()) if (mask >> w) & 1]
 
 
 POPCOUNT = np.array([bin(i).count("1") for i in range(1 << MAX_WORKERS)], dtype=np.int64)
@@ -160,7 +157,7 @@ def find_paths(counts: dict[SymbolType, int]) -> list[Path]:
     while True:
         heap: list[tuple[int, int, int, list[int]]] = []
         for start in np.flatnonzero(pool.counts > 0).tolist():
-            for sender in bits(int(pool.knowers[start])):
+            for sender in cliques.bits(int(pool.knowers[start])):
                 path = search.grow(start, sender)
                 if path:
                     heapq.heappush(heap, (len(path), start, sender, path))
@@ -181,7 +178,7 @@ def find_paths(counts: dict[SymbolType, int]) -> list[Path]:
             return paths
 
 
-def saved(paths: list[Path]) -> int:
+def saved(paths: Iterable[Path]) -> int:
     """Symbols the paths save: one per path sent."""
     return sum(p.copies for p in paths)
 
@@ -195,16 +192,8 @@ def row_types(terms: np.ndarray, receiver_of: np.ndarray, holders_of: np.ndarray
     valid = terms >= 0
     rec = np.bitwise_or.reduce(np.where(valid, receiver_of.reshape(terms.shape), 0), axis=1)
     hold = np.bitwise_and.reduce(np.where(valid, holders_of.reshape(terms.shape), -1), axis=1)
-    one_each = popcount(rec) == valid.sum(axis=1)
+    one_each = POPCOUNT[rec] == valid.sum(axis=1)
     return np.stack([rec, np.where(one_each & (rec != 0), hold, 0)], axis=1)
-
-
-def popcount(masks: np.ndarray) -> np.ndarray:
-    """Set bits of every mask (non-negative)."""
-    count = np.zeros(masks.shape, dtype=np.int64)
-    for w in range(int(masks.max(initial=0)).bit_length()):
-        count += (masks >> w) & 1
-    return count
 
 
 def pathable(counts: dict[SymbolType, int]) -> dict[SymbolType, int]:
