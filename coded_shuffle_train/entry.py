@@ -50,9 +50,11 @@ def typed(cfg: DictConfig) -> Config:
 
 
 def validate(cfg: Config) -> Job:
-    """The job, after its ``validate`` passed."""
+    """The job, after its ``validate`` and its restart setting (``dist.max_restarts``, every
+    job's) passed."""
     found = job(str(cfg.job.name))
     found.validate(cfg)
+    found.max_restarts(cfg)
     return found
 
 
