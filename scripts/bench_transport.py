@@ -192,9 +192,10 @@ HEADER = (
 def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     """``coded-shuffle predict``'s seconds for this row's cluster (the emulation: a switch or
     a shared medium, ``tc`` counting 14 framing bytes per frame)."""
-    from coded_shuffle.costs.model import Network, seconds
+    from coded_shuffle.costs.model import Network
     from coded_shuffle.costs.rates import parse_rate
     from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
+    from coded_shuffle.distributed.transports import transport_cost
     from coded_shuffle.tools.predict import Workload, planned_load
 
     key = (res.workers, res.scheme)
@@ -209,10 +210,12 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     master = parse_rate(args.master_rate) if args.master_rate else rate
     topology = "uplink" if args.medium == "switch" and master < rate else args.medium
     net = Network(topology, rate, master, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
-    t = _LOADS[key].traffic
-    if name == "uncoded" or res.transport == "peer-unicast":  # every row to each keeper
-        return seconds(res.transport, t.uncoded_bytes, t, net, t.uncoded_links)
-    return seconds(res.transport, t.coded_bytes, t, net, t.coded_links)
+    t, cost = _LOADS[key].traffic, transport_cost(res.transport)
+    if name == "uncoded":
+        return cost.seconds(t.uncoded_bytes, t, net, t.uncoded_links)
+    if name == "decentralized":
+        return cost.seconds(cost.peer_stream(t), t, net)
+    return cost.seconds(t.coded_bytes, t, net, t.coded_links)
 
 
 _LOADS: dict = {}

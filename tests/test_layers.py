@@ -71,9 +71,8 @@ def test_the_math_imports_and_plans_without_torch():
                 assert plan_load(plan) >= lower_bound(state, new)[0] - 1e-9, name
                 state = scheme.next_state(state, plan, new)
         from coded_shuffle.costs.model import Network
-        from coded_shuffle.tools.predict import Workload, predict  # the predict command's work
 
-        assert len(predict(Workload(4, 40, 100), Network("shared", 1e9, 1e9))) == 8
+        assert Network("shared", 1e9, 1e9).datagrams(1e6) > 1e6
         assert "torch" not in sys.modules
         print("planned", len(REGISTRY))
         """

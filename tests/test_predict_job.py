@@ -22,6 +22,7 @@ from coded_shuffle.costs.run import (
     digest_seconds,
     training,
 )
+from coded_shuffle.distributed.transports import transport_cost
 from coded_shuffle.math.mixing import expected_mixing
 from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.tools.cli import main
@@ -177,10 +178,10 @@ def test_a_cpu_bound_delivery_takes_its_cpu_seconds_and_the_rest_of_the_network(
     2 cores, against 1 s of network."""
     training = replace(job.training, points=10**6, point_bytes=1000)
     c = Compute(0.0, 0.0, 4.0, 2)
-    part = delivery(1.0, "unicast", training, c)
+    part = delivery(1.0, transport_cost("unicast"), training, c)
     assert part.cpu == pytest.approx(4.0 + 2.0)
     assert part.seconds == pytest.approx(6.0 + (1 - CPU_OVERLAP) * 1.0)
-    paced = delivery(1.0, "multicast", training, c)  # its sender's NIC idles less
+    paced = delivery(1.0, transport_cost("multicast"), training, c)  # its sender's NIC idles less
     assert paced.seconds == pytest.approx(6.0 + (1 - PACED_CPU_OVERLAP) * 1.0)
 
 

@@ -1,32 +1,24 @@
-"""Every transport's delivery seconds under a topology (docs/transports.md, "Predictions").
+"""What a delivery costs under a topology (docs/transports.md, "Predictions").
 
 A delivery is a stream of framed messages (:mod:`.wire`): ``R_c`` bytes for a coded epoch (the
-scheme's broadcast), ``R_u`` for an uncoded one. Each transport moves it over host NICs of
+scheme's broadcast), ``R_u`` for an uncoded one. A transport moves it over host NICs of
 ``rate`` bits/s each way (the master's: ``master_rate``); the seconds are the bytes on the
-busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethernet framing:
+busiest link over its rate, with each link's TCP/IP or UDP/IP headers and Ethernet framing
+(:meth:`Network.tcp`, :meth:`Network.datagrams`). The topologies:
 
 * ``switch``: full bisection, every NIC sends and receives at once.
-  ``unicast``: the master sends ``R_u``; ``p2p``: every worker sends and receives about
-  ``R_u / K``; ``chain``: ``R_c`` from the master, relayed cut-through (plus ``K - 1``
-  frames: what a relay receives before it forwards); ``tree``: ``ceil(log2 P)`` rounds of
-  ``R_c`` at the master (gloo's binomial tree); ``multicast``: ``R_c`` in datagrams once,
-  paced at ``pace_share`` of the slowest NIC.
 * ``shared``: one medium that every transmission occupies (the papers' shared link): the sum
-  of every host's egress over the rate; multicast still sends once. ``chain`` pays for every
-  relay's copy: every message on as many links as it reaches down the chain (a relay forwards
-  only what a worker after it keeps; :attr:`Traffic.coded_links`, from the plan).
+  of every host's egress over the rate; a multicast datagram still crosses it once.
 * ``uplink``: a switch whose master sits behind a slower link (``master_rate < rate``).
 
-``peer-multicast`` and ``peer-unicast`` carry a decentralized delivery, sent by the workers at
-their own ``rate`` (the master's link is out of it): ``peer-multicast`` every worker's
-stream in turn, each datagram once on any topology, plus ``peer_stream_seconds`` per worker's
-stream; ``peer-unicast`` every symbol once per worker that keeps it (the uncoded exchange's
-bytes), as ``p2p``.
+Each transport prices itself: its module defines a :class:`Cost` (the formula for its
+streams on each topology) and its class carries it (``Transport.cost``); nothing here names a
+transport.
 
 ``overhead_seconds`` is a fixed cost per delivery (reports, digests, round trips) and
-``peer_seconds`` one per peer of a ``p2p`` worker (a stream set up and drained per peer, and
-the spread of the workers' starts: a ``p2p`` delivery is timed from the first worker's start
-to the last one's end), both calibrated on the emulated cluster
+``peer_seconds`` one per peer of a worker exchanging with every other (a stream set up and
+drained per peer, and the spread of the workers' starts: such a delivery is timed from the
+first worker's start to the last one's end), both calibrated on the emulated cluster
 (``scripts/bench_transport.py --predict``).
 """
 
@@ -51,9 +43,6 @@ from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import Plan, byte_parts, subpoint_bytes
 
 TOPOLOGIES = ("switch", "shared", "uplink")
-TRANSPORTS = ("unicast", "p2p", "tree", "chain", "multicast")
-BROADCASTS = ("tree", "chain", "multicast")  # what carries a coded delivery
-PEERS = ("peer-multicast", "peer-unicast")  # what carries a decentralized delivery
 PACE_SHARE = 0.99  # multicast paced at this share of the slowest NIC (the cluster's default)
 # a prefetched multicast stream at this share of its pace: the rest of the link is the training
 # loop's (dist.multicast.background_share's default)
@@ -114,58 +103,74 @@ class Traffic:
     uncoded_links: float | None = None
 
 
-def seconds(
-    transport: str, stream: float, traffic: Traffic, net: Network, links: float | None = None
-) -> float:
-    """Delivery seconds of ``stream`` message bytes (``R_c`` or ``R_u``) over ``transport``.
+class Cost:
+    """What one delivery over a transport costs: its seconds and the master's bytes. Each
+    transport's module defines its own and hangs it on its class (``Transport.cost``), so no
+    cost code names a transport; ``predict`` asks the registry for it."""
 
-    ``links``: the chain links a byte of the stream crosses on average (``Traffic.coded_links``
-    or ``uncoded_links``; None: ``K``, every relay forwards everything)."""
-    k, r, rm = traffic.workers, net.rate / 8, net.master_rate / 8
-    first = min(r, rm)  # the master's stream is as fast as its NIC and the receivers'
-    shared = net.topology == "shared"
-    if transport == "multicast":
-        busy = net.datagrams(stream) / (net.pace_share * first)
-    elif transport == "unicast":
-        busy = (
-            net.tcp(stream) / first
-            if shared
-            else max(net.tcp(stream) / rm, net.tcp(stream / k) / r)
-        )
-    elif transport == "p2p":  # every worker opens a stream to each of its K - 1 peers
-        busy = net.tcp(stream) / r if shared else net.tcp(stream / k) / r
-        busy += (k - 1) * net.peer_seconds
-    elif transport == "chain":
-        if shared:  # every relay's copy crosses the medium
-            busy = net.tcp(stream * (k if links is None else links)) / r
-        else:
-            hop = net.tcp(min(stream, net.mtu)) / r  # a relay forwards what has arrived
-            busy = net.tcp(stream) / first + (k - 1) * hop
-    elif transport == "peer-multicast":  # every worker's stream in turn, each once
-        busy = net.datagrams(stream) / (net.pace_share * r) + k * net.peer_stream_seconds
-    elif transport == "peer-unicast":  # ``stream``: every symbol once per worker keeping it
-        busy = net.tcp(stream) / r if shared else net.tcp(stream / k) / r
-        busy += (k - 1) * net.peer_seconds
-    elif transport == "tree":
-        rounds = math.ceil(math.log2(k + 1))
-        if shared:  # every one of the K copies crosses the medium; the master sends `rounds`
-            busy = rounds * net.tcp(stream) / first + (k - rounds) * net.tcp(stream) / r
-        else:  # every round: the master (and others) send the whole stream once
-            busy = rounds * net.tcp(stream) / first
-    else:
-        known = ", ".join((*TRANSPORTS, *PEERS))
-        raise UsageError(f"transport {transport!r} unknown; valid: {known}")
-    return busy + net.overhead_seconds
+    paced: bool = False
+    """A paced sender (multicast): its NIC idles less while its process is descheduled, so more
+    of the delivery's CPU work overlaps its network seconds (:mod:`.run`)."""
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        """Seconds the busiest link carries ``stream`` message bytes (``R_c`` or ``R_u``);
+        ``links``: the links a byte crosses on a chain, on average (None: every relay
+        forwards everything)."""
+        raise NotImplementedError(f"{type(self).__name__} has no byte model")
+
+    def seconds(
+        self, stream: float, traffic: Traffic, net: Network, links: float | None = None
+    ) -> float:
+        """The delivery's seconds: :meth:`busy` and the fixed cost of a delivery."""
+        return self.busy(stream, traffic, net, links) + net.overhead_seconds
+
+    def master_bytes(self, stream: float, workers: int) -> float:
+        """Message bytes the master sends (the transports' counted ``master_egress_bytes``,
+        multicast without its 16-byte datagram headers): the stream once."""
+        del workers
+        return stream
+
+    def peer_stream(self, traffic: Traffic) -> float:
+        """The stream of a decentralized delivery (``traffic``: its plan's): every coded
+        symbol once."""
+        return traffic.coded_bytes
+
+    def placement(self) -> Cost | None:
+        """What carries the master's placement where the workers store more than their batch
+        (``T > 1``): None, the master's own streams to each worker (``unicast``'s), of
+        :meth:`placement_rows` rows."""
+        return None
+
+    def placement_rows(self, points: int, storage: float, workers: int) -> float:
+        """Rows the placement sends: every worker its ``T`` batches (a broadcast: the set
+        once)."""
+        del workers
+        return points * storage if self.placement() is None else points
 
 
-def master_bytes(transport: str, stream: float, workers: int) -> float:
-    """Message bytes the master sends (the transports' counted ``master_egress_bytes``,
-    multicast without its 16-byte datagram headers)."""
-    if transport == "p2p" or transport in PEERS:
-        return 0.0
-    if transport == "tree":
-        return math.ceil(math.log2(workers + 1)) * stream
-    return stream
+class BroadcastCost(Cost):
+    """A transport that broadcasts the master's stream places the data with it too: the set
+    once."""
+
+    def placement(self) -> Cost | None:
+        return self
+
+
+def unicast_busy(stream: float, traffic: Traffic, net: Network) -> float:
+    """The master's streams, one per worker, each at the slower of the two NICs (a shared
+    medium: all of them on it)."""
+    r, rm = net.rate / 8, net.master_rate / 8
+    if net.topology == "shared":
+        return net.tcp(stream) / min(r, rm)
+    return max(net.tcp(stream) / rm, net.tcp(stream / traffic.workers) / r)
+
+
+def exchange_busy(stream: float, traffic: Traffic, net: Network) -> float:
+    """Every worker streams to each of its ``K - 1`` peers at once (a shared medium carries
+    them all), plus a fixed cost per peer (``peer_seconds``)."""
+    k, r = traffic.workers, net.rate / 8
+    busy = net.tcp(stream) / r if net.topology == "shared" else net.tcp(stream / k) / r
+    return busy + (k - 1) * net.peer_seconds
 
 
 def chain_links(plan: Plan, point_bytes: int, chunk_bytes: int) -> float:

@@ -9,7 +9,7 @@ of the two, unless together they need the cores or the link for longer). Every p
 network-bound share (bytes over the busiest link, :mod:`.model`) and a CPU-bound one (seconds
 of the CPU work on the cores that the hosts share):
 
-* **delivery**: the transport's network seconds (:func:`~.model.seconds`) and the CPU's for
+* **delivery**: the transport's network seconds (its :class:`~.model.Cost`) and the CPU's for
   the digests (the master hashes every batch with SHA-256, every worker its own): the larger
   of the two, plus the part of the smaller that does not overlap it (``1 -``
   :data:`CPU_OVERLAP`). A run without a reshuffle (``none``) still pays the digests;
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from coded_shuffle.costs.model import Network
+from coded_shuffle.costs.model import Cost, Network
 
 # the share of a delivery's CPU seconds (its digests) that overlaps its network seconds, and
 # a paced sender's (multicast's: its NIC idles less while it is descheduled); fitted, as every
@@ -46,7 +46,6 @@ from coded_shuffle.costs.model import Network
 # and pricing it made both sets' predictions worse (docs/benchmarks.md, "Predicting a run")
 CPU_OVERLAP = 0.55
 PACED_CPU_OVERLAP = 0.88
-PACED = ("multicast", "peer-multicast")
 # CPU seconds per GB of records the workers read in an epoch (minibatches gathered from a
 # memory-mapped batch, turned into the model's floats), and what else an epoch's CPU costs per
 # GB of the set: calibrated on the emulated cluster (the 1 GB reshuffle-bound run with no
@@ -128,10 +127,11 @@ def digest_seconds(t: Training, c: Compute) -> float:
     return hashed + hashed / c.cores
 
 
-def delivery(network: float, transport: str, t: Training, c: Compute) -> Part:
-    """A delivery of ``network`` seconds over ``transport``, beside its digests' CPU."""
+def delivery(network: float, cost: Cost, t: Training, c: Compute) -> Part:
+    """A delivery of ``network`` seconds over a transport that costs ``cost``, beside its
+    digests' CPU."""
     cpu = digest_seconds(t, c)
-    overlap = PACED_CPU_OVERLAP if transport in PACED else CPU_OVERLAP
+    overlap = PACED_CPU_OVERLAP if cost.paced else CPU_OVERLAP
     return Part(network, cpu, max(network, cpu) + (1 - overlap) * min(network, cpu))
 
 

@@ -1,7 +1,7 @@
 """``coded-shuffle predict``: every transport's delivery seconds for a described cluster, for a
-coded and an uncoded epoch (docs/transports.md, "Predictions"). No torch: the scheme plans a
-random reshuffle (the math layer), the framing and the transports' cost models
-(:mod:`coded_shuffle.costs`) turn its load into bytes and seconds.
+coded and an uncoded epoch (docs/transports.md, "Predictions"). The scheme plans a random
+reshuffle (the math layer); the framing (:mod:`coded_shuffle.costs`) and each registered
+transport's own cost (``Transport.cost``) turn its load into bytes and seconds.
 
 Where ``N`` is larger than :data:`PLAN_POINTS`, the load is planned on ``N' = K q'`` points
 (``q' = PLAN_POINTS // K`` per worker, the same ``K``) and its symbol counts scaled by
@@ -15,24 +15,17 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from coded_shuffle.costs.model import (
-    BROADCASTS,
-    PEERS,
-    TRANSPORTS,
-    Network,
-    Traffic,
-    chain_links,
-    master_bytes,
-)
-from coded_shuffle.costs.model import seconds as transport_seconds
+from coded_shuffle.costs.model import Network, Traffic, chain_links
 from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES, framed_parts_bytes
+from coded_shuffle.distributed.transports import REGISTRY
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.assignment import batch_size, random_assignment
 from coded_shuffle.math.plan import Plan, byte_parts, plan_load, subpoint_bytes
 from coded_shuffle.math.policies import ShufflePolicy
 from coded_shuffle.math.schemes import get_scheme
 
+DELIVERIES = ("uncoded", "coded", "decentralized")  # the table's order
 PLAN_POINTS = 1 << 17  # largest N planned as it is (K = 256: under a second)
 MAX_WORKERS = 4096
 
@@ -158,22 +151,34 @@ def peer_load(workload: Workload) -> Load | None:
 def predict(
     workload: Workload, net: Network, load: Load | None = None, peers: Load | None = None
 ) -> list[Row]:
-    """Every (delivery, transport) that can run: uncoded over all five, coded over the
-    broadcasts (unless the scheme is ``uncoded``), and the workers' own decentralized
-    delivery over the peer transports (``peers``: its load, where there is one)."""
+    """Every (delivery, transport) of the registry that can run: uncoded over every transport
+    that carries rows, coded over the broadcasts (unless the scheme is ``uncoded``), and the
+    workers' own decentralized delivery over the peer transports (``peers``: its load, where
+    there is one); each transport prices its own (``Transport.cost``)."""
     net.check()
     load = load or planned_load(workload, chain=net.topology == "shared")
     t = load.traffic
-    combos = [("uncoded", x, t.uncoded_bytes, t.uncoded_links) for x in TRANSPORTS]
-    if workload.scheme != "uncoded":
-        combos += [("coded", x, t.coded_bytes, t.coded_links) for x in BROADCASTS]
-    if peers is not None:
-        p = peers.traffic
-        streams = {"peer-multicast": p.coded_bytes, "peer-unicast": p.uncoded_bytes}
-        combos += [("decentralized", x, streams[x], None) for x in PEERS]
-    timed = [(d, x, transport_seconds(x, s, t, net, links), s) for d, x, s, links in combos]
-    best = min(sec for d, _, sec, _ in timed if d == "uncoded")
-    return [Row(d, x, sec, master_bytes(x, s, t.workers), sec / best) for d, x, sec, s in timed]
+    streams = {
+        "uncoded": (t.uncoded_bytes, t.uncoded_links),
+        "coded": (t.coded_bytes, t.coded_links),
+    }
+    if workload.scheme == "uncoded":
+        del streams["coded"]
+    rows = []
+    for d in DELIVERIES:
+        for name, cls in REGISTRY.items():
+            if d not in cls.deliveries():
+                continue
+            if d == "decentralized" and peers is not None:
+                stream, links, traffic = cls.cost.peer_stream(peers.traffic), None, peers.traffic
+            elif d in streams:
+                (stream, links), traffic = streams[d], t
+            else:
+                continue
+            sec = cls.cost.seconds(stream, traffic, net, links)
+            rows.append(Row(d, name, sec, cls.cost.master_bytes(stream, t.workers), 0.0))
+    best = min(r.seconds for r in rows if r.delivery == "uncoded")
+    return [replace(r, vs_best_uncoded=r.seconds / best) for r in rows]
 
 
 def render(
@@ -226,7 +231,7 @@ def render(
     else:
         verdict = f"fastest: uncoded over {fastest.transport}, {fastest.seconds:.3f} s"
     # where only the master holds data
-    master = [r for r in rows if r.transport != "p2p" and r.transport not in PEERS]
+    master = [r for r in rows if REGISTRY[r.transport].routing != "peers"]
     coded = [r for r in master if r.delivery == "coded"]
     if coded:
         best_coded = min(coded, key=lambda r: r.seconds)
@@ -266,7 +271,7 @@ def why(net: Network, fastest: Row) -> str:
             "why: only the master's link is shared here, and p2p's per-peer cost "
             "(--peer-seconds) outweighs its parallel links at this K"
         )
-    if fastest.transport == "p2p":
+    if REGISTRY[fastest.transport].routing == "peers":
         return (
             "why: the workers reach each other over a switch: each one's own downlink bounds "
             "any reshuffle, and p2p's exchange (every NIC at once, nothing from the master) "

@@ -4,9 +4,8 @@ user would weigh it against (docs/command.md, "The verdict for a run").
 
 The job's shape and its compute come from ``python -m coded_shuffle_train --profile OVERRIDES`` (the
 job's own config, the model's step timed on this machine); the loads from the schemes' plans on a
-random reshuffle (:func:`~coded_shuffle.tools.predict.planned_load`); the seconds from the
-transports' cost models (:mod:`coded_shuffle.costs.model`) and the run's
-(:mod:`coded_shuffle.costs.run`). No torch here."""
+random reshuffle (:func:`~coded_shuffle.tools.predict.planned_load`); the seconds from each
+transport's own cost (``Transport.cost``) and the run's model (:mod:`coded_shuffle.costs.run`)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from coded_shuffle.costs.model import BACKGROUND_SHARE, BROADCASTS, PACE_SHARE, Network, Traffic
-from coded_shuffle.costs.model import seconds as transport_seconds
+from coded_shuffle.costs.model import BACKGROUND_SHARE, PACE_SHARE, Network, Traffic
 from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.costs.run import (
     Compute,
@@ -30,6 +28,7 @@ from coded_shuffle.costs.run import (
     training,
 )
 from coded_shuffle.costs.wire import framed_bytes
+from coded_shuffle.distributed.transports import REGISTRY, transport_cost
 from coded_shuffle.errors import UsageError
 from coded_shuffle.math.mixing import expected_mixing
 from coded_shuffle.math.policies import ShufflePolicy
@@ -196,7 +195,7 @@ def options(job: JobRun) -> list[Option]:
     if coded in ("uncoded", "decentralized"):
         coded = MASTER_SCHEMES_AT_T1 if job.storage == 1 else "best"
     q = job.fraction if job.shuffle == "partial" else DEFAULT_FRACTION
-    found = [Option(coded, x, "full") for x in BROADCASTS]
+    found = [Option(coded, x, "full") for x, c in REGISTRY.items() if "coded" in c.deliveries()]
     found += [Option("uncoded", x, "full") for x in ("unicast", "p2p", "multicast")]
     found += [Option(coded, "multicast", "partial", q)]
     found += [Option("uncoded", x, "partial", q) for x in ("unicast", "p2p")]
@@ -238,16 +237,14 @@ def placement(option: Option, job: JobRun, net: Network) -> Part:
     the set once, a routed one every worker what it stores (``T`` batches; under
     ``peer-unicast`` every point to every worker: each stores a piece of it)."""
     k, n, b = job.workers, job.points, job.point_bytes
-    transport, rows = "unicast", n
-    if job.storage > 1 and option.transport in (*BROADCASTS, "peer-multicast"):
-        transport = "multicast" if option.transport == "peer-multicast" else option.transport
-    elif job.storage > 1:
-        copies = k if option.transport == "peer-unicast" else job.storage
-        rows = round(n * copies)
+    by, rows = transport_cost("unicast"), n
+    if job.storage > 1:
+        cost = transport_cost(option.transport)
+        by, rows = cost.placement() or by, round(cost.placement_rows(n, job.storage, k))
     stream = framed_bytes(rows, b, job.chunk_bytes)
     traffic = Traffic(workers=k, coded_bytes=stream, uncoded_bytes=stream)
-    seconds = transport_seconds(transport, stream, traffic, net)  # a chain: every relay forwards
-    return delivery(seconds, transport, job.training, job.compute)
+    seconds = by.seconds(stream, traffic, net)  # a chain: every relay forwards
+    return delivery(seconds, by, job.training, job.compute)
 
 
 def reshuffle(option: Option, job: JobRun, net: Network, loads: Loads) -> Part:
@@ -256,20 +253,18 @@ def reshuffle(option: Option, job: JobRun, net: Network, loads: Loads) -> Part:
     ``background_share`` of its pace)."""
     if job.prefetch:
         net = replace(net, pace_share=net.pace_share * job.background_share)
+    cost = transport_cost(option.transport)
     if option.shuffle == "none":  # no byte moves; the batches' digests are still taken
-        return delivery(net.overhead_seconds, "unicast", job.training, job.compute)
+        return delivery(net.overhead_seconds, transport_cost("unicast"), job.training, job.compute)
     if option.scheme == "decentralized":
         p = loads.get("decentralized", 1.0).traffic
-        # peer-unicast: every symbol to each worker that keeps it (the uncoded exchange)
-        stream = p.uncoded_bytes if option.transport == "peer-unicast" else p.coded_bytes
-        links = None
+        stream, links = cost.peer_stream(p), None
     else:
         coded = option.scheme != "uncoded"
         p = loads.get(option.scheme if coded else _coded(job), option.fraction).traffic
         stream = p.coded_bytes if coded else p.uncoded_bytes
         links = p.coded_links if coded else p.uncoded_links
-    seconds = transport_seconds(option.transport, stream, p, net, links)
-    return delivery(seconds, option.transport, job.training, job.compute)
+    return delivery(cost.seconds(stream, p, net, links), cost, job.training, job.compute)
 
 
 def _coded(job: JobRun) -> str:

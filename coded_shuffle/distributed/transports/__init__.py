@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
+from coded_shuffle.costs.model import Cost
 from coded_shuffle.distributed.transports.base import (
     JOB_NAMES,
     LIBRARY_NAMES,
@@ -49,7 +50,7 @@ def register(cls: type[Transport]) -> type[Transport]:
     return cls
 
 
-for _cls in (Chain, Multicast, Tree, Unicast, P2P, PeerUnicast, PeerMulticast):
+for _cls in (Unicast, P2P, Tree, Chain, Multicast, PeerMulticast, PeerUnicast):
     register(_cls)
 
 
@@ -61,6 +62,12 @@ def transport_class(name: str, names: SettingNames = LIBRARY_NAMES) -> type[Tran
         raise UsageError(
             f"{names.transport}={name!r} unknown; valid: {', '.join(sorted(REGISTRY))}"
         ) from None
+
+
+def transport_cost(name: str, names: SettingNames = LIBRARY_NAMES) -> Cost:
+    """What a delivery over the transport called ``name`` costs (its class's
+    :attr:`~.base.Transport.cost`); :class:`UsageError` lists the valid names otherwise."""
+    return transport_class(name, names).cost
 
 
 def build_transport(
@@ -98,4 +105,5 @@ __all__ = [
     "build_transport",
     "register",
     "transport_class",
+    "transport_cost",
 ]

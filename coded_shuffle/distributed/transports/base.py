@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from coded_shuffle.codec.buffers import IN_MEMORY, Buffers
+from coded_shuffle.costs.model import Cost
 from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.errors import UsageError
 
@@ -183,6 +184,9 @@ class Transport(ABC):
     options_key: ClassVar[str | None] = None
     """The name its options go by (the job's ``dist.<key>``) where it shares another
     transport's mechanism and options; None: its own name."""
+    cost: ClassVar[Cost] = Cost()
+    """What a delivery over it costs (seconds, the master's bytes): ``predict`` and the run's
+    model ask this, never the transport's name."""
 
     def __init__(self, peer: Peer, options: Any = None) -> None:
         self.peer = peer
@@ -213,6 +217,14 @@ class Transport(ABC):
             options = cls.Options(**given)
         options.check(world_size, names.of(cls.options_key or cls.name))
         return options
+
+    @classmethod
+    def deliveries(cls) -> tuple[str, ...]:
+        """What it carries: ``uncoded`` rows, the master's ``coded`` broadcast, or the workers'
+        own ``decentralized`` symbols (:attr:`own_symbols`)."""
+        if cls.own_symbols:
+            return ("decentralized",)
+        return ("uncoded", "coded") if cls.routing == "broadcast" else ("uncoded",)
 
     @classmethod
     def validate(cls, world_size: int, names: SettingNames = LIBRARY_NAMES, **options: Any) -> None:

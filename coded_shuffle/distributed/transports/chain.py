@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.model import BroadcastCost, Network, Traffic
 from coded_shuffle.costs.wire import REACH_DTYPE, chain_bytes, chain_reach
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.sockets import (
@@ -86,6 +87,20 @@ class ChainOptions:
             chain_order(self.order, world_size, name("order"))
 
 
+class ChainCost(BroadcastCost):
+    """On a switch: ``R_c`` from the master, relayed cut-through (plus ``K - 1`` frames, what a
+    relay receives before it forwards). On a shared medium every relay's copy crosses it:
+    every message on as many links as it reaches down the chain (``links`` per byte,
+    :attr:`~coded_shuffle.costs.model.Traffic.coded_links`; None: ``K``)."""
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        k, r = traffic.workers, net.rate / 8
+        if net.topology == "shared":
+            return net.tcp(stream * (k if links is None else links)) / r
+        hop = net.tcp(min(stream, net.mtu)) / r
+        return net.tcp(stream) / min(r, net.master_rate / 8) + (k - 1) * hop
+
+
 class Chain(Transport):
     """Relay broadcast through the workers in :attr:`order`, pipelined by message."""
 
@@ -94,6 +109,7 @@ class Chain(Transport):
     routing = "broadcast"
     prunes = True
     Options = ChainOptions
+    cost = ChainCost()
 
     def __init__(self, peer: Peer, options: ChainOptions | None = None) -> None:
         super().__init__(peer, options)

@@ -9,8 +9,25 @@ workers can reach each other. Coded schemes are a configuration error here.
 
 from __future__ import annotations
 
+from coded_shuffle.costs.model import Cost, Network, Traffic
 from coded_shuffle.distributed.transports.base import NoOptions
 from coded_shuffle.distributed.transports.unicast import Unicast
+
+
+class ExchangeCost(Cost):
+    """Every worker streams to each of its ``K - 1`` peers at once: each NIC carries about
+    ``1 / K`` of the stream (a shared medium all of it), plus ``peer_seconds`` per peer (a
+    stream set up and drained, the spread of the workers' starts); the master sends nothing."""
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        del links
+        k, r = traffic.workers, net.rate / 8
+        busy = net.tcp(stream) / r if net.topology == "shared" else net.tcp(stream / k) / r
+        return busy + (k - 1) * net.peer_seconds
+
+    def master_bytes(self, stream: float, workers: int) -> float:
+        del stream, workers
+        return 0.0
 
 
 class P2P(Unicast):
@@ -20,3 +37,4 @@ class P2P(Unicast):
     summary = "uncoded only: workers send the points that leave them straight to the new owner"
     routing = "peers"
     Options = NoOptions  # gloo's point-to-point calls (the socket plane: unicast and chain)
+    cost = ExchangeCost()

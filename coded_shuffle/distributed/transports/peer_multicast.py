@@ -12,7 +12,29 @@ points) and then only takes part in the feedback and checks the batch digests.
 
 from __future__ import annotations
 
-from coded_shuffle.distributed.transports.multicast import Multicast
+from coded_shuffle.costs.model import Cost, Network, Traffic
+from coded_shuffle.distributed.transports.multicast import Multicast, MulticastCost
+
+
+class PeerMulticastCost(Cost):
+    """Every worker's stream in turn, each datagram once on any topology, paced at the
+    workers' own NICs (the master's is out of it), plus ``peer_stream_seconds`` per worker's
+    stream (its feedback round, the decoding and the reports); the master multicasts the
+    placement."""
+
+    paced = True
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        del links
+        sending = net.datagrams(stream) / (net.pace_share * net.rate / 8)
+        return sending + traffic.workers * net.peer_stream_seconds
+
+    def master_bytes(self, stream: float, workers: int) -> float:
+        del stream, workers
+        return 0.0
+
+    def placement(self) -> Cost | None:
+        return MulticastCost()
 
 
 class PeerMulticast(Multicast):
@@ -25,3 +47,4 @@ class PeerMulticast(Multicast):
     shares_medium = True
     peer_sends = True
     options_key = "multicast"  # the job's dist.multicast
+    cost = PeerMulticastCost()

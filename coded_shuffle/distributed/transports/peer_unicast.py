@@ -11,8 +11,22 @@ form would put it on a shared medium once).
 
 from __future__ import annotations
 
+from coded_shuffle.costs.model import Traffic
 from coded_shuffle.distributed.transports.base import NoOptions
+from coded_shuffle.distributed.transports.p2p import ExchangeCost
 from coded_shuffle.distributed.transports.unicast import Unicast
+
+
+class PeerUnicastCost(ExchangeCost):
+    """As ``p2p``'s exchange, of every symbol once per worker that keeps it (the uncoded
+    exchange's bytes); its placement sends every worker every point (each stores a piece)."""
+
+    def peer_stream(self, traffic: Traffic) -> float:
+        return traffic.uncoded_bytes
+
+    def placement_rows(self, points: int, storage: float, workers: int) -> float:
+        del storage
+        return points * workers
 
 
 class PeerUnicast(Unicast):
@@ -26,3 +40,4 @@ class PeerUnicast(Unicast):
     routing = "peers"
     own_symbols = True
     Options = NoOptions  # gloo's point-to-point calls, as p2p
+    cost = PeerUnicastCost()

@@ -9,11 +9,13 @@ derived from that algorithm (the emulated cluster's NIC counters check them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.model import BroadcastCost, Network, Traffic
 from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transport
 
 
@@ -28,12 +30,35 @@ def children(rank: int, world_size: int) -> list[int]:
     return out
 
 
+class TreeCost(BroadcastCost):
+    """``ceil(log2 P)`` rounds, in each of which the master (and others) send the whole stream
+    once; on a shared medium every one of the ``K`` copies crosses it (the master's ``rounds``
+    at its own NIC's rate)."""
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        del links
+        k, r = traffic.workers, net.rate / 8
+        rounds, first = self.rounds(k), min(r, net.master_rate / 8)
+        if net.topology == "shared":
+            return rounds * net.tcp(stream) / first + (k - rounds) * net.tcp(stream) / r
+        return rounds * net.tcp(stream) / first
+
+    def master_bytes(self, stream: float, workers: int) -> float:
+        return self.rounds(workers) * stream
+
+    @staticmethod
+    def rounds(workers: int) -> int:
+        """gloo's rounds over the master and ``workers`` workers: ``ceil(log2 P)``."""
+        return math.ceil(math.log2(workers + 1))
+
+
 class Tree(Transport):
     """Every message through ``dist.broadcast`` (gloo's binomial tree), one after the other."""
 
     name = "tree"
     summary = "gloo broadcast: binomial tree, the master sends ceil(log2 P) copies"
     routing = "broadcast"
+    cost = TreeCost()
 
     def exchange(
         self,

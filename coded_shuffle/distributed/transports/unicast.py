@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.model import Cost, Network, Traffic
 from coded_shuffle.distributed.transports.base import (
     KeyName,
     OnMessage,
@@ -54,6 +55,18 @@ class UnicastOptions:
         check_plane(self.plane, name)
 
 
+class UnicastCost(Cost):
+    """The master's streams at once, each at the slower of the two NICs: the master's NIC
+    carries ``R_u``, each worker's its ``1 / K`` share; on a shared medium all of ``R_u``."""
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        del links
+        r, rm = net.rate / 8, net.master_rate / 8
+        if net.topology == "shared":
+            return net.tcp(stream) / min(r, rm)
+        return max(net.tcp(stream) / rm, net.tcp(stream / traffic.workers) / r)
+
+
 class Unicast(Transport):
     """Point-to-point streams, each to one worker; the master is the only sender."""
 
@@ -61,6 +74,7 @@ class Unicast(Transport):
     summary = "uncoded only: the master sends each worker its own rows (placement included)"
     routing = "master"
     Options = UnicastOptions
+    cost = UnicastCost()
 
     def __init__(self, peer: Peer, options: Any = None) -> None:
         super().__init__(peer, options)

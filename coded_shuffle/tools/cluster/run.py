@@ -27,6 +27,7 @@ from pathlib import Path
 
 from coded_shuffle.costs.model import PACE_SHARE
 from coded_shuffle.costs.rates import format_rate
+from coded_shuffle.distributed.transports import REGISTRY
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.faults import Fault, Faults
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster
@@ -86,19 +87,22 @@ def training_overrides(
 
 
 def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> list[str]:
-    """Multicast's pacing where the overrides do not set it: ``dist.multicast.rate`` at
-    :data:`MULTICAST_SHARE` of the slowest sender's NIC (``multicast``: every host;
-    ``peer-multicast``: the workers, and the master's placement at its own NIC's share)."""
-    transport = _override(overrides, "dist.transport")
-    if transport not in ("multicast", "peer-multicast"):
+    """A paced transport's pacing where the overrides do not set it (its cost says it paces:
+    multicast's mechanism): ``dist.<options>.rate`` at :data:`MULTICAST_SHARE` of the slowest
+    sender's NIC (every host; where the workers send, theirs, and the master's placement at
+    its own NIC's share, ``master_rate``)."""
+    name = _override(overrides, "dist.transport")
+    cls = REGISTRY.get(name or "")
+    if cls is None or not cls.cost.paced:
         return []
-    out = []
-    slowest = min(rate, master_rate) if transport == "multicast" else rate
-    if _override(overrides, "dist.multicast.rate") is None:
-        out.append(f"dist.multicast.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
-    if transport == "peer-multicast" and _override(overrides, "dist.multicast.master_rate") is None:
+    out, key = [], f"dist.{cls.options_key or cls.name}"
+    peers = cls.routing == "peers"
+    slowest = rate if peers else min(rate, master_rate)
+    if _override(overrides, f"{key}.rate") is None:
+        out.append(f"{key}.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
+    if peers and _override(overrides, f"{key}.master_rate") is None:
         master = int(min(master_rate, slowest) * MULTICAST_SHARE)
-        out.append(f"dist.multicast.master_rate={format_rate(master)}")
+        out.append(f"{key}.master_rate={format_rate(master)}")
     return out
 
 

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from coded_shuffle.costs.model import BroadcastCost, Network, Traffic
 from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
@@ -108,7 +109,18 @@ from coded_shuffle.distributed.transports.multicast.receive import Debug, Round,
 POLL_SECONDS = 0.005
 log = logging.getLogger("coded_shuffle")
 
-__all__ = ["DGRAM", "Multicast", "MulticastOptions", "MulticastUnavailable"]
+__all__ = ["DGRAM", "Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
+
+
+class MulticastCost(BroadcastCost):
+    """``R_c`` in full datagrams once, on any topology, paced at ``pace_share`` of the slower
+    of the master's and the workers' NICs."""
+
+    paced = True
+
+    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+        del traffic, links
+        return net.datagrams(stream) / (net.pace_share * min(net.rate, net.master_rate) / 8)
 
 
 class Multicast(Transport):
@@ -118,6 +130,7 @@ class Multicast(Transport):
     summary = "UDP IP multicast paced to a rate, lost datagrams repaired: the shared link"
     routing = "broadcast"
     Options = MulticastOptions
+    cost = MulticastCost()
     digests = False  # every datagram carries UDP's checksum, every batch the master's SHA-256
     peer_sends = False  # True: every worker sends streams of its own too (``peer-multicast``)
 
