@@ -101,7 +101,6 @@ def in_huge_buffer(address: int) -> bool:
     for buf in buffers._huge.items:
         view = np.frombuffer(buf, dtype=np.uint8)
         lo, hi = view.ctypes.data, view.ctypes.data + view.size
-        del view  # its export would keep the buffer in use
         if lo <= address < hi:
             return True
     return False

@@ -257,6 +257,19 @@ def test_recycled_buffers_are_never_shared_while_in_use(monkeypatch):
     assert third.data_ptr() == address
 
 
+def test_a_recycled_payload_stays_in_use_while_any_array_over_it_lives():
+    """Whatever holds the rows (a tensor, a view, a numpy array of them) keeps the buffer out
+    of the pool: the pool's own weak reference decides, not the interpreter's counts."""
+    rows = buffers.payload_rows(300, 100)
+    address = rows.data_ptr()
+    kept = rows[10:20].numpy()
+    del rows
+    other = buffers.payload_rows(300, 100)
+    assert other.data_ptr() != address
+    del kept, other
+    assert buffers.payload_rows(300, 100).data_ptr() == address  # idle again: the first fit
+
+
 def test_decode_is_one_dense_write_plus_small_scatters():
     """The largest group of a random shuffle writes one run of batch rows (no scatter)."""
     rng = np.random.default_rng(5)

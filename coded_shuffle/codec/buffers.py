@@ -15,8 +15,8 @@ import functools
 import itertools
 import mmap
 import os
-import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -42,7 +42,10 @@ Buffer = mmap.mmap | bytearray  # what a pool hands out (``torch.frombuffer`` ex
 
 class Recycled:
     """Buffers (mappings; heap ``bytearray`` for message payloads) handed out, and handed out
-    again once no tensor uses them.
+    again once nothing uses them: a buffer goes out as one uint8 array over it (:meth:`take`),
+    which every tensor made from it (``torch.from_numpy`` keeps the array alive) and every view
+    keeps alive; the pool holds only a weak reference to that array, so the buffer is idle
+    once it is gone.
 
     Fresh pages cost a fault and the kernel's zeroing on first touch (on this project's
     virtual machines several times the XORs that fill them; a scratch file's pages a
@@ -63,54 +66,58 @@ class Recycled:
         self.make, self.idle_max, self.headroom = make, idle_max, headroom
         self.granule = granule
         self.items: list[Buffer] = []
-        self.lock = threading.Lock()  # held until the caller exports the buffer
+        self.users: list[weakref.ref[np.ndarray] | None] = []  # items[i]'s array while out
+        self.lock = threading.Lock()  # held while a buffer is chosen and handed out
         self.pid = os.getpid()
 
     def _idle(self, i: int) -> bool:
-        """True when no tensor uses ``items[i]`` (references: the list and this argument).
+        """True when the array over ``items[i]`` that :meth:`take` handed out is gone."""
+        user = self.users[i]
+        return user is None or user() is None
 
-        ``torch.frombuffer`` holds a buffer export, hence a reference, for as long as any
-        tensor or view on the storage lives; so an idle buffer can be handed out again.
-        """
-        return sys.getrefcount(self.items[i]) == 2
+    def take(self, nbytes: int, make: Callable[[int], Buffer] | None = None) -> np.ndarray:
+        """A uint8 array over the smallest idle buffer of ``nbytes`` to ``REUSE_WITHIN`` times
+        that (or to a fresh one's size), else over a fresh one (by ``make``, else the pool's
+        own): the whole buffer, busy until the array and everything made from it are gone."""
+        with self.lock:
+            if os.getpid() != self.pid:
+                self.items, self.users, self.pid = [], [], os.getpid()
+            i = self._choose(nbytes, make)
+            rows = np.frombuffer(self.items[i], dtype=np.uint8)
+            self.users[i] = weakref.ref(rows)
+            return rows
 
-    def take(self, nbytes: int, make: Callable[[int], Buffer] | None = None) -> Buffer:
-        """The smallest idle buffer of ``nbytes`` to ``REUSE_WITHIN`` times that (or to a fresh
-        one's size), else a fresh one (by ``make``, else the pool's own); call with
-        :attr:`lock` held, and export the buffer before releasing it."""
-        if os.getpid() != self.pid:
-            self.items, self.pid = [], os.getpid()
+    def _choose(self, nbytes: int, make: Callable[[int], Buffer] | None) -> int:
+        """:meth:`take`'s buffer: an idle one that fits, else a fresh one appended (the oldest
+        idle ones let go beyond ``idle_max``)."""
         idle = [i for i in range(len(self.items)) if self._idle(i)]
         size = -(-int(nbytes * (1 + self.headroom)) // self.granule) * self.granule
         most = max(size, nbytes * REUSE_WITHIN)
         fits = [i for i in idle if nbytes <= len(self.items[i]) <= most]
         if fits:
-            return self.items[min(fits, key=lambda i: len(self.items[i]))]
+            return min(fits, key=lambda i: len(self.items[i]))
         kept = 0
         for i in reversed(idle):  # the oldest idle buffers go first
             kept += len(self.items[i])
             if kept + size > self.idle_max:
-                del self.items[i]
-        buf = (make or self.make)(size)
-        self.items.append(buf)
-        return buf
+                del self.items[i], self.users[i]
+        self.items.append((make or self.make)(size))
+        self.users.append(None)
+        return len(self.items) - 1
 
     def prime(self, sizes: Sequence[int], make: Callable[[int], Buffer] | None = None) -> None:
         """Buffers for requests of ``sizes`` bytes taken together (made by ``make`` where none
         is idle) and every page touched (:func:`touch`), then idle again: the requests that
         follow find them ready, as a later epoch's do."""
-        held = []
-        for nbytes in sizes:
-            with self.lock:
-                held.append(self.take(nbytes, make))  # referenced: not idle, not taken twice
-        for buf in held:
-            touch(buf)
+        held = [self.take(nbytes, make) for nbytes in sizes]  # held: none is taken twice
+        for rows in held:
+            touch(rows)
 
 
-def touch(buf: Buffer) -> None:
-    """Every page of ``buf`` faulted in writable now, so that a later write into it takes no
-    fault. Its bytes are not kept (a buffer handed out is uninitialised)."""
-    rows = np.frombuffer(buf, dtype=np.uint8)
+def touch(rows: np.ndarray) -> None:
+    """Every page of ``rows`` (the whole of a buffer) faulted in writable now, so that a later
+    write into it takes no fault. Its bytes are not kept (a buffer handed out is
+    uninitialised)."""
     if rows.size and not _populate(rows):
         rows[::PAGE_BYTES] = 0  # a byte written per page
 
@@ -177,9 +184,7 @@ def payload_rows(rows: int, row_bytes: int) -> torch.Tensor:
 def _export(pool: Recycled, rows: int, row_bytes: int) -> torch.Tensor:
     """``(rows, row_bytes)`` uint8 rows on a buffer of ``pool``."""
     nbytes = rows * row_bytes
-    with pool.lock:  # the export must exist before another thread looks for idle buffers
-        buf = pool.take(nbytes)
-        return torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(rows, row_bytes)
+    return torch.from_numpy(pool.take(nbytes)[:nbytes]).view(rows, row_bytes)
 
 
 class Buffers:
