@@ -1,5 +1,7 @@
 """The ``debug.*`` keys: faults a job puts in on purpose, so that tests and outside checks can
-see each one caught. One module, three hook points the job calls at fixed places:
+see each one caught (the kinds ``die``, ``flip`` and ``slow`` of the registry,
+:data:`coded_shuffle.distributed.fault_kinds.FAULTS`, which names these keys). One module,
+three hook points the job calls at fixed places:
 
 * :func:`die_if_asked` at an epoch's start and at every optimiser step (``debug.die_rank``,
   ``die_epoch``, ``die_step``, ``die_mode``): the rank exits or hangs there, in the first

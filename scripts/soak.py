@@ -37,10 +37,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from coded_shuffle.distributed.fault_kinds import fault_kinds
 from coded_shuffle.tools.records import metrics_path, read_metrics
 
-KINDS = ("kill", "stop", "cut", "master", "lose", "corrupt", "inside")
-CLUSTER_FLAG = {"master": "kill", "inside": "kill"}  # the cluster's own fault for a kind
+# the cluster's fault kinds (the registry), and two of them at another place or time: ``kill``
+# of host 0, and of a worker inside an epoch
+VARIANTS = {"master": "kill", "inside": "kill"}
+KINDS = (*fault_kinds("cluster"), *VARIANTS)
 JOB = [
     "model.hidden=16",
     "dist.timeout_seconds=6",
@@ -99,7 +102,7 @@ def cluster_faults(
     return [
         (
             f,
-            CLUSTER_FLAG.get(f.kind, f.kind),
+            VARIANTS.get(f.kind, f.kind),
             f.host - sum(h < f.host for h in lost),
             max(f.epoch, done + 1),
         )

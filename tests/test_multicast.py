@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from coded_shuffle.costs.wire import DGRAM_HEADER
 from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES as DGRAM_HEAD
 from coded_shuffle.distributed.transports import (
     Link,
@@ -21,7 +22,6 @@ from coded_shuffle.distributed.transports import (
 from coded_shuffle.distributed.transports.framing import (
     KIND_SYMBOLS,
 )
-from coded_shuffle.distributed.transports.multicast import DGRAM
 from tests.links import (
     STRANGER,
     WORLD,
@@ -187,7 +187,7 @@ def _strangers_at_the_group(transport) -> None:
     for source, who in ((STRANGER, job), (transport.master[0], job ^ 1)):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind((source, 0))
-            s.sendto(DGRAM.pack(who, 1, 0, 0, 0) + payload, group)
+            s.sendto(np.array([(who, 1, 0, 0, 0)], DGRAM_HEADER).tobytes() + payload, group)
 
 
 @pytest.mark.distributed

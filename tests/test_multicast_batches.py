@@ -11,13 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES, default_datagram_bytes, wire_bytes
+from coded_shuffle.costs.wire import (
+    DGRAM_HEADER,
+    DGRAM_HEADER_BYTES,
+    default_datagram_bytes,
+    wire_bytes,
+)
 from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import (
     GATHER_MAX_SECONDS,
     GATHER_MIN_SECONDS,
     GRO_CMSG_BYTES,
-    HEADER,
     RECEIVE_BYTES,
     UDP_GRO,
     SendBatch,
@@ -56,7 +60,7 @@ def run_of(
     for i, seq in enumerate(seqs):
         length = min(d, total - seq * d)
         at = i * segment
-        head = np.array([(job, stream, seq, rnd, 0)], dtype=HEADER)
+        head = np.array([(job, stream, seq, rnd, 0)], dtype=DGRAM_HEADER)
         buf[at : at + DGRAM_HEADER_BYTES] = head.view(np.uint8)
         buf[at + DGRAM_HEADER_BYTES : at + DGRAM_HEADER_BYTES + length] = data[seq * d :][:length]
         end = at + DGRAM_HEADER_BYTES + length
@@ -261,7 +265,7 @@ def test_parity_in_an_in_order_run_rebuilds_the_one_datagram_its_block_lacks():
         seqs = [s for s in range(b * block, (b + 1) * block) if s != 3]
         buf, nbytes = run_of(data, seqs, total)
         parity = np.bitwise_xor.reduce(data[b * block * D : (b + 1) * block * D].reshape(-1, D))
-        head = np.array([(JOB, STREAM, b, 0, 1)], dtype=HEADER).view(np.uint8)
+        head = np.array([(JOB, STREAM, b, 0, 1)], dtype=DGRAM_HEADER).view(np.uint8)
         buf[nbytes : nbytes + segment] = np.concatenate([head, parity])
         r.take(buf, nbytes + segment if nbytes % segment == 0 else nbytes, segment)
         if nbytes % segment:  # the stream's short last datagram ends its run: parity alone

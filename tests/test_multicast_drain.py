@@ -12,15 +12,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
+from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import (
-    HEADER,
     RECEIVE_BYTES,
     SendBatch,
     enable_gro,
 )
-from coded_shuffle.distributed.transports.multicast.drain import DONE, EMPTY, OTHER, Drain
+from coded_shuffle.distributed.transports.multicast.drain import (
+    DONE,
+    EMPTY,
+    OTHER,
+    STATUS,
+    Drain,
+    _drain,
+    header_layout,
+)
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
@@ -55,7 +62,7 @@ class Loopback:
         """Block ``b``'s parity datagram (the XOR of its ``block`` datagrams), as the master
         sends it; the bytes sent."""
         rows = data.reshape(-1, D)[b * block : (b + 1) * block]
-        head = np.array([(JOB, STREAM, b, rnd, FLAG_PARITY)], dtype=HEADER).view(np.uint8)
+        head = np.array([(JOB, STREAM, b, rnd, FLAG_PARITY)], dtype=DGRAM_HEADER).view(np.uint8)
         return self.tx.sendmsg([head, np.bitwise_xor.reduce(rows, axis=0)])
 
     def receive(self, now: Round, sent: int, others: list[tuple[str, int]] | None = None) -> None:
@@ -216,3 +223,50 @@ def test_any_runs_end_as_the_round_alone_would_take_them(loopbacks, runs):
     slots, want = now.out.reshape(30, D)[mine], data.reshape(30, D)[mine]
     assert np.array_equal(slots, want) and now.late == late
     assert now.counts.ingress == sent
+
+
+# the same fields at other offsets: what a changed definition of the header would be
+MOVED = np.dtype(
+    {
+        "names": ["job", "stream", "seq", "round", "flags"],
+        "formats": ["<u8", "<u4", "<u4", "<u2", "<u2"],
+        "offsets": [12, 8, 0, 6, 4],
+        "itemsize": 20,
+    }
+)
+
+
+@pytest.mark.parametrize("header", [DGRAM_HEADER, MOVED], ids=["defined", "moved"])
+def test_the_compiled_loop_reads_the_header_where_its_definition_puts_it(header):
+    """Datagrams framed with a header laid out otherwise: the loop, given that layout (as
+    :func:`header_layout` derives it from the one definition), takes them all; with the
+    other layout it takes none (every header differs from the round's)."""
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (5, D), dtype=np.uint8)
+    wrong = MOVED if header is DGRAM_HEADER else DGRAM_HEADER
+    for layout, takes in ((header_layout(header), True), (header_layout(wrong), False)):
+        net = Loopback(gro=False)
+        try:
+            net.drain.layout = layout
+            for seq, row in enumerate(data):
+                head = np.array([(JOB, STREAM, seq, 2, 0)], dtype=header).view(np.uint8)
+                net.tx.sendmsg([head, row])
+            assert net.poller.poll(2000)
+            round_head = np.array([(JOB, STREAM, 0, 2, 0)], dtype=header).view(np.uint8)
+            have, out = np.zeros(5, dtype=bool), np.zeros(5 * D, dtype=np.uint8)
+            for _ in range(50):
+                _drain(net.rx.fileno(), net.drain._io(), round_head, have, out, 5, 0, layout)
+                if have.all() or net.drain.state[STATUS] == OTHER:
+                    break
+                net.poller.poll(100)
+            assert have.all() == takes
+            if takes:
+                assert out.tobytes() == data.tobytes()
+        finally:
+            net.close()
+
+
+def test_a_header_the_loop_cannot_read_is_refused_when_its_layout_is_derived():
+    wide = np.dtype([("job", "<u8"), ("stream", "<u4"), ("seq", "<u8"), ("flags", "<u2")])
+    with pytest.raises(ValueError, match="reads seq as <u4, the header has it as <u8"):
+        header_layout(wide)

@@ -3,13 +3,18 @@ config hands the coded shuffle and the launcher."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from coded_shuffle.distributed.fault_kinds import FAULTS, fault_kinds
 from coded_shuffle.errors import UsageError
+from coded_shuffle.tools.cli import build_parser
 from coded_shuffle_train import shuffle_sgd
 from coded_shuffle_train.compose import CONF_DIR
+from coded_shuffle_train.config import DebugConf
 from tests.helpers import (
     compose,
     run_job,
@@ -210,3 +215,14 @@ def test_a_negative_restart_count_is_one_usage_error():
     cfg = compose("dist.max_restarts=-1")
     with pytest.raises(UsageError, match=r"dist\.max_restarts=-1 out of range \(must be >= 0\)"):
         validate(cfg).max_restarts(cfg)
+
+
+def test_every_debug_key_is_a_fault_kind_of_the_one_registry():
+    """The job's ``debug.*`` keys are exactly the keys the registry's ``job`` kinds name;
+    every cluster kind is a ``coded-shuffle cluster`` flag."""
+    keys = [key for name in fault_kinds("job") for key in FAULTS[name].keys]
+    assert sorted(keys) == sorted(f.name for f in dataclasses.fields(DebugConf))
+    cluster = build_parser()._subparsers._group_actions[0].choices["cluster"]
+    flags = {opt for action in cluster._actions for opt in action.option_strings}
+    assert {f"--{name}" for name in fault_kinds("cluster")} <= flags
+    assert not [name for name in FAULTS if FAULTS[name].by == "cluster" and FAULTS[name].keys]

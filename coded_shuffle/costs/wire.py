@@ -19,9 +19,12 @@ HEADER_FORMAT = "<IHHIIII"
 HEADER_BYTES = struct.calcsize(HEADER_FORMAT)  # 24
 DEFAULT_CHUNK_BYTES = 256 << 10
 
-# multicast datagram header: job u64, stream u32, seq u32, round u16, flags u16
-DGRAM_FORMAT = "<QIIHH"
-DGRAM_HEADER_BYTES = struct.calcsize(DGRAM_FORMAT)  # 20
+# the multicast datagram's header, its one definition: the sender packs it, the receivers
+# read it (the compiled loop at the offsets derived from it: multicast/drain.py)
+DGRAM_HEADER = np.dtype(
+    [("job", "<u8"), ("stream", "<u4"), ("seq", "<u4"), ("round", "<u2"), ("flags", "<u2")]
+)
+DGRAM_HEADER_BYTES = DGRAM_HEADER.itemsize  # 20
 IPV4_BYTES, UDP_BYTES = 20, 8  # headers: IPv4 (every fragment), UDP (once per datagram)
 ETHERNET_HEADER_BYTES = 14  # what tc and the NIC counters count per frame
 ETHERNET_WIRE_BYTES = 38  # on a real link: header 14, FCS 4, preamble 8, inter-frame gap 12

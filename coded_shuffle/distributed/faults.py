@@ -1,5 +1,5 @@
-"""Faults put in on purpose, to show that a check catches them (tests, ``debug.*`` of the
-training job): a process-wide layer with one hook point, never part of
+"""Faults put in on purpose, to show that a check catches them (their kinds:
+:mod:`.fault_kinds`): a process-wide layer with one hook point, never part of
 :class:`~coded_shuffle.CodedShuffle`'s settings and never a reason to take another path.
 
 The hook point: :func:`outgoing`, the master's symbols of an epoch as each message is framed.

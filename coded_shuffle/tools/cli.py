@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from coded_shuffle.distributed.fault_kinds import FAULTS, fault_kinds
 from coded_shuffle.errors import UndecodableError, UsageError, VerificationError
 from coded_shuffle.math.schemes import REGISTRY
 from coded_shuffle.version import __version__
@@ -233,52 +234,23 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_cluster_faults(cl: argparse.ArgumentParser) -> None:
-    """``coded-shuffle cluster``'s faults (coded_shuffle/tools/cluster/faults.py) and
-    ``--min-hosts`` (an elastic cluster, which ``--lose`` needs)."""
-    cl.add_argument(
-        "--kill",
-        action="append",
-        default=[],
-        metavar="HOST@WHEN",
-        help="SIGKILL every process of HOST WHEN: seconds after the start (2@30), once the job "
-        "recorded epoch N (2@e2), or D seconds after that (2@e2+0.5: inside epoch N + 1); with "
-        "dist.max_restarts > 0 the host is started again",
-    )
-    cl.add_argument(
-        "--lose",
-        action="append",
-        default=[],
-        metavar="HOST@WHEN",
-        help="SIGKILL every process of HOST WHEN, for good (needs --min-hosts: the job goes on "
-        "with the hosts that are left once dist.max_restarts > 0 restarts it)",
-    )
+    """``coded-shuffle cluster``'s faults: a ``--NAME HOST@WHEN`` flag for every kind the
+    cluster puts in (the registry, :data:`~coded_shuffle.distributed.faults.FAULTS`), and
+    ``--min-hosts`` (an elastic cluster, which ``--lose`` needs) and ``--heal``."""
+    for name in fault_kinds("cluster"):
+        cl.add_argument(
+            f"--{name}",
+            action="append",
+            default=[],
+            metavar="HOST@WHEN",
+            help=f"{FAULTS[name].does}. WHEN: seconds after the start (2@30), once the job "
+            "recorded epoch N (2@e2), or D seconds after that (2@e2+0.5: inside epoch N + 1)",
+        )
     cl.add_argument(
         "--min-hosts",
         type=int,
         help="elastic nodes: torchrun --nnodes MIN:P with c10d rendezvous at host 0; after a "
         "failure the job starts again with the hosts that are left (at least MIN)",
-    )
-    cl.add_argument(
-        "--cut",
-        action="append",
-        default=[],
-        metavar="HOST@WHEN",
-        help="take HOST's link down WHEN (seconds after the start, or eN: once epoch N is "
-        "recorded); its processes stay alive",
-    )
-    cl.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="HOST@WHEN",
-        help="SIGSTOP every process of HOST WHEN (a hung machine); see --heal",
-    )
-    cl.add_argument(
-        "--corrupt",
-        action="append",
-        default=[],
-        metavar="HOST@WHEN",
-        help="flip a byte of worker HOST-1's newest store file WHEN (the training job)",
     )
     cl.add_argument(
         "--heal",

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
+from coded_shuffle.distributed.fault_kinds import fault_kinds
 from coded_shuffle.errors import UsageError
-from coded_shuffle.tools.cluster.faults import KINDS, Fault
+from coded_shuffle.tools.cluster.faults import Fault
 from coded_shuffle.tools.cluster.netns import Cluster, check_privileges, sweep_stale
 from coded_shuffle.tools.cluster.record import (
     Counters,
@@ -97,7 +98,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     )
     faults = [
         Fault.parse(kind, text, args.hosts)
-        for kind in KINDS
+        for kind in fault_kinds("cluster")
         for text in getattr(args, kind, None) or []
     ]
     min_hosts = check_elastic(args.min_hosts, args.hosts, faults)

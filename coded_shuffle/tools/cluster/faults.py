@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from coded_shuffle.distributed.fault_kinds import FAULTS
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster, kill_namespace_processes
 from coded_shuffle.tools.records import recorded_lines
 
-KINDS = ("kill", "lose", "cut", "stop", "corrupt")
 WHEN = re.compile(r"(\d+)@(?:(\d+(?:\.\d*)?)|e(\d+)(?:\+(\d+(?:\.\d*)?))?)")
 
 
@@ -56,8 +56,8 @@ class Fault:
         host = int(m.group(1))
         if not 0 <= host < hosts:
             raise UsageError(f"--{kind} {text}: host {host} out of range 0..{hosts - 1}")
-        if kind == "corrupt" and host == 0:
-            raise UsageError(f"--corrupt {text}: host 0 is the master, which keeps no store")
+        if FAULTS[kind].workers_only and host == 0:
+            raise UsageError(f"--{kind} {text}: host 0 is the master, which keeps no store")
         if m.group(3) is None:
             return cls(kind, host, float(m.group(2)))
         if int(m.group(3)) < 1:
@@ -140,7 +140,7 @@ class Faults:
             self.apply(fault, procs)
             fault.done_at = round(now, 3)
             self.say(fault, now)
-            if self.heal is not None and fault.kind in ("cut", "stop"):
+            if self.heal is not None and FAULTS[fault.kind].heals:
                 self.healing.append(fault)
         for fault in [f for f in self.healing if now >= f.done_at + self.heal]:
             self.healing.remove(fault)
@@ -164,8 +164,10 @@ class Faults:
         elif fault.kind == "lose":
             self.kill(fault.host, procs)
             self.lost.add(fault.host)
-        else:
+        elif fault.kind == "kill":
             self.replace(fault, procs)
+        else:
+            raise ValueError(f"the cluster has no action for fault kind {fault.kind!r}")
 
     def kill(self, host: int, procs: list[subprocess.Popen]) -> None:
         while kill_namespace_processes(self.cluster.host_ns(host)):

@@ -72,7 +72,6 @@ from coded_shuffle.costs.wire import (
 )
 from coded_shuffle.distributed.transports.base import OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.multicast.batches import (
-    DGRAM,
     GRO_CMSG_BYTES,
     RECEIVE_BYTES,
     SendBatch,
@@ -109,7 +108,7 @@ from coded_shuffle.distributed.transports.multicast.receive import Debug, Round,
 POLL_SECONDS = 0.005
 log = logging.getLogger("coded_shuffle")
 
-__all__ = ["DGRAM", "Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
+__all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
 
 
 class MulticastCost(BroadcastCost):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from coded_shuffle.costs.wire import DGRAM_FORMAT, DGRAM_HEADER_BYTES
+from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY
 
 UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
@@ -32,12 +32,6 @@ GRO_MAX_SEGMENTS = 64  # datagrams the kernel coalesces into one read at most (U
 GRO_CMSG_BYTES = socket.CMSG_SPACE(4)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
-
-DGRAM = struct.Struct(DGRAM_FORMAT)  # one header, packed or read by a plain unpack
-HEADER = np.dtype(  # the same header, as the rows of an array
-    [("job", "<u8"), ("stream", "<u4"), ("seq", "<u4"), ("round", "<u2"), ("flags", "<u2")]
-)
-assert HEADER.itemsize == DGRAM_HEADER_BYTES
 
 
 def batch_datagrams(rate: float, frame_bytes: int, datagram_bytes: int) -> int:
@@ -105,7 +99,7 @@ class SendBatch:
 
     def __init__(self, sock: socket.socket, capacity: int, d: int) -> None:
         self.sock, self.d, self.capacity = sock, d, capacity
-        self.rows = np.zeros(capacity, dtype=[("head", HEADER), ("payload", np.uint8, (d,))])
+        self.rows = np.zeros(capacity, dtype=[("head", DGRAM_HEADER), ("payload", np.uint8, (d,))])
         self.raw = self.rows.view(np.uint8).reshape(-1)
         self.segment = DGRAM_HEADER_BYTES + d
         self.gso = capacity > 1
@@ -160,7 +154,7 @@ class SendBatch:
 def headers(buffer: np.ndarray, nbytes: int, segment: int) -> np.ndarray:
     """The headers of the datagrams a read of ``nbytes`` holds, every ``segment`` bytes."""
     k = -(-nbytes // segment)
-    return np.ndarray((k,), dtype=HEADER, buffer=buffer, strides=(segment,))
+    return np.ndarray((k,), dtype=DGRAM_HEADER, buffer=buffer, strides=(segment,))
 
 
 def payloads(buffer: np.ndarray, k: int, segment: int, d: int) -> np.ndarray:

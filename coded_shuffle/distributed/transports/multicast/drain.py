@@ -20,7 +20,7 @@ import socket
 import numpy as np
 from numba import njit, types
 
-from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
+from coded_shuffle.costs.wire import DGRAM_HEADER
 from coded_shuffle.distributed.transports.multicast.batches import (
     GRO_MAX_SEGMENTS,
     RECEIVE_BYTES,
@@ -37,6 +37,27 @@ STATUS, NBYTES, SEGMENT, TAKEN, INGRESS = range(len(STATE))
 # struct msghdr (x86-64 and every LP64 Linux), as 8-byte words: name, namelen, iov, iovlen,
 # control, controllen, flags
 NAME, NAMELEN, IOV, IOVLEN, CONTROL, CONTROLLEN, FLAGS = range(7)
+
+SEQ_AT, FLAGS_AT, HEADER_BYTES, MASK = range(4)  # a header layout's entries; the mask last
+
+
+def header_layout(header: np.dtype = DGRAM_HEADER) -> np.ndarray:
+    """The datagram header as the compiled loop reads it, derived from its one definition
+    (:data:`~coded_shuffle.costs.wire.DGRAM_HEADER`): the offsets of ``seq`` (little-endian
+    u32) and ``flags`` (little-endian u16) and the header's size, then one entry per header
+    byte, 1 where the byte must equal this round's header (the job, the stream, the round)."""
+    for field, kind in (("seq", "<u4"), ("flags", "<u2")):
+        if header.fields[field][0] != np.dtype(kind):
+            raise ValueError(
+                f"the compiled loop reads {field} as {kind}, the header has it as "
+                f"{header.fields[field][0].str}"
+            )
+    seq, flags = header.fields["seq"][1], header.fields["flags"][1]
+    mask = np.ones(header.itemsize, dtype=np.int64)
+    mask[seq : seq + 4] = 0
+    mask[flags : flags + 2] = 0
+    return np.concatenate([[seq, flags, header.itemsize], mask]).astype(np.int64)
+
 
 # libc's, linked by name (a ctypes function's address would keep numba from caching the loop)
 _recvmsg = types.ExternalFunction("recvmsg", types.intp(types.int32, types.voidptr, types.int32))
@@ -82,39 +103,51 @@ def _lacking(have: np.ndarray, block: int, b: int, lo: int, hi: int) -> int:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _flags(buf: np.ndarray, at: int, layout: np.ndarray) -> int:
+    """The flags of the datagram at ``buf[at]`` (``layout``: :func:`header_layout`)."""
+    f = at + layout[FLAGS_AT]
+    return np.int64(buf[f]) | (np.int64(buf[f + 1]) << 8)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def _common(
-    buf: np.ndarray, nbytes: int, segment: int, head: np.ndarray, have: np.ndarray, block: int
+    buf: np.ndarray,
+    nbytes: int,
+    segment: int,
+    head: np.ndarray,
+    have: np.ndarray,
+    block: int,
+    layout: np.ndarray,
 ) -> int:
     """The data datagrams in a read of the common case (-1: it is not), after checking every
-    header against ``head`` (this round's, sequence number and flags aside): data datagrams
-    not held yet, numbered one after the other, and parity datagrams of blocks (of
-    ``block`` datagrams) that lack nothing once the read's data are in: these rebuild
-    nothing and are dropped (counted)."""
-    d = segment - DGRAM_HEADER_BYTES
+    header (laid out as ``layout`` says: :func:`header_layout`) against ``head`` (this
+    round's, sequence number and flags aside): data datagrams not held yet, numbered one
+    after the other, and parity datagrams of blocks (of ``block`` datagrams) that lack
+    nothing once the read's data are in: these rebuild nothing and are dropped (counted)."""
+    hb = layout[HEADER_BYTES]
+    d = segment - hb
     k = nbytes // segment
     if d <= 0 or k * segment != nbytes or k > GRO_MAX_SEGMENTS or k == 0:
         return -1
     first, data = -1, 0
     for i in range(k):
         at = i * segment
-        for b in range(12):
-            if buf[at + b] != head[b]:
+        for b in range(hb):
+            if layout[MASK + b] and buf[at + b] != head[b]:
                 return -1
-        if buf[at + 16] != head[16] or buf[at + 17] != head[17] or buf[at + 19] != 0:
-            return -1
-        seq = _u32(buf, at + 12)
-        if buf[at + 18] == 0:  # data
+        seq, flags = _u32(buf, at + layout[SEQ_AT]), _flags(buf, at, layout)
+        if flags == 0:  # data
             if first < 0:
                 first = seq
             if seq != first + data or seq >= have.size or have[seq]:
                 return -1
             data += 1
-        elif buf[at + 18] != FLAG_PARITY or block == 0:
+        elif flags != FLAG_PARITY or block == 0:
             return -1
     for i in range(k):  # every parity datagram's block whole with the data read
         at = i * segment
-        if buf[at + 18] == FLAG_PARITY:
-            b = _u32(buf, at + 12)
+        if _flags(buf, at, layout) == FLAG_PARITY:
+            b = _u32(buf, at + layout[SEQ_AT])
             if b * block >= have.size or _lacking(have, block, b, first, first + data):
                 return -1
     return data
@@ -129,14 +162,16 @@ def _drain(
     out: np.ndarray,
     missing: int,
     block: int,
+    layout: np.ndarray,
 ) -> None:
     """Reads until the socket is empty, ``missing`` datagrams were taken, or a read is not
     the common case (left in the buffer; its size and segment in ``state``). ``io``: the
     ``msghdr``, its name, the sender's address, its control buffer, the read buffer and the
     state; ``out``: the round's slots, ``out.size // have.size`` stream bytes per datagram;
-    ``block``: datagrams per parity datagram (0: none)."""
+    ``block``: datagrams per parity datagram (0: none); ``layout``: the header's
+    (:func:`header_layout`)."""
     msg, name, source, control, buf, state = io
-    d = out.size // have.size
+    d, hb = out.size // have.size, layout[HEADER_BYTES]
     state[TAKEN] = 0
     state[INGRESS] = 0
     while state[TAKEN] < missing:
@@ -151,20 +186,20 @@ def _drain(
         state[NBYTES] = nbytes
         state[SEGMENT] = segment
         k = -1
-        if segment == DGRAM_HEADER_BYTES + d and msg[NAMELEN] == name.size:
+        if segment == hb + d and msg[NAMELEN] == name.size:
             same = True
             for b in range(source.size):
                 same = same and name[b] == source[b]
             if same:
-                k = _common(buf, nbytes, segment, head, have, block)
+                k = _common(buf, nbytes, segment, head, have, block, layout)
         if k < 0:
             state[STATUS] = OTHER
             return
         for i in range(nbytes // segment):
             at = i * segment
-            if buf[at + 18] == 0:  # data (the parity datagrams rebuild nothing: dropped)
-                seq = _u32(buf, at + 12)
-                out[seq * d : (seq + 1) * d] = buf[at + DGRAM_HEADER_BYTES : at + segment]
+            if _flags(buf, at, layout) == 0:  # data (parity datagrams rebuild nothing: dropped)
+                seq = _u32(buf, at + layout[SEQ_AT])
+                out[seq * d : (seq + 1) * d] = buf[at + hb : at + segment]
                 have[seq] = True
         state[TAKEN] += k
         state[INGRESS] += nbytes
@@ -196,6 +231,7 @@ class Drain:
         )
         self.state = np.zeros(len(STATE), dtype=np.int64)
         self.source = np.zeros(8, dtype=np.uint8)
+        self.layout = header_layout()
 
     def _io(self) -> tuple[np.ndarray, ...]:
         return self.msg, self.name, self.source, self.control, self.buffer, self.state
@@ -207,8 +243,9 @@ class Drain:
     def warm(self) -> None:
         """Compiles (or loads from numba's cache) the loop now, not in the first delivery: a
         read of no socket, which takes nothing."""
-        head = np.zeros(DGRAM_HEADER_BYTES, dtype=np.uint8)
-        _drain(-1, self._io(), head, np.zeros(1, dtype=bool), np.zeros(1, dtype=np.uint8), 1, 0)
+        head = np.zeros(DGRAM_HEADER.itemsize, dtype=np.uint8)
+        none, one = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.uint8)
+        _drain(-1, self._io(), head, none, one, 1, 0, self.layout)
 
     def run(self, now: Round) -> int:
         """Takes the common reads into ``now``'s slots (its counts updated); returns
@@ -216,7 +253,8 @@ class Drain:
         describe the read left in the buffer, :meth:`sender` where it came from)."""
         slots = now.out[: now.have.size * now.d]
         missing = now.have.size - now.count
-        _drain(self.fd, self._io(), now.head, now.have, slots, missing, now.parity.block)
+        block = now.parity.block
+        _drain(self.fd, self._io(), now.head, now.have, slots, missing, block, self.layout)
         taken = int(self.state[TAKEN])
         now.count += taken
         now.received += taken

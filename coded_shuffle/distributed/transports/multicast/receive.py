@@ -14,14 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES
+from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
-from coded_shuffle.distributed.transports.multicast.batches import (
-    DGRAM,
-    HEADER,
-    headers,
-    payloads,
-)
+from coded_shuffle.distributed.transports.multicast.batches import headers, payloads
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 
 WINDOW = 4096  # datagrams :func:`first_missing` looks at in one go
@@ -73,7 +68,8 @@ class Round:
         self.d = self.parity.d
         self.count = int(self.have.sum())
         # this round's data datagram's header, its number 0
-        self.head = np.array([(self.job, self.stream, 0, self.rnd, 0)], dtype=HEADER).view(np.uint8)
+        head = (self.job, self.stream, 0, self.rnd, 0)
+        self.head = np.array([head], dtype=DGRAM_HEADER).view(np.uint8)
         self.prefix = self.head[:12]  # the job and the stream
 
     def take(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
@@ -84,7 +80,7 @@ class Round:
             self._run(buffer, nbytes, segment)
 
     def _one(self, buffer: np.ndarray, nbytes: int) -> None:
-        job, stream, seq, rnd, flags = DGRAM.unpack_from(buffer)
+        job, stream, seq, rnd, flags = buffer[:DGRAM_HEADER_BYTES].view(DGRAM_HEADER)[0].item()
         if job != self.job:
             self.counts.foreign += 1
             return
