@@ -174,7 +174,9 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
         f"hydra.run.dir={run_dir}",
         *args.set,
     ]
-    argv = job_argv(k + 1, args.rate, args.medium, overrides, args.master_rate, args.mtu)
+    argv = job_argv(
+        k + 1, args.rate, args.medium, overrides, args.master_rate, args.mtu, args.host_rate
+    )
     with cpu_hog(args.cpu_hog):
         run_job(argv, "bench_transport.py")
     rows = verified_records(run_dir, "bench_transport.py")
@@ -196,6 +198,7 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     from coded_shuffle.costs.rates import parse_rate
     from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
     from coded_shuffle.distributed.transports import transport_cost
+    from coded_shuffle.tools.cli import worker_rates
     from coded_shuffle.tools.predict import Workload, planned_load
 
     key = (res.workers, res.scheme)
@@ -205,17 +208,18 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
         cluster = Workload(
             res.workers, points, 4 * args.features + 4, scheme=name, storage=float(storage or 1)
         )
-        _LOADS[key] = planned_load(cluster, chain=args.medium == "shared")
+        _LOADS[key] = planned_load(cluster, chain=args.medium == "shared" or bool(args.host_rate))
     rate = parse_rate(args.rate)
     master = parse_rate(args.master_rate) if args.master_rate else rate
     topology = "uplink" if args.medium == "switch" and master < rate else args.medium
-    net = Network(topology, rate, master, mtu=args.mtu, frame=ETHERNET_HEADER_BYTES)
+    workers = worker_rates(args.host_rate, res.workers, rate)
+    net = Network(topology, rate, master, args.mtu, ETHERNET_HEADER_BYTES, worker_rates=workers)
     t, cost = _LOADS[key].traffic, transport_cost(res.transport)
     if name == "uncoded":
-        return cost.seconds(t.uncoded_bytes, t, net, t.uncoded_links)
+        return cost.seconds(t.uncoded_bytes, t, net, t.uncoded_reach)
     if name == "decentralized":
         return cost.seconds(cost.peer_stream(t), t, net)
-    return cost.seconds(t.coded_bytes, t, net, t.coded_links)
+    return cost.seconds(t.coded_bytes, t, net, t.coded_reach)
 
 
 _LOADS: dict = {}
@@ -375,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--predict", action="store_true", help="predicted seconds (coded-shuffle predict) too"
     )
+    parser.add_argument(
+        "--host-rate",
+        action="append",
+        default=[],
+        metavar="HOST=RATE",
+        help="that host's NIC rate both ways (repeatable): an uneven cluster",
+    )
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 3, 4, 5])
     parser.add_argument("--loopback-mbytes", type=float, default=200.0)
     parser.add_argument("--point-bytes", type=int, default=2004, help="loopback row size")
@@ -391,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"emulated cluster: K+1 hosts on {medium}, NICs {args.rate} both ways"
         + (f" (the master's {args.master_rate})" if args.master_rate else "")
+        + "".join(f", host {h.replace('=', ' at ')}" for h in args.host_rate)
         + f", MTU {args.mtu}; "
         f"{args.points} points of {4 * args.features + 4} bytes, {args.epochs - 1} coded epochs "
         f"(median); every epoch verified{'; a CPU-bound process beside' if args.cpu_hog else ''}",

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.costs import model, wire
-from coded_shuffle.costs.model import Network, Traffic
+from coded_shuffle.costs.model import Network, Reach, Traffic
 from coded_shuffle.distributed.transports import REGISTRY, transport_cost
 from coded_shuffle.tools import cli, predict
 from coded_shuffle.tools.predict import Workload, planned_load
@@ -23,9 +24,9 @@ ROWS = [name for name, cls in REGISTRY.items() if not cls.own_symbols]  # carry 
 PEERS = [name for name, cls in REGISTRY.items() if cls.own_symbols]  # carry their own symbols
 
 
-def seconds(transport: str, stream: float, traffic: Traffic, net: Network, links=None) -> float:
+def seconds(transport: str, stream: float, traffic: Traffic, net: Network, reach=None) -> float:
     """The transport's own price of a delivery (``Transport.cost``)."""
-    return transport_cost(transport).seconds(stream, traffic, net, links)
+    return transport_cost(transport).seconds(stream, traffic, net, reach)
 
 
 def master_bytes(transport: str, stream: float, workers: int) -> float:
@@ -89,7 +90,7 @@ def test_a_shared_medium_carries_every_hosts_sends_and_an_uplink_slows_the_maste
     one = shared.tcp(rc) / 50e6
     # a chain pays every relay's copy: K links per byte unless told how far messages reach
     assert seconds("chain", rc, traffic, shared) == pytest.approx(shared.tcp(k * rc) / 50e6 + 0.02)
-    reach = seconds("chain", rc, traffic, shared, links=2.5)
+    reach = seconds("chain", rc, traffic, shared, Reach(2.5, (1.0, 0.8, 0.7) + (0.0,) * 5))
     assert reach == pytest.approx(shared.tcp(2.5 * rc) / 50e6 + 0.02)
     assert seconds("tree", rc, traffic, shared) == pytest.approx(k * one + 0.02)
     assert seconds("multicast", rc, traffic, shared) == seconds("multicast", rc, traffic, SWITCH)
@@ -109,14 +110,42 @@ def test_a_master_faster_than_its_workers_streams_at_the_workers_rate():
     assert seconds("multicast", rc, traffic, fast) > fast.datagrams(rc) / (100e6 / 8)
 
 
+def test_an_uneven_cluster_is_priced_by_the_receivers_it_waits_for():
+    """One worker's NIC at half the others' (a switch at 400 Mbit/s): unicast still waits for
+    the master's NIC (the slow worker's quarter fits its half rate); p2p for the slow worker's
+    own share; multicast paces every datagram for the slowest receiver; a chain, slow host
+    last, carries what reaches it at its rate and the rest at the others' (a relay's window
+    ties every message to the slowest link it crosses), wherever the slow host is listed."""
+    k, rc, ru = 4, 15 * MB, 30 * MB
+    traffic = Traffic(k, rc, ru)
+    even = Network("switch", 400e6, 400e6)
+    slow = replace(even, worker_rates=(200e6, 400e6, 400e6, 400e6))
+    tcp, over, fast, half = even.tcp, even.overhead_seconds, 50e6, 25e6
+    assert seconds("unicast", ru, traffic, slow) == seconds("unicast", ru, traffic, even)
+    p2p = tcp(ru / k) / half + (k - 1) * even.peer_seconds + over
+    assert seconds("p2p", ru, traffic, slow) == pytest.approx(p2p)
+    multicast = seconds("multicast", rc, traffic, even) - over
+    assert seconds("multicast", rc, traffic, slow) == pytest.approx(2 * multicast + over)
+    reach = Reach(3.5, (1.0, 1.0, 1.0, 0.5))
+    frames = (k - 1) * tcp(1500)
+    chain = tcp(rc / 2) / fast + tcp(rc / 2) / half + frames / half + over
+    assert seconds("chain", rc, traffic, slow, reach) == pytest.approx(chain)
+    whole = 2 * tcp(rc / 2) / fast + frames / fast + over  # even: the stream at the NIC's rate
+    assert seconds("chain", rc, traffic, even, reach) == pytest.approx(whole)
+    assert seconds("chain", rc, traffic, even) == pytest.approx(
+        tcp(rc) / fast + frames / fast + over
+    )
+
+
 def test_chain_links_follow_how_far_each_message_is_kept():
     """An uncoded stream ordered by worker: a message reaches the worker that keeps it, about
     (K + 1) / 2 links per byte; a coded one reaches further (its symbols serve two)."""
     from coded_shuffle.tools.predict import Workload, planned_load
 
     coded = planned_load(Workload(8, 8 * 2000, 2004, chunk_bytes=8192), chain=True).traffic
-    assert 4.0 < coded.uncoded_links < 5.0 and coded.uncoded_links < coded.coded_links <= 8
-    assert planned_load(Workload(8, 8 * 2000, 2004)).traffic.coded_links is None
+    assert 4.0 < coded.uncoded_reach.links < 5.0
+    assert coded.uncoded_reach.links < coded.coded_reach.links <= 8
+    assert planned_load(Workload(8, 8 * 2000, 2004)).traffic.coded_reach is None
 
 
 def test_the_cost_models_constants_are_the_transports_defaults():
@@ -217,6 +246,10 @@ def test_a_partial_reshuffle_moves_its_fraction_and_p2p_wins_on_a_switch(capsys)
         (["--mtu", "100"], "mtu 100 out of range 576..65535"),
         (["--peer-seconds", "-1"], "peer seconds -1 out of range [0, 60)"),
         (["--fraction", "1.5"], "--fraction=1.5 out of range (0, 1]"),
+        (["--host-rate", "5=1gbit"], "--host-rate 5=1gbit: host 5 out of range 1..4"),
+        (["--host-rate", "0=1gbit"], "host 0 out of range 1..4 (host 0 is the master"),
+        (["--host-rate", "2"], "--host-rate '2': expected HOST=RATE"),
+        (["--host-rate", "2=9x"], "--host-rate '9x' cannot be parsed"),
     ],
 )
 def test_impossible_values_are_one_line_each(args, message, capsys):

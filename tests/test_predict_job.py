@@ -291,3 +291,34 @@ def test_multicast_is_paced_as_the_cluster_command_paces_it(overrides, paced):
     from coded_shuffle.tools.cluster.run import pacing_overrides
 
     assert pacing_overrides(overrides, 200_000_000, 50_000_000) == paced
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rates", "order"),
+    [
+        ([], {1: 400, 2: 200, 3: 400}, ["dist.chain.order=[1,3,2]"]),  # the job's default
+        (["dist.transport=chain"], {1: 100, 2: 400, 3: 200}, ["dist.chain.order=[2,3,1]"]),
+        (["dist.transport=chain"], {1: 400, 2: 400, 3: 400}, []),  # even: the default order
+        (["dist.chain.order=[3,2,1]"], {1: 400, 2: 200, 3: 400}, []),  # the user's
+        (["dist.transport=multicast"], {1: 400, 2: 200, 3: 400}, []),  # nothing relays
+    ],
+)
+def test_the_cluster_orders_a_chain_fastest_first(overrides, rates, order):
+    """On an uneven cluster the chain relays through the slow hosts last (inside it, a slow
+    host would slow every hop after it), unless the overrides give an order."""
+    from coded_shuffle.tools.cluster.run import relay_overrides
+
+    assert relay_overrides(overrides, rates) == order
+
+
+def test_the_cluster_paces_multicast_for_its_slowest_worker():
+    """``--host-rate 1=200mbit`` on a 400 Mbit/s cluster: multicast paced at 99% of the slow
+    worker's NIC (every receiver takes the whole stream), a chain ordered slow host last."""
+    from coded_shuffle.tools.cluster.netns import Cluster
+    from coded_shuffle.tools.cluster.run import training_overrides
+
+    cluster = Cluster(5, 400_000_000, None, host_rates={1: 200_000_000})
+    paced, _ = training_overrides(["dist.transport=multicast", "hydra.run.dir=x"], cluster)
+    assert "dist.multicast.rate=198mbit" in paced
+    relayed, _ = training_overrides(["hydra.run.dir=x"], cluster)
+    assert "dist.chain.order=[2,3,4,1]" in relayed

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.costs.model import Cost, Network, Traffic
+from coded_shuffle.costs.model import Cost, Network, Reach, Traffic
 from coded_shuffle.distributed.transports import REGISTRY, transport_cost
 from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transport
 from coded_shuffle.errors import UsageError
@@ -26,8 +26,8 @@ NAME = "reverse-unicast"
 class SerialCost(Cost):
     """One stream at a time: each at the slower of the master's and a worker's NIC."""
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        del traffic, links
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        del traffic, reach
         return net.tcp(stream) / (min(net.rate, net.master_rate) / 8)
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
     ETHERNET_WIRE_BYTES,
@@ -67,6 +69,19 @@ class Network:
     overhead_seconds: float = OVERHEAD_SECONDS
     peer_seconds: float = PEER_SECONDS
     peer_stream_seconds: float = PEER_STREAM_SECONDS
+    # bits/s of each worker's NIC where they differ (``--host-rate``; empty: every one
+    # ``rate``); on a shared medium a worker's own NIC beside the medium's ``rate``
+    worker_rates: tuple[float, ...] = ()
+
+    def receivers(self, workers: int) -> tuple[float, ...]:
+        """Every worker's NIC in bytes/s, fastest first: the order a chain relays in (the
+        cluster command orders it so: a slow host last slows no hop after it)."""
+        rates = self.worker_rates or (self.rate,) * workers
+        return tuple(sorted((r / 8 for r in rates), reverse=True))
+
+    def slowest(self, workers: int) -> float:
+        """The slowest worker's NIC in bytes/s."""
+        return self.receivers(workers)[-1]
 
     def check(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -80,6 +95,8 @@ class Network:
             raise UsageError(f"mtu {self.mtu} out of range 576..65535")
         if not 0 <= self.peer_seconds < 60:
             raise UsageError(f"peer seconds {self.peer_seconds:g} out of range [0, 60)")
+        if any(r <= 0 for r in self.worker_rates):
+            raise UsageError(f"worker rates {list(self.worker_rates)} must all be > 0")
 
     def tcp(self, payload: float) -> float:
         return tcp_wire_bytes(payload, self.mtu, self.frame)
@@ -91,16 +108,25 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Reach:
+    """How far a stream travels down a chain ``1..K``: ``hops[j]``, the share of its bytes
+    that crosses the link into position ``j + 1``; ``links``, the links a byte crosses on
+    average with the reach tables (network bytes / stream bytes: ``K`` when every relay
+    forwards everything; less where later workers keep nothing)."""
+
+    links: float
+    hops: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Traffic:
     """One epoch's delivery as message bytes (framed, padding included)."""
 
     workers: int
     coded_bytes: float  # R_c: the coded broadcast
     uncoded_bytes: float  # R_u: every worker's missing rows, uncoded
-    # links a byte of the stream crosses on a chain, on average (network bytes / stream
-    # bytes): K when every relay forwards everything; less where later workers keep nothing
-    coded_links: float | None = None
-    uncoded_links: float | None = None
+    coded_reach: Reach | None = None  # on a chain (None: every relay forwards everything)
+    uncoded_reach: Reach | None = None
 
 
 class Cost:
@@ -112,17 +138,17 @@ class Cost:
     """A paced sender (multicast): its NIC idles less while its process is descheduled, so more
     of the delivery's CPU work overlaps its network seconds (:mod:`.run`)."""
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
         """Seconds the busiest link carries ``stream`` message bytes (``R_c`` or ``R_u``);
-        ``links``: the links a byte crosses on a chain, on average (None: every relay
-        forwards everything)."""
+        ``reach``: how far the stream travels down a chain (None: every relay forwards
+        everything)."""
         raise NotImplementedError(f"{type(self).__name__} has no byte model")
 
     def seconds(
-        self, stream: float, traffic: Traffic, net: Network, links: float | None = None
+        self, stream: float, traffic: Traffic, net: Network, reach: Reach | None = None
     ) -> float:
         """The delivery's seconds: :meth:`busy` and the fixed cost of a delivery."""
-        return self.busy(stream, traffic, net, links) + net.overhead_seconds
+        return self.busy(stream, traffic, net, reach) + net.overhead_seconds
 
     def master_bytes(self, stream: float, workers: int) -> float:
         """Message bytes the master sends (the transports' counted ``master_egress_bytes``,
@@ -173,19 +199,25 @@ def exchange_busy(stream: float, traffic: Traffic, net: Network) -> float:
     return busy + (k - 1) * net.peer_seconds
 
 
-def chain_links(plan: Plan, point_bytes: int, chunk_bytes: int) -> float:
-    """The links a byte of ``plan``'s streams crosses on a chain ``1..K``, on average: every
-    message as far as the last worker that keeps one of its rows, every reach table on every
-    link (the chain's byte model, :func:`~coded_shuffle.costs.wire.chain_bytes`; each
-    worker's kept rows from its decoding program)."""
+def chain_reach_of(plan: Plan, point_bytes: int, chunk_bytes: int) -> Reach:
+    """How far ``plan``'s streams travel down a chain ``1..K``: every message as far as the
+    last worker that keeps one of its rows, every reach table on every link (the chain's byte
+    model, :func:`~coded_shuffle.costs.wire.chain_bytes`; each worker's kept rows from its
+    decoding program)."""
+    workers = plan.plans[0].num_workers
     network = stream = 0
+    crossing = np.zeros(workers, dtype=np.int64)  # bytes into each position
     parts = byte_parts(point_bytes, plan.fractions)
     for part, b in zip(plan.plans, parts, strict=True):
         sub = subpoint_bytes(b, part.splits)
         sizes = message_sizes(part.num_symbols, sub, chunk_bytes)
         keep = [program.symbol_ids for program in decode_plan(part)]
         keepers = message_keepers(keep, part.num_symbols, sub, chunk_bytes)
-        order = range(1, part.num_workers + 1)
-        network += chain_bytes(sizes, chain_reach(keepers, order), part.num_workers)
+        reach = chain_reach(keepers, range(1, part.num_workers + 1)).astype(np.int64)
+        network += chain_bytes(sizes, reach, part.num_workers)
         stream += sum(sizes)
-    return network / stream if stream else 0.0
+        for j in range(part.num_workers):
+            crossing[j] += int(np.asarray(sizes, dtype=np.int64)[reach > j].sum())
+    if not stream:
+        return Reach(0.0, (0.0,) * workers)
+    return Reach(network / stream, tuple(float(c) / stream for c in crossing))

@@ -145,6 +145,14 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--rate", required=True, help="every worker's NIC rate, e.g. 10gbit")
     pr.add_argument("--master-rate", help="the master's NIC rate (default: --rate)")
     pr.add_argument(
+        "--host-rate",
+        action="append",
+        default=[],
+        metavar="HOST=RATE",
+        help="worker HOST's NIC rate (1..K, repeatable), as coded-shuffle cluster --host-rate: "
+        "an uneven cluster",
+    )
+    pr.add_argument(
         "--storage",
         "-T",
         type=float,
@@ -375,9 +383,12 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     rest = list(args.args)
     overrides = rest[1:] if rest[:1] == ["--"] else rest
     # multicast paced as the cluster command paces it where the overrides do not say
-    overrides += pacing_overrides(overrides, int(cluster.rate), int(cluster.master_rate))
+    hosts = worker_rates(args.host_rate, MAX_HOSTS, cluster.rate)
+    slowest = int(min(hosts or (cluster.rate,)))
+    overrides += pacing_overrides(overrides, slowest, int(cluster.master_rate))
     job = profile_job(overrides)
-    net = paced(cluster, job)
+    given = worker_rates(args.host_rate, job.workers, cluster.rate)
+    net = paced(dataclasses.replace(cluster, worker_rates=given), job)
     runs = predict_job(job, net)
     if args.json:
         for obj in as_json(job, runs):
@@ -385,6 +396,28 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     else:
         print("\n".join(render(job, net, runs)))
     return 0
+
+
+MAX_HOSTS = 4096  # a --host-rate's host before the job's workers are known
+
+
+def worker_rates(given: Sequence[str], workers: int, rate: float) -> tuple[float, ...]:
+    """``--host-rate HOST=RATE`` as every worker's NIC rate (bits/s; the others ``rate``), or
+    () where none is given; one line for a host outside ``1..workers`` or a bad rate."""
+    from coded_shuffle.costs.rates import parse_rate
+
+    rates = [rate] * workers
+    for text in given:
+        host, sep, value = text.partition("=")
+        if not sep or not host.isdigit():
+            raise UsageError(
+                f"--host-rate {text!r}: expected HOST=RATE, e.g. --host-rate 2=200mbit"
+            )
+        if not 1 <= int(host) <= workers:
+            why = " (host 0 is the master: --master-rate)" if host == "0" else ""
+            raise UsageError(f"--host-rate {text}: host {host} out of range 1..{workers}{why}")
+        rates[int(host) - 1] = parse_rate(value, "--host-rate")
+    return tuple(rates) if given else ()
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -418,6 +451,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         master_rate=parse_rate(args.master_rate, "--master-rate") if args.master_rate else rate,
         mtu=args.mtu,
         **({} if args.peer_seconds is None else {"peer_seconds": args.peer_seconds}),
+        worker_rates=worker_rates(args.host_rate, args.workers or 0, rate),
     )
     net.check()
     cluster = Workload(
@@ -430,7 +464,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         seed=args.seed,
         fraction=args.fraction,
     )
-    load = planned_load(cluster, chain=net.topology == "shared")
+    load = planned_load(cluster, chain=net.topology == "shared" or bool(net.worker_rates))
     peers = peer_load(cluster)
     rows = predict(cluster, net, load, peers)
     if args.json:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from coded_shuffle.costs.model import Network, Traffic, chain_links
+from coded_shuffle.costs.model import Network, Traffic, chain_reach_of
 from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.costs.wire import DEFAULT_CHUNK_BYTES, framed_parts_bytes
 from coded_shuffle.distributed.transports import REGISTRY
@@ -97,9 +97,9 @@ def _last_plan(workload: Workload, name: str, planned: int) -> Plan:
 def planned_load(workload: Workload, chain: bool = False) -> Load:
     """The scheme's load on a random reshuffle (:func:`_last_plan`), scaled to ``N``.
 
-    ``chain``: also the links a byte crosses on a chain, coded and uncoded (what a chain costs
-    on a shared medium; :func:`~coded_shuffle.costs.model.chain_links`, which decodes every
-    worker's program: slower at large ``K``)."""
+    ``chain``: also how far the streams travel down a chain, coded and uncoded (what a chain
+    costs on a shared medium or with a slow host; :func:`~coded_shuffle.costs.model.
+    chain_reach_of`, which decodes every worker's program: slower at large ``K``)."""
     workload.check()
     k, n = workload.workers, workload.points
     planned = n if n <= PLAN_POINTS else k * max(1, PLAN_POINTS // k)
@@ -116,8 +116,10 @@ def planned_load(workload: Workload, chain: bool = False) -> Load:
     if chain:
         uncoded_plan = _last_plan(workload, "uncoded", planned)
         links = {
-            "coded_links": chain_links(plan, workload.point_bytes, workload.chunk_bytes),
-            "uncoded_links": chain_links(uncoded_plan, workload.point_bytes, workload.chunk_bytes),
+            "coded_reach": chain_reach_of(plan, workload.point_bytes, workload.chunk_bytes),
+            "uncoded_reach": chain_reach_of(
+                uncoded_plan, workload.point_bytes, workload.chunk_bytes
+            ),
         }
     traffic = Traffic(
         workers=k,
@@ -159,8 +161,8 @@ def predict(
     load = load or planned_load(workload, chain=net.topology == "shared")
     t = load.traffic
     streams = {
-        "uncoded": (t.uncoded_bytes, t.uncoded_links),
-        "coded": (t.coded_bytes, t.coded_links),
+        "uncoded": (t.uncoded_bytes, t.uncoded_reach),
+        "coded": (t.coded_bytes, t.coded_reach),
     }
     if workload.scheme == "uncoded":
         del streams["coded"]
@@ -170,12 +172,12 @@ def predict(
             if d not in cls.deliveries():
                 continue
             if d == "decentralized" and peers is not None:
-                stream, links, traffic = cls.cost.peer_stream(peers.traffic), None, peers.traffic
+                stream, reach, traffic = cls.cost.peer_stream(peers.traffic), None, peers.traffic
             elif d in streams:
-                (stream, links), traffic = streams[d], t
+                (stream, reach), traffic = streams[d], t
             else:
                 continue
-            sec = cls.cost.seconds(stream, traffic, net, links)
+            sec = cls.cost.seconds(stream, traffic, net, reach)
             rows.append(Row(d, name, sec, cls.cost.master_bytes(stream, t.workers), 0.0))
     best = min(r.seconds for r in rows if r.delivery == "uncoded")
     return [replace(r, vs_best_uncoded=r.seconds / best) for r in rows]
@@ -187,6 +189,11 @@ def render(
     """The human table and its verdict."""
     t = load.traffic
     master = "" if net.master_rate == net.rate else f", master {format_rate(net.master_rate)}"
+    master += "".join(
+        f", worker {i} {format_rate(r)}"
+        for i, r in enumerate(net.worker_rates, start=1)
+        if r != net.rate
+    )
     lines = [
         f"predicted delivery seconds of one epoch: K = {workload.workers}, N = {workload.points:,}"
         f" points of {workload.point_bytes} B, T = {workload.storage:g}, scheme {workload.scheme}"

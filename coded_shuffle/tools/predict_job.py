@@ -182,8 +182,10 @@ def paced(net: Network, job: JobRun) -> Network:
     if not job.multicast_rate:
         return net
     pace = parse_rate(job.multicast_rate, "dist.multicast.rate")
-    # the sender's NIC: a worker's under peer-multicast, else the slower of the two
-    nic = net.rate if job.transport == "peer-multicast" else min(net.rate, net.master_rate)
+    # what the cost paces for: the slowest worker's NIC, and the master's where it sends
+    nic = net.slowest(job.workers) * 8
+    if REGISTRY[job.transport].routing != "peers":
+        nic = min(nic, net.master_rate)
     return replace(net, pace_share=min(1.0, pace / nic))
 
 
@@ -227,7 +229,8 @@ class Loads:
                 chunk_bytes=j.chunk_bytes,
                 fraction=fraction,
             )
-            self._loads[key] = planned_load(workload, chain=self.net.topology == "shared")
+            chain = self.net.topology == "shared" or bool(self.net.worker_rates)
+            self._loads[key] = planned_load(workload, chain=chain)
         return self._loads[key]
 
 
@@ -258,13 +261,13 @@ def reshuffle(option: Option, job: JobRun, net: Network, loads: Loads) -> Part:
         return delivery(net.overhead_seconds, transport_cost("unicast"), job.training, job.compute)
     if option.scheme == "decentralized":
         p = loads.get("decentralized", 1.0).traffic
-        stream, links = cost.peer_stream(p), None
+        stream, reach = cost.peer_stream(p), None
     else:
         coded = option.scheme != "uncoded"
         p = loads.get(option.scheme if coded else _coded(job), option.fraction).traffic
         stream = p.coded_bytes if coded else p.uncoded_bytes
-        links = p.coded_links if coded else p.uncoded_links
-    return delivery(cost.seconds(stream, p, net, links), cost, job.training, job.compute)
+        reach = p.coded_reach if coded else p.uncoded_reach
+    return delivery(cost.seconds(stream, p, net, reach), cost, job.training, job.compute)
 
 
 def _coded(job: JobRun) -> str:

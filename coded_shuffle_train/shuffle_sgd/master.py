@@ -86,7 +86,7 @@ class Resumed:
 
     def record(self, delivery: dict[str, Any]) -> dict[str, Any]:
         """The record's keys that say what the restart cost (``delivery``: this epoch's)."""
-        extra = {**self.report, **self.start.record(), "attempt": attempt()}
+        extra = {**self.report, **self.start.record()}  # the attempt: every row's own
         if isinstance(self.start, Resized):  # the placement for the new number of workers
             extra["resize_bytes"] = delivery["broadcast_bytes"]
             extra["fresh_placement_bytes"] = delivery["uncoded_bytes"]

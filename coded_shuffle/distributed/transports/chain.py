@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.costs.model import BroadcastCost, Network, Traffic
+from coded_shuffle.costs.model import BroadcastCost, Network, Reach, Traffic
 from coded_shuffle.costs.wire import REACH_DTYPE, chain_bytes, chain_reach
 from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Peer, Stream, Transport
 from coded_shuffle.distributed.transports.sockets import (
@@ -88,17 +88,39 @@ class ChainOptions:
 
 
 class ChainCost(BroadcastCost):
-    """On a switch: ``R_c`` from the master, relayed cut-through (plus ``K - 1`` frames, what a
-    relay receives before it forwards). On a shared medium every relay's copy crosses it:
-    every message on as many links as it reaches down the chain (``links`` per byte,
-    :attr:`~coded_shuffle.costs.model.Traffic.coded_links`; None: ``K``)."""
+    """On a switch: relayed cut-through, every link at once; but a relay holds only a window
+    of segments, so a message moves down the chain as fast as the slowest link it crosses:
+    the stream's seconds are every message's bytes over that link's rate (on an even network
+    ``R_c`` over the slower of the master's and a worker's NIC), plus ``K - 1`` frames (what a
+    relay receives before it forwards). A message crosses as far as the last worker that
+    keeps one of its rows (``reach.hops``; None: every relay forwards everything). The
+    workers relay fastest first (a slow host last slows only what reaches it: the cluster
+    command orders the chain so). On a shared medium every relay's copy crosses it: every
+    message on as many links as it reaches (``reach.links`` per byte; None: ``K``)."""
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        k, r = traffic.workers, net.rate / 8
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        k = traffic.workers
+        rates = net.receivers(k)
+        hops = reach.hops if reach is not None else (1.0,) * k
         if net.topology == "shared":
-            return net.tcp(stream * (k if links is None else links)) / r
-        hop = net.tcp(min(stream, net.mtu)) / r
-        return net.tcp(stream) / min(r, net.master_rate / 8) + (k - 1) * hop
+            links = k if reach is None else reach.links
+            medium = net.tcp(stream * links) / (net.rate / 8)
+            return max(medium, self.pipeline(stream, hops, rates, net))
+        into = (min(net.master_rate / 8, rates[0]), *rates[1:])
+        hop = net.tcp(min(stream, net.mtu)) / rates[-1]
+        return self.pipeline(stream, hops, into, net) + (k - 1) * hop
+
+    @staticmethod
+    def pipeline(
+        stream: float, hops: tuple[float, ...], into: tuple[float, ...], net: Network
+    ) -> float:
+        """Every message's bytes over the slowest link it crosses (``hops[j]``: the share
+        that crosses into position ``j + 1``, at ``into[j]`` bytes/s at most)."""
+        ends = [*hops[1:], 0.0]  # the share that goes on past each position
+        slowest = np.minimum.accumulate(np.asarray(into, dtype=float))
+        return sum(
+            net.tcp(stream * (h - on)) / r for h, on, r in zip(hops, ends, slowest, strict=True)
+        )
 
 
 class Chain(Transport):

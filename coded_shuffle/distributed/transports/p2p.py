@@ -9,20 +9,23 @@ workers can reach each other. Coded schemes are a configuration error here.
 
 from __future__ import annotations
 
-from coded_shuffle.costs.model import Cost, Network, Traffic
+from coded_shuffle.costs.model import Cost, Network, Reach, Traffic
 from coded_shuffle.distributed.transports.base import NoOptions
 from coded_shuffle.distributed.transports.unicast import Unicast
 
 
 class ExchangeCost(Cost):
     """Every worker streams to each of its ``K - 1`` peers at once: each NIC carries about
-    ``1 / K`` of the stream (a shared medium all of it), plus ``peer_seconds`` per peer (a
-    stream set up and drained, the spread of the workers' starts); the master sends nothing."""
+    ``1 / K`` of the stream (the slowest worker's bounds it; a shared medium carries all of
+    it), plus ``peer_seconds`` per peer (a stream set up and drained, the spread of the
+    workers' starts); the master sends nothing."""
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        del links
-        k, r = traffic.workers, net.rate / 8
-        busy = net.tcp(stream) / r if net.topology == "shared" else net.tcp(stream / k) / r
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        del reach
+        k = traffic.workers
+        busy = net.tcp(stream / k) / net.slowest(k)
+        if net.topology == "shared":
+            busy = max(busy, net.tcp(stream) / (net.rate / 8))
         return busy + (k - 1) * net.peer_seconds
 
     def master_bytes(self, stream: float, workers: int) -> float:

@@ -12,21 +12,21 @@ points) and then only takes part in the feedback and checks the batch digests.
 
 from __future__ import annotations
 
-from coded_shuffle.costs.model import Cost, Network, Traffic
+from coded_shuffle.costs.model import Cost, Network, Reach, Traffic
 from coded_shuffle.distributed.transports.multicast import Multicast, MulticastCost
 
 
 class PeerMulticastCost(Cost):
     """Every worker's stream in turn, each datagram once on any topology, paced at the
     workers' own NICs (the master's is out of it), plus ``peer_stream_seconds`` per worker's
-    stream (its feedback round, the decoding and the reports); the master multicasts the
-    placement."""
+    stream (its feedback round, the decoding and the reports): every stream paced for the
+    slowest worker; the master multicasts the placement."""
 
     paced = True
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        del links
-        sending = net.datagrams(stream) / (net.pace_share * net.rate / 8)
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        del reach
+        sending = net.datagrams(stream) / (net.pace_share * net.slowest(traffic.workers))
         return sending + traffic.workers * net.peer_stream_seconds
 
     def master_bytes(self, stream: float, workers: int) -> float:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.costs.model import BroadcastCost, Network, Traffic
+from coded_shuffle.costs.model import BroadcastCost, Network, Reach, Traffic
 from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transport
 
 
@@ -32,13 +32,13 @@ def children(rank: int, world_size: int) -> list[int]:
 
 class TreeCost(BroadcastCost):
     """``ceil(log2 P)`` rounds, in each of which the master (and others) send the whole stream
-    once; on a shared medium every one of the ``K`` copies crosses it (the master's ``rounds``
-    at its own NIC's rate)."""
+    once, as fast as the slowest NIC a round reaches (taken as the slowest worker's); on a
+    shared medium every one of the ``K`` copies crosses it."""
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        del links
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        del reach
         k, r = traffic.workers, net.rate / 8
-        rounds, first = self.rounds(k), min(r, net.master_rate / 8)
+        rounds, first = self.rounds(k), min(r, net.master_rate / 8, net.slowest(k))
         if net.topology == "shared":
             return rounds * net.tcp(stream) / first + (k - rounds) * net.tcp(stream) / r
         return rounds * net.tcp(stream) / first

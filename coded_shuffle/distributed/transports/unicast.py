@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.costs.model import Cost, Network, Traffic
+from coded_shuffle.costs.model import Cost, Network, Reach, Traffic
 from coded_shuffle.distributed.transports.base import (
     KeyName,
     OnMessage,
@@ -56,15 +56,18 @@ class UnicastOptions:
 
 
 class UnicastCost(Cost):
-    """The master's streams at once, each at the slower of the two NICs: the master's NIC
-    carries ``R_u``, each worker's its ``1 / K`` share; on a shared medium all of ``R_u``."""
+    """The master's streams at once: the master's NIC carries ``R_u`` (a shared medium: at the
+    slower of the master's NIC and the medium), each worker's NIC its ``1 / K`` share (the
+    slowest worker's bounds it)."""
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        del links
-        r, rm = net.rate / 8, net.master_rate / 8
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        del reach
+        k = traffic.workers
+        share = net.tcp(stream / k) / net.slowest(k)
+        master = net.master_rate / 8
         if net.topology == "shared":
-            return net.tcp(stream) / min(r, rm)
-        return max(net.tcp(stream) / rm, net.tcp(stream / traffic.workers) / r)
+            master = min(master, net.rate / 8)
+        return max(net.tcp(stream) / master, share)
 
 
 class Unicast(Transport):

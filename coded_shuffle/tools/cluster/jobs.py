@@ -19,9 +19,11 @@ def job_argv(
     overrides: Sequence[str],
     master_rate: str | None = None,
     mtu: int | None = None,
+    host_rates: Sequence[str] = (),
 ) -> list[str]:
     """``python -m coded_shuffle cluster`` for one job of ``overrides`` on ``hosts`` hosts
-    with NICs of ``rate`` (the master's of ``master_rate`` where given) on ``medium``."""
+    with NICs of ``rate`` (the master's of ``master_rate`` where given; ``HOST=RATE`` of
+    ``host_rates``: that host's) on ``medium``."""
     return [
         sys.executable,
         "-m",
@@ -35,6 +37,7 @@ def job_argv(
         "--medium",
         medium,
         *(["--master-rate", master_rate] if master_rate else []),
+        *[x for given in host_rates for x in ("--host-rate", given)],
         "--",
         *overrides,
     ]

@@ -15,6 +15,7 @@ every exit path."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from coded_shuffle.costs.model import PACE_SHARE
 from coded_shuffle.costs.rates import format_rate
-from coded_shuffle.distributed.transports import REGISTRY
+from coded_shuffle.distributed.settings import ShuffleSettings
+from coded_shuffle.distributed.transports import REGISTRY, Transport
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.faults import Fault, Faults
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster
@@ -81,19 +83,42 @@ def training_overrides(
         run_dir = time.strftime(f"outputs/cluster-{cluster.run_id}-%Y%m%d-%H%M%S")
         out.append(f"hydra.run.dir={run_dir}")
     master = _override(out, "dist.master_rank")
-    master_host = cluster.host_of(int(master)) if master and master.isdigit() else 0
-    out += pacing_overrides(out, cluster.rate, cluster.host_rate(master_host))
+    master_rank = int(master) if master and master.isdigit() else 0
+    rates = {r: cluster.host_rate(cluster.host_of(r)) for r in range(cluster.processes)}
+    master_rate = rates.pop(master_rank)
+    out += pacing_overrides(out, min(rates.values()), master_rate)
+    if master_rank == 0:  # the workers' ranks are their roles
+        out += relay_overrides(out, rates)
     return out, Path(run_dir)
+
+
+def _transport(overrides: Sequence[str]) -> type[Transport]:
+    """The job's transport class (its default where the overrides do not name one)."""
+    name = _override(overrides, "dist.transport") or ShuffleSettings.transport
+    return REGISTRY.get(name, Transport)
+
+
+def relay_overrides(overrides: Sequence[str], rates: dict[int, int]) -> list[str]:
+    """A relay's order where the overrides do not set it (a transport whose options take an
+    ``order``: the chain): on an uneven cluster the workers fastest first, so that a slow
+    host, last, slows only its own hop (inside the chain it would slow every hop after it).
+    ``rates``: every worker rank's NIC rate."""
+    cls = _transport(overrides)
+    key = f"dist.{cls.options_key or cls.name}.order"
+    relays = "order" in {f.name for f in dataclasses.fields(cls.Options)}
+    if not relays or _override(overrides, key) is not None or len(set(rates.values())) < 2:
+        return []
+    order = sorted(rates, key=lambda r: (-rates[r], r))
+    return [f"{key}=[{','.join(map(str, order))}]"]
 
 
 def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> list[str]:
     """A paced transport's pacing where the overrides do not set it (its cost says it paces:
     multicast's mechanism): ``dist.<options>.rate`` at :data:`MULTICAST_SHARE` of the slowest
-    sender's NIC (every host; where the workers send, theirs, and the master's placement at
-    its own NIC's share, ``master_rate``)."""
-    name = _override(overrides, "dist.transport")
-    cls = REGISTRY.get(name or "")
-    if cls is None or not cls.cost.paced:
+    NIC a stream crosses (``rate``: the slowest worker's; the master's ``master_rate``; where
+    the workers send, theirs, and the master's placement at its own NIC's share)."""
+    cls = _transport(overrides)
+    if not cls.cost.paced:
         return []
     out, key = [], f"dist.{cls.options_key or cls.name}"
     peers = cls.routing == "peers"

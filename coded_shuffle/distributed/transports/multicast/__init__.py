@@ -63,7 +63,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from coded_shuffle.costs.model import BroadcastCost, Network, Traffic
+from coded_shuffle.costs.model import BroadcastCost, Network, Reach, Traffic
 from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
@@ -112,14 +112,15 @@ __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailab
 
 
 class MulticastCost(BroadcastCost):
-    """``R_c`` in full datagrams once, on any topology, paced at ``pace_share`` of the slower
-    of the master's and the workers' NICs."""
+    """``R_c`` in full datagrams once, on any topology, paced at ``pace_share`` of the
+    slowest NIC, the master's or a worker's: every receiver takes the whole stream."""
 
     paced = True
 
-    def busy(self, stream: float, traffic: Traffic, net: Network, links: float | None) -> float:
-        del traffic, links
-        return net.datagrams(stream) / (net.pace_share * min(net.rate, net.master_rate) / 8)
+    def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
+        del reach
+        slowest = min(net.master_rate / 8, net.slowest(traffic.workers))
+        return net.datagrams(stream) / (net.pace_share * slowest)
 
 
 class Multicast(Transport):
