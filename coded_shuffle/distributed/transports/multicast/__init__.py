@@ -12,9 +12,9 @@ after round, until every worker holds every byte.
 Two things keep the rate up where receivers lose datagrams:
 
 * **Adaptive pacing**: ``rate`` is the ceiling (a little below the slowest NIC); the pace
-  starts there, drops by a quarter after a round in which some receiver lost or got late more
-  than 2% of the datagrams, rises by a tenth after a clean round, and stays within
-  ``[rate / 16, rate]`` (additive-increase/multiplicative-decrease, per round).
+  starts there, drops by a quarter after a round in which some receiver lost or got late 2%
+  of the datagrams more than the loss no pace removed (random loss), rises by a tenth after
+  a round without more, and stays within ``[rate / 16, rate]`` (:class:`~.pacing.Pace`).
 * **Catching up**: a master that was held up sends what fell due meanwhile at once, up to
   2 MiB of wire bytes, so a busy CPU does not slow the pace.
 * **Parity**: after every ``parity_block`` datagrams of a stream's first round the master
@@ -98,8 +98,8 @@ from coded_shuffle.distributed.transports.multicast.options import (
     mreqn,
 )
 from coded_shuffle.distributed.transports.multicast.pacing import (
+    Pace,
     Pacer,
-    adapt,
     send_buffer_bytes,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
@@ -185,7 +185,7 @@ class Multicast(Transport):
         self.stranger: tuple[str, int] | None = None  # the last foreign datagram's source
         self.stream_id = 0
         self.rounds = 0  # repair rounds of the last stream (0: none needed)
-        self.pace = self.rate  # bits/s now: adapted round by round within [rate/16, rate]
+        self.pace = Pace(self.rate)  # adapted round by round within [rate/16, rate]
         self.parity = self.parity_block > 0  # send parity with the next stream
         self.rebuilt = 0  # datagrams this receiver rebuilt from parity (all streams)
 
@@ -193,7 +193,7 @@ class Multicast(Transport):
     def paced(self) -> float:
         """The bits/s this stream goes at: the pace, a share of it in the background
         (``background_share``: what a training loop's own traffic is left)."""
-        return self.pace * (float(self.options.background_share) if self.background else 1.0)
+        return self.pace.bits * (float(self.options.background_share) if self.background else 1.0)
 
     # ---------------------------------------------------------------- set-up
 
@@ -240,7 +240,7 @@ class Multicast(Transport):
     def settings(self) -> dict[str, Any]:
         return {
             "rate_bits": self.rate,
-            "pace_bits": round(self.pace),
+            "pace_bits": round(self.pace.bits),
             "parity_block": self.parity_block if self.parity else 0,
             "datagram_bytes": self.datagram_bytes,
             "batch_datagrams": self.batch.capacity if self.batch else 0,
@@ -324,8 +324,8 @@ class Multicast(Transport):
             sent_now = todo.size
 
     def _adapt(self, lost: int, sent: int) -> bool:
-        """The pace after a round (:func:`~.pacing.adapt`); True when any was lost."""
-        self.pace = adapt(self.pace, self.rate, lost, sent)
+        """The pace after a round (:meth:`~.pacing.Pace.adapt`); True when any was lost."""
+        self.pace.adapt(lost, sent)
         return lost > 0
 
     def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:

@@ -1,0 +1,47 @@
+"""The multicast pace (:class:`Pace`): it backs off from congestion, the loss that a lower
+pace removes, and holds its rate under random loss, which no pace removes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coded_shuffle.distributed.transports.multicast.pacing import PACE_FLOOR, ROUND_MIN, Pace
+
+RATE, DATAGRAMS = 400e6, 10_000
+
+
+def rounds(pace: Pace, capacity: float, random: float, n: int, seed: int = 0) -> list[float]:
+    """``n`` rounds of ``DATAGRAMS`` over a link of ``capacity`` bits/s with a share
+    ``random`` lost at random: what the pace sends above the capacity is lost too."""
+    rng = np.random.default_rng(seed)
+    paces = []
+    for _ in range(n):
+        over = max(0.0, 1 - capacity / pace.bits)
+        lost = rng.binomial(DATAGRAMS, 1 - (1 - over) * (1 - random))
+        paces.append(pace.adapt(int(lost), DATAGRAMS))
+    return paces
+
+
+@pytest.mark.parametrize("random", [0.0, 0.001, 0.01, 0.05])
+def test_random_loss_alone_keeps_the_pace_near_its_rate(random):
+    paces = rounds(Pace(RATE), capacity=RATE, random=random, n=40)
+    assert min(paces[5:]) >= 0.75 * RATE and np.median(paces) >= 0.9 * RATE
+
+
+@pytest.mark.parametrize("random", [0.0, 0.01, 0.05])
+def test_a_link_slower_than_the_pace_brings_it_down_to_the_link(random):
+    capacity = 0.4 * RATE
+    paces = rounds(Pace(RATE), capacity=capacity, random=random, n=60)
+    assert 0.5 * capacity <= np.median(paces[20:]) <= 1.15 * capacity
+
+
+def test_repair_rounds_are_too_small_to_slow_it_and_it_stays_within_its_range():
+    pace = Pace(RATE)
+    assert pace.adapt(ROUND_MIN // 2, ROUND_MIN - 1) == RATE  # a small round: no cut
+    for _ in range(100):
+        pace.adapt(DATAGRAMS, DATAGRAMS)  # every datagram lost
+    assert pace.bits == RATE * PACE_FLOOR
+    for _ in range(100):
+        pace.adapt(0, DATAGRAMS)
+    assert pace.bits == RATE
