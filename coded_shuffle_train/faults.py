@@ -60,19 +60,20 @@ def die_if_asked(
 
 
 def corrupt_if_asked(debug: DebugConf) -> None:
-    """``debug.corrupt_epoch``: the master flips byte 0 of that epoch's first symbol as it is
-    framed. The message digests still match (they cover what is sent), so only the comparison
-    of the workers' batch digests with the master's can catch it: the test that a wrong decode
-    fails loudly."""
+    """``debug.corrupt_epoch``: the master flips byte 0 of the first row it sends in that
+    epoch (a symbol; in epoch 1 a placed point), in the first attempt only (a restart then
+    delivers it whole). The message digests still match (they cover what is sent), so only
+    the comparison of the workers' batch digests with the master's can catch it: the test
+    that a wrong decode fails loudly, and that a restart repairs it."""
     target = debug.corrupt_epoch
-    if target is None:
+    if target is None or attempt() > 0:
         faults.set_outgoing(None)
         return
 
     def flip(epoch: int, first: int, rows: torch.Tensor) -> None:
         if epoch == int(target) and first == 0 and rows.numel():
             rows[0, 0] ^= 0xFF
-            log.warning(f"debug: epoch {epoch}: flipped byte 0 of symbol 0 (debug.corrupt_epoch)")
+            log.warning(f"debug: epoch {epoch}: flipped byte 0 of row 0 (debug.corrupt_epoch)")
 
     faults.set_outgoing(flip)
 

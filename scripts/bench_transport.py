@@ -203,17 +203,18 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
 
     key = (res.workers, res.scheme)
     name, _, storage = res.scheme.partition("@")
-    if key not in _LOADS:
-        points = args.points - args.points % res.workers
-        cluster = Workload(
-            res.workers, points, 4 * args.features + 4, scheme=name, storage=float(storage or 1)
-        )
-        _LOADS[key] = planned_load(cluster, chain=args.medium == "shared" or bool(args.host_rate))
     rate = parse_rate(args.rate)
     master = parse_rate(args.master_rate) if args.master_rate else rate
     topology = "uplink" if args.medium == "switch" and master < rate else args.medium
     workers = worker_rates(args.host_rate, res.workers, rate)
     net = Network(topology, rate, master, args.mtu, ETHERNET_HEADER_BYTES, worker_rates=workers)
+    if key not in _LOADS:
+        points = args.points - args.points % res.workers
+        cluster = Workload(
+            res.workers, points, 4 * args.features + 4, scheme=name, storage=float(storage or 1)
+        )
+        chain = args.medium == "shared" or bool(args.host_rate)
+        _LOADS[key] = planned_load(cluster, chain, net.relay_order(res.workers))
     t, cost = _LOADS[key].traffic, transport_cost(res.transport)
     if name == "uncoded":
         return cost.seconds(t.uncoded_bytes, t, net, t.uncoded_reach)

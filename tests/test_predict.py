@@ -90,7 +90,7 @@ def test_a_shared_medium_carries_every_hosts_sends_and_an_uplink_slows_the_maste
     one = shared.tcp(rc) / 50e6
     # a chain pays every relay's copy: K links per byte unless told how far messages reach
     assert seconds("chain", rc, traffic, shared) == pytest.approx(shared.tcp(k * rc) / 50e6 + 0.02)
-    reach = seconds("chain", rc, traffic, shared, Reach(2.5, (1.0, 0.8, 0.7) + (0.0,) * 5))
+    reach = seconds("chain", rc, traffic, shared, Reach(2.5, (1, 1), (4, 1)))
     assert reach == pytest.approx(shared.tcp(2.5 * rc) / 50e6 + 0.02)
     assert seconds("tree", rc, traffic, shared) == pytest.approx(k * one + 0.02)
     assert seconds("multicast", rc, traffic, shared) == seconds("multicast", rc, traffic, SWITCH)
@@ -113,28 +113,33 @@ def test_a_master_faster_than_its_workers_streams_at_the_workers_rate():
 def test_an_uneven_cluster_is_priced_by_the_receivers_it_waits_for():
     """One worker's NIC at half the others' (a switch at 400 Mbit/s): unicast still waits for
     the master's NIC (the slow worker's quarter fits its half rate); p2p for the slow worker's
-    own share; multicast paces every datagram for the slowest receiver; a chain, slow host
-    last, carries what reaches it at its rate and the rest at the others' (a relay's window
-    ties every message to the slowest link it crosses), wherever the slow host is listed."""
+    own share; multicast paces every datagram for the slowest receiver."""
     k, rc, ru = 4, 15 * MB, 30 * MB
     traffic = Traffic(k, rc, ru)
     even = Network("switch", 400e6, 400e6)
     slow = replace(even, worker_rates=(200e6, 400e6, 400e6, 400e6))
-    tcp, over, fast, half = even.tcp, even.overhead_seconds, 50e6, 25e6
+    tcp, over, half = even.tcp, even.overhead_seconds, 25e6
     assert seconds("unicast", ru, traffic, slow) == seconds("unicast", ru, traffic, even)
     p2p = tcp(ru / k) / half + (k - 1) * even.peer_seconds + over
     assert seconds("p2p", ru, traffic, slow) == pytest.approx(p2p)
     multicast = seconds("multicast", rc, traffic, even) - over
     assert seconds("multicast", rc, traffic, slow) == pytest.approx(2 * multicast + over)
-    reach = Reach(3.5, (1.0, 1.0, 1.0, 0.5))
-    frames = (k - 1) * tcp(1500)
-    chain = tcp(rc / 2) / fast + tcp(rc / 2) / half + frames / half + over
-    assert seconds("chain", rc, traffic, slow, reach) == pytest.approx(chain)
-    whole = 2 * tcp(rc / 2) / fast + frames / fast + over  # even: the stream at the NIC's rate
-    assert seconds("chain", rc, traffic, even, reach) == pytest.approx(whole)
-    assert seconds("chain", rc, traffic, even) == pytest.approx(
-        tcp(rc) / fast + frames / fast + over
-    )
+    assert slow.relay_order(k) == (2, 3, 4, 1) and slow.receivers(k)[-1] == half
+
+
+@pytest.mark.parametrize(("ends", "units"), [((4, 3), 2), ((3, 4), 3), ((3, 3), 2)])
+def test_a_chain_moves_each_message_at_the_slowest_link_it_crosses(ends, units):
+    """Two messages of ``m`` bytes; the last link (to the slow host, relayed last) at half
+    the others' rate. What reaches the slow host first overlaps the rest (two units of
+    ``m`` at the fast rate); what reaches it last starts there once the first message has
+    passed, and takes two units more; nothing for it: the fast links alone."""
+    k, m = 4, 5 * MB
+    slow = Network("switch", 400e6, 400e6, worker_rates=(400e6, 400e6, 400e6, 200e6))
+    reach = Reach(3.5, (m, m), ends)
+    fast, frames = 50e6, (k - 1) * slow.tcp(1500) / 25e6
+    expected = units * m / fast * slow.tcp(2 * m) / (2 * m) + frames + slow.overhead_seconds
+    got = seconds("chain", 2 * m, Traffic(k, 2 * m, 2 * m), slow, reach)
+    assert got == pytest.approx(expected)
 
 
 def test_chain_links_follow_how_far_each_message_is_kept():

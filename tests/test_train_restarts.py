@@ -220,6 +220,21 @@ def test_a_run_goes_on_with_another_number_of_workers(tmp_path, before, after, e
 
 
 @pytest.mark.distributed
+def test_a_corrupt_point_in_the_placement_is_caught_and_a_restart_repairs_it(runs, tmp_path):
+    """``debug.corrupt_epoch=1``: a byte of the first point the master places is flipped (its
+    message digest still matches); the worker's batch digest differs from the master's, the
+    job fails naming the epoch, and the launcher's restart (which places it whole) ends with
+    the unbroken run's parameters, every epoch verified."""
+    args = ["scheme=uncoded", *JOB, "debug.corrupt_epoch=1", "dist.max_restarts=1"]
+    out = run_job([*args, f"hydra.run.dir={tmp_path}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "VerificationError: epoch 1: worker" in out.stderr + out.stdout
+    summary = read_summary(tmp_path)
+    assert summary["restarts"] == 1 and summary["all_verified"] is True
+    assert summary["final_params_sha256"] == read_summary(runs["uncoded"])["final_params_sha256"]
+
+
+@pytest.mark.distributed
 def test_a_wrong_decode_fails_loudly(tmp_path):
     """The master corrupts one symbol (its message digest still matches what it sends), so
     the worker decodes a wrong batch; the master compares the batch digests and fails."""

@@ -25,9 +25,8 @@ first worker's start to the last one's end), both calibrated on the emulated clu
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
@@ -73,11 +72,16 @@ class Network:
     # ``rate``); on a shared medium a worker's own NIC beside the medium's ``rate``
     worker_rates: tuple[float, ...] = ()
 
-    def receivers(self, workers: int) -> tuple[float, ...]:
-        """Every worker's NIC in bytes/s, fastest first: the order a chain relays in (the
-        cluster command orders it so: a slow host last slows no hop after it)."""
+    def relay_order(self, workers: int) -> tuple[int, ...]:
+        """The workers ``1..K`` fastest first (the order the cluster command gives a chain:
+        a slow host last slows only what reaches it)."""
         rates = self.worker_rates or (self.rate,) * workers
-        return tuple(sorted((r / 8 for r in rates), reverse=True))
+        return tuple(sorted(range(1, workers + 1), key=lambda w: (-rates[w - 1], w)))
+
+    def receivers(self, workers: int) -> tuple[float, ...]:
+        """Every worker's NIC in bytes/s, in :meth:`relay_order`."""
+        rates = self.worker_rates or (self.rate,) * workers
+        return tuple(rates[w - 1] / 8 for w in self.relay_order(workers))
 
     def slowest(self, workers: int) -> float:
         """The slowest worker's NIC in bytes/s."""
@@ -109,13 +113,15 @@ class Network:
 
 @dataclass(frozen=True)
 class Reach:
-    """How far a stream travels down a chain ``1..K``: ``hops[j]``, the share of its bytes
-    that crosses the link into position ``j + 1``; ``links``, the links a byte crosses on
-    average with the reach tables (network bytes / stream bytes: ``K`` when every relay
-    forwards everything; less where later workers keep nothing)."""
+    """How far a stream travels down a chain in its relay order: message ``i`` (in the
+    stream's order) of ``sizes[i]`` bytes crosses the links into positions ``1 ..
+    ends[i]``; ``links``, the links a byte crosses on average with the reach tables (network
+    bytes / stream bytes: ``K`` when every relay forwards everything; less where later
+    workers keep nothing)."""
 
     links: float
-    hops: tuple[float, ...]
+    sizes: tuple[int, ...]
+    ends: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -199,25 +205,26 @@ def exchange_busy(stream: float, traffic: Traffic, net: Network) -> float:
     return busy + (k - 1) * net.peer_seconds
 
 
-def chain_reach_of(plan: Plan, point_bytes: int, chunk_bytes: int) -> Reach:
-    """How far ``plan``'s streams travel down a chain ``1..K``: every message as far as the
-    last worker that keeps one of its rows, every reach table on every link (the chain's byte
-    model, :func:`~coded_shuffle.costs.wire.chain_bytes`; each worker's kept rows from its
-    decoding program)."""
+def chain_reach_of(
+    plan: Plan, point_bytes: int, chunk_bytes: int, order: Sequence[int] | None = None
+) -> Reach:
+    """How far ``plan``'s streams travel down a chain in relay ``order`` (worker ranks;
+    None: ``1..K``): every message as far as the last worker that keeps one of its rows,
+    every reach table on every link (the chain's byte model,
+    :func:`~coded_shuffle.costs.wire.chain_bytes`; each worker's kept rows from its decoding
+    program), the parts' streams one after the other."""
     workers = plan.plans[0].num_workers
-    network = stream = 0
-    crossing = np.zeros(workers, dtype=np.int64)  # bytes into each position
+    order = range(1, workers + 1) if order is None else order
+    network, sizes, ends = 0, [], []
     parts = byte_parts(point_bytes, plan.fractions)
     for part, b in zip(plan.plans, parts, strict=True):
         sub = subpoint_bytes(b, part.splits)
-        sizes = message_sizes(part.num_symbols, sub, chunk_bytes)
+        mine = message_sizes(part.num_symbols, sub, chunk_bytes)
         keep = [program.symbol_ids for program in decode_plan(part)]
         keepers = message_keepers(keep, part.num_symbols, sub, chunk_bytes)
-        reach = chain_reach(keepers, range(1, part.num_workers + 1)).astype(np.int64)
-        network += chain_bytes(sizes, reach, part.num_workers)
-        stream += sum(sizes)
-        for j in range(part.num_workers):
-            crossing[j] += int(np.asarray(sizes, dtype=np.int64)[reach > j].sum())
-    if not stream:
-        return Reach(0.0, (0.0,) * workers)
-    return Reach(network / stream, tuple(float(c) / stream for c in crossing))
+        reach = chain_reach(keepers, order)
+        network += chain_bytes(mine, reach, part.num_workers)
+        sizes += [int(x) for x in mine]
+        ends += [int(x) for x in reach]
+    stream = sum(sizes)
+    return Reach(network / stream if stream else 0.0, tuple(sizes), tuple(ends))

@@ -2,7 +2,9 @@
 :mod:`.fault_kinds`): a process-wide layer with one hook point, never part of
 :class:`~coded_shuffle.CodedShuffle`'s settings and never a reason to take another path.
 
-The hook point: :func:`outgoing`, the master's symbols of an epoch as each message is framed.
+The hook point: :func:`outgoing`, the master's rows of an epoch as each message is framed:
+its coded symbols, and the points it places (the first epoch, and a worker's store re-placed
+after a restart).
 Without a hook it returns the rows it was given, untouched; with one, it wraps them as a row
 source whose rows the hook sees (and may change) after they are produced, whether they were
 encoded ahead or are encoded message by message.
@@ -18,8 +20,8 @@ import torch
 from coded_shuffle.distributed.transports.framing import RowSource, pick_rows
 
 RowsHook = Callable[[int, int, torch.Tensor], None]
-"""``(epoch, first, rows)``: rows ``first ..`` of a stream of the master's symbols of
-``epoch``, just produced for a message (it may change them in place)."""
+"""``(epoch, first, rows)``: rows ``first ..`` of a stream the master sends in ``epoch``
+(symbols or placed points), just produced for a message (it may change them in place)."""
 
 _outgoing: RowsHook | None = None
 

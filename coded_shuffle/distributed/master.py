@@ -124,7 +124,7 @@ class MasterSide:
                 num_rows=n,
                 row_bytes=b,
                 routes=Routes(tuple(keeps)),
-                rows=rows,
+                rows=faults.outgoing(epoch, rows),
             )
         else:  # what each worker lacks, as a restore re-places a broken store
             needs = still_needed(keeps, held)
@@ -322,5 +322,5 @@ class MasterSide:
             num_rows=union.size,
             row_bytes=self.ctx.record_bytes,
             routes=routes,
-            rows=self.records.pick(union),
+            rows=faults.outgoing(completed, self.records.pick(union)),
         )

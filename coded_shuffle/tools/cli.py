@@ -464,7 +464,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         seed=args.seed,
         fraction=args.fraction,
     )
-    load = planned_load(cluster, chain=net.topology == "shared" or bool(net.worker_rates))
+    chain = net.topology == "shared" or bool(net.worker_rates)
+    load = planned_load(cluster, chain, net.relay_order(cluster.workers))
     peers = peer_load(cluster)
     rows = predict(cluster, net, load, peers)
     if args.json:

@@ -11,6 +11,7 @@ scaled load is an upper bound for the coded delivery (the output says so).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -94,12 +95,15 @@ def _last_plan(workload: Workload, name: str, planned: int) -> Plan:
     return plan
 
 
-def planned_load(workload: Workload, chain: bool = False) -> Load:
+def planned_load(
+    workload: Workload, chain: bool = False, order: Sequence[int] | None = None
+) -> Load:
     """The scheme's load on a random reshuffle (:func:`_last_plan`), scaled to ``N``.
 
-    ``chain``: also how far the streams travel down a chain, coded and uncoded (what a chain
-    costs on a shared medium or with a slow host; :func:`~coded_shuffle.costs.model.
-    chain_reach_of`, which decodes every worker's program: slower at large ``K``)."""
+    ``chain``: also how far the streams travel down a chain in relay ``order`` (None:
+    ``1..K``), coded and uncoded (what a chain costs on a shared medium or with a slow host;
+    :func:`~coded_shuffle.costs.model.chain_reach_of`, which decodes every worker's program:
+    slower at large ``K``)."""
     workload.check()
     k, n = workload.workers, workload.points
     planned = n if n <= PLAN_POINTS else k * max(1, PLAN_POINTS // k)
@@ -116,9 +120,9 @@ def planned_load(workload: Workload, chain: bool = False) -> Load:
     if chain:
         uncoded_plan = _last_plan(workload, "uncoded", planned)
         links = {
-            "coded_reach": chain_reach_of(plan, workload.point_bytes, workload.chunk_bytes),
+            "coded_reach": chain_reach_of(plan, workload.point_bytes, workload.chunk_bytes, order),
             "uncoded_reach": chain_reach_of(
-                uncoded_plan, workload.point_bytes, workload.chunk_bytes
+                uncoded_plan, workload.point_bytes, workload.chunk_bytes, order
             ),
         }
     traffic = Traffic(

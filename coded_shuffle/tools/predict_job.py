@@ -230,7 +230,8 @@ class Loads:
                 fraction=fraction,
             )
             chain = self.net.topology == "shared" or bool(self.net.worker_rates)
-            self._loads[key] = planned_load(workload, chain=chain)
+            order = self.net.relay_order(j.workers)
+            self._loads[key] = planned_load(workload, chain, order)
         return self._loads[key]
 
 

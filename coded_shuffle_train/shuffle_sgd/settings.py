@@ -106,9 +106,9 @@ def _check_debug(cfg: Config, workers: int) -> None:
     if debug.die_mode not in ("exit", "hang"):
         raise UsageError(f"debug.die_mode={debug.die_mode!r} unknown; valid: exit, hang")
     corrupt = debug.corrupt_epoch
-    if corrupt is not None and not 2 <= int(corrupt) <= epochs:
+    if corrupt is not None and not 1 <= int(corrupt) <= epochs:
         raise UsageError(
-            f"debug.corrupt_epoch={corrupt} out of range 2..{epochs} (the coded deliveries)"
+            f"debug.corrupt_epoch={corrupt} out of range 1..{epochs} (1: the placement)"
         )
     if float(debug.step_delay) < 0:
         raise UsageError(f"debug.step_delay={debug.step_delay} out of range (must be >= 0)")

@@ -88,39 +88,50 @@ class ChainOptions:
 
 
 class ChainCost(BroadcastCost):
-    """On a switch: relayed cut-through, every link at once; but a relay holds only a window
-    of segments, so a message moves down the chain as fast as the slowest link it crosses:
-    the stream's seconds are every message's bytes over that link's rate (on an even network
-    ``R_c`` over the slower of the master's and a worker's NIC), plus ``K - 1`` frames (what a
-    relay receives before it forwards). A message crosses as far as the last worker that
-    keeps one of its rows (``reach.hops``; None: every relay forwards everything). The
-    workers relay fastest first (a slow host last slows only what reaches it: the cluster
-    command orders the chain so). On a shared medium every relay's copy crosses it: every
-    message on as many links as it reaches (``reach.links`` per byte; None: ``K``)."""
+    """Relayed cut-through: every link of the chain busy at once, each taking the messages
+    that cross it one after another, a message starting on a link no sooner than it started
+    on the one before and ending no sooner than it ended there (the relays' socket buffers
+    hold what a slow link has not taken yet). A message crosses as far as the last worker that
+    keeps one of its rows (``reach``, from the plan, in the relay order; None: every message
+    every link, the stream at the slowest link's rate). The workers relay fastest first (the
+    cluster command orders the chain so: a slow host last slows only what reaches it, and
+    what reaches it early in the stream overlaps the rest). On a switch ``K - 1`` frames more
+    (what a relay receives before it forwards). On a shared medium every relay's copy
+    crosses it: every message on as many links as it reaches (``reach.links`` per byte;
+    None: ``K``)."""
 
     def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
         k = traffic.workers
         rates = net.receivers(k)
-        hops = reach.hops if reach is not None else (1.0,) * k
+        between = tuple(map(min, rates, rates[1:]))  # a relay's link to the next
         if net.topology == "shared":
-            links = k if reach is None else reach.links
-            medium = net.tcp(stream * links) / (net.rate / 8)
-            return max(medium, self.pipeline(stream, hops, rates, net))
-        into = (min(net.master_rate / 8, rates[0]), *rates[1:])
-        hop = net.tcp(min(stream, net.mtu)) / rates[-1]
-        return self.pipeline(stream, hops, into, net) + (k - 1) * hop
+            medium = net.tcp(stream * (k if reach is None else reach.links)) / (net.rate / 8)
+            relays = 0.0 if reach is None else self.relayed(stream, reach, (rates[0], *between))
+            return max(medium, relays * net.tcp(stream) / max(stream, 1.0))
+        into = (min(net.master_rate / 8, rates[0]), *between)
+        if reach is None:
+            busy = net.tcp(stream) / min(into)
+        else:
+            busy = self.relayed(stream, reach, into) * net.tcp(stream) / max(stream, 1.0)
+        return busy + (k - 1) * net.tcp(min(stream, net.mtu)) / rates[-1]
 
     @staticmethod
-    def pipeline(
-        stream: float, hops: tuple[float, ...], into: tuple[float, ...], net: Network
-    ) -> float:
-        """Every message's bytes over the slowest link it crosses (``hops[j]``: the share
-        that crosses into position ``j + 1``, at ``into[j]`` bytes/s at most)."""
-        ends = [*hops[1:], 0.0]  # the share that goes on past each position
-        slowest = np.minimum.accumulate(np.asarray(into, dtype=float))
-        return sum(
-            net.tcp(stream * (h - on)) / r for h, on, r in zip(hops, ends, slowest, strict=True)
-        )
+    def relayed(stream: float, reach: Reach, into: tuple[float, ...]) -> float:
+        """Seconds until the last message has crossed the last link it crosses: ``stream``
+        bytes in ``reach``'s messages (their sizes scaled to it), the link into position
+        ``j + 1`` at ``into[j]`` bytes/s."""
+        sizes = np.asarray(reach.sizes, dtype=float)
+        sizes *= stream / max(sizes.sum(), 1.0)
+        ends = np.asarray(reach.ends)
+        began, done, last = np.zeros(sizes.size), np.zeros(sizes.size), 0.0
+        for j, rate in enumerate(into):
+            free = 0.0
+            for i in np.flatnonzero(ends > j):
+                began[i] = max(free, began[i])
+                done[i] = max(began[i] + sizes[i] / rate, done[i])
+                free = done[i]
+            last = max(last, free)
+        return last
 
 
 class Chain(Transport):
