@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coded_shuffle.distributed.transports.multicast.pacing import PACE_FLOOR, ROUND_MIN, Pace
+from coded_shuffle.distributed.transports.multicast.pacing import PACE_FLOOR, Pace
 
 RATE, DATAGRAMS = 400e6, 10_000
 
@@ -36,9 +36,10 @@ def test_a_link_slower_than_the_pace_brings_it_down_to_the_link(random):
     assert 0.5 * capacity <= np.median(paces[20:]) <= 1.15 * capacity
 
 
-def test_repair_rounds_are_too_small_to_slow_it_and_it_stays_within_its_range():
+def test_repair_rounds_never_slow_it_and_it_stays_within_its_range():
     pace = Pace(RATE)
-    assert pace.adapt(ROUND_MIN // 2, ROUND_MIN - 1) == RATE  # a small round: no cut
+    assert pace.adapt(DATAGRAMS // 2, DATAGRAMS, first=False) == RATE  # a repair round
+    assert pace.floor == 0.0
     for _ in range(100):
         pace.adapt(DATAGRAMS, DATAGRAMS)  # every datagram lost
     assert pace.bits == RATE * PACE_FLOOR

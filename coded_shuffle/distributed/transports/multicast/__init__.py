@@ -106,6 +106,7 @@ from coded_shuffle.distributed.transports.multicast.parity import Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
 
 POLL_SECONDS = 0.005
+GRACE_MIN_SECONDS = 0.002  # the shortest drain after "round sent", once no datagram was late
 log = logging.getLogger("coded_shuffle")
 
 __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
@@ -188,6 +189,7 @@ class Multicast(Transport):
         self.pace = Pace(self.rate)  # adapted round by round within [rate/16, rate]
         self.parity = self.parity_block > 0  # send parity with the next stream
         self.rebuilt = 0  # datagrams this receiver rebuilt from parity (all streams)
+        self.tail: float | None = None  # the latest a datagram came in a drain (None: no drain)
 
     @property
     def paced(self) -> float:
@@ -312,7 +314,7 @@ class Multicast(Transport):
         while True:
             self._control_round_done(dsts)
             todo, lost = self._union_of_missing(n, dsts)
-            lossy |= self._adapt(lost, sent_now)
+            lossy |= self._adapt(lost, sent_now, first=self.rounds == 0)
             if todo.size == 0:
                 self.parity = self.parity_block > 0 and lossy
                 return
@@ -323,9 +325,9 @@ class Multicast(Transport):
             self.counts.repairs += sent
             sent_now = todo.size
 
-    def _adapt(self, lost: int, sent: int) -> bool:
+    def _adapt(self, lost: int, sent: int, first: bool) -> bool:
         """The pace after a round (:meth:`~.pacing.Pace.adapt`); True when any was lost."""
-        self.pace.adapt(lost, sent)
+        self.pace.adapt(lost, sent, first)
         return lost > 0
 
     def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:
@@ -455,6 +457,16 @@ class Multicast(Transport):
                 f"from this job's sender {self.sources[src]} (the last from {self.stranger})"
             )
 
+    def drain_seconds(self) -> float:
+        """How long a receiver that lacks datagrams drains its socket after the master's
+        "round sent" and a quiet socket: ``grace_seconds`` until it has drained once; then
+        twice the latest a datagram came in any drain (at least ``GRACE_MIN_SECONDS``, at most
+        ``grace_seconds``): where nothing comes late (datagrams lost, not delayed) a repair
+        round does not wait for stragglers that never come."""
+        if self.tail is None:
+            return self.grace
+        return min(self.grace, max(GRACE_MIN_SECONDS, 2 * self.tail))
+
     def _receive_round(
         self,
         out: np.ndarray,
@@ -465,7 +477,7 @@ class Multicast(Transport):
         src: int = 0,
     ) -> tuple[int, Arrival]:
         """Reads datagrams until it has them all, or the master says the round is sent and
-        the socket stays quiet for ``grace`` seconds; returns how many of the round's
+        the socket stays quiet for :meth:`drain_seconds`; returns how many of the round's
         datagrams it lost or got late (those of an earlier round), and the master's "round
         sent" (awaited by the caller: a receiver that has everything reports without it).
 
@@ -492,9 +504,12 @@ class Multicast(Transport):
                 if draining:
                     break
                 if done.arrived():
-                    draining = True
-                    reader.wait(self.grace)
+                    draining, quiet = True, time.perf_counter()
+                    reader.wait(self.drain_seconds())
+                    self.tail = self.tail or 0.0
                 continue
+            if draining:  # a datagram after the quiet and "round sent": how late they come
+                self.tail = max(self.tail or 0.0, time.perf_counter() - quiet)
             nbytes, segment, source = read
             if nbytes == 0:
                 continue  # the compiled loop took what came: the messages it completed first

@@ -12,7 +12,6 @@ CATCH_UP_BYTES = 2 << 20  # how far a held-up sender may burst to regain its pac
 CATCH_UP_SECONDS = 0.05  # ... and no more than this at its rate (the emulated NIC queues 0.1 s)
 LOSS_HIGH = 0.02  # share of a round's datagrams lost or late above the floor: slow down
 LOSS_CLEAN = 1.2  # a round at most this many times the floor's loss counts as clean
-ROUND_MIN = 256  # datagrams a round must send for its loss to move the floor or cut the pace
 FLOOR_ROUNDS = 8  # the large rounds the floor remembers
 RANDOM_MAX = 0.2  # the most loss the floor takes for random: more is a link that fails
 PACE_DOWN, PACE_UP, PACE_FLOOR = 0.75, 1.10, 1 / 16
@@ -69,11 +68,12 @@ class Pace:
     receiver lost or got late: down by a quarter where that share is ``LOSS_HIGH`` above the
     *floor*, up by a tenth where it is at the floor (at most ``LOSS_CLEAN`` times it), within
     ``[rate / 16, rate]``. The floor is the lowest share among the last ``FLOOR_ROUNDS``
-    rounds of ``ROUND_MIN`` datagrams or more (at most ``RANDOM_MAX``): loss that slowing
-    down did not remove, random loss rather than congestion (at 5% random loss at every
-    receiver, a pace cut on every round's loss slowed the deliveries epoch after epoch, 0.56
-    to 1.51 s, though the link was never full). Rounds smaller than ``ROUND_MIN`` (the
-    repairs) are too few to tell: they may only speed it up."""
+    first rounds of a stream (at most ``RANDOM_MAX``): loss that slowing down did not remove,
+    random loss rather than congestion (at 5% random loss at every receiver, a pace cut on
+    every round's loss slowed the deliveries epoch after epoch, 0.56 to 1.51 s, though the
+    link was never full). Only a first round tells: in it every datagram is new to every
+    receiver; a repair round's are new to some only (its share of them is not the link's
+    loss): a repair round may only speed it up."""
 
     def __init__(self, rate: float) -> None:
         self.rate = float(rate)
@@ -84,14 +84,14 @@ class Pace:
     def floor(self) -> float:
         return min(min(self.shares, default=0.0), RANDOM_MAX)
 
-    def adapt(self, lost: int, sent: int) -> float:
+    def adapt(self, lost: int, sent: int, first: bool = True) -> float:
         """The pace after a round that sent ``sent`` datagrams, of which some receiver lost or
-        got late ``lost``."""
-        share, large, floor = lost / max(sent, 1), sent >= ROUND_MIN, self.floor
-        if large and share > floor + LOSS_HIGH:
+        got late ``lost`` (``first``: the stream's first round, or a repair round)."""
+        share, floor = lost / max(sent, 1), self.floor
+        if first and share > floor + LOSS_HIGH:
             self.bits = max(self.rate * PACE_FLOOR, self.bits * PACE_DOWN)
         elif lost == 0 or share <= floor * LOSS_CLEAN:
             self.bits = min(self.rate, self.bits * PACE_UP)
-        if large:
+        if first:
             self.shares.append(share)
         return self.bits
