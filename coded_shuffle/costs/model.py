@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
     ETHERNET_WIRE_BYTES,
@@ -82,6 +83,16 @@ class Network:
         """Every worker's NIC in bytes/s, in :meth:`relay_order`."""
         rates = self.worker_rates or (self.rate,) * workers
         return tuple(rates[w - 1] / 8 for w in self.relay_order(workers))
+
+    def others(self) -> str:
+        """The NICs whose rate is not ``rate`` (the master's, a worker's), as outputs name
+        them: ``", master 50mbit, worker 4 200mbit"``."""
+        out = "" if self.master_rate == self.rate else f", master {format_rate(self.master_rate)}"
+        return out + "".join(
+            f", worker {i} {format_rate(r)}"
+            for i, r in enumerate(self.worker_rates, start=1)
+            if r != self.rate
+        )
 
     def slowest(self, workers: int) -> float:
         """The slowest worker's NIC in bytes/s."""

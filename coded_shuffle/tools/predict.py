@@ -192,12 +192,7 @@ def render(
 ) -> list[str]:
     """The human table and its verdict."""
     t = load.traffic
-    master = "" if net.master_rate == net.rate else f", master {format_rate(net.master_rate)}"
-    master += "".join(
-        f", worker {i} {format_rate(r)}"
-        for i, r in enumerate(net.worker_rates, start=1)
-        if r != net.rate
-    )
+    master = net.others()
     lines = [
         f"predicted delivery seconds of one epoch: K = {workload.workers}, N = {workload.points:,}"
         f" points of {workload.point_bytes} B, T = {workload.storage:g}, scheme {workload.scheme}"

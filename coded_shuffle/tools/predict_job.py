@@ -327,7 +327,7 @@ def predict_job(job: JobRun, net: Network) -> list[PricedRun]:
 
 def render(job: JobRun, net: Network, runs: list[PricedRun]) -> list[str]:
     t, c = job.training, job.compute
-    master = "" if net.master_rate == net.rate else f", master {format_rate(net.master_rate)}"
+    master = net.others()
     sync = "gradients every step" if t.average_every <= 0 else f"local SGD H = {t.average_every}"
     lines = [
         f"predicted run: K = {job.workers}, N = {job.points:,} points of {job.point_bytes} B "
