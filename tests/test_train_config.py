@@ -4,6 +4,7 @@ config hands the coded shuffle and the launcher."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -64,7 +65,7 @@ from tests.helpers import (
     ],
 )
 def test_invalid_configs_raise_one_usage_error(overrides, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(UsageError, match=re.escape(message)):
         shuffle_sgd.validate(compose(*overrides))
 
 
