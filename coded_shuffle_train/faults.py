@@ -7,8 +7,8 @@ three hook points the job calls at fixed places:
   ``die_epoch``, ``die_step``, ``die_mode``): the rank exits or hangs there, in the first
   attempt only (a restart can then succeed);
 * :func:`corrupt_if_asked` once on the master (``debug.corrupt_epoch``): the library's hook
-  on the master's outgoing symbols (:func:`coded_shuffle.distributed.faults.outgoing`) flips
-  a byte of that epoch's first symbol;
+  on the rows the master sends (:func:`coded_shuffle.distributed.faults.outgoing`) flips a
+  byte of that epoch's first row (a symbol; in epoch 1 a placed point) in a copy;
 * :func:`step_delay` at every step (``debug.step_delay``): a slow model.
 
 None of them changes which path the job or the library takes.
@@ -70,10 +70,13 @@ def corrupt_if_asked(debug: DebugConf) -> None:
         faults.set_outgoing(None)
         return
 
-    def flip(epoch: int, first: int, rows: torch.Tensor) -> None:
-        if epoch == int(target) and first == 0 and rows.numel():
-            rows[0, 0] ^= 0xFF
-            log.warning(f"debug: epoch {epoch}: flipped byte 0 of row 0 (debug.corrupt_epoch)")
+    def flip(epoch: int, first: int, rows: torch.Tensor) -> torch.Tensor | None:
+        if epoch != int(target) or first != 0 or not rows.numel():
+            return None
+        flipped = rows.clone()
+        flipped[0, 0] ^= 0xFF
+        log.warning(f"debug: epoch {epoch}: flipped byte 0 of row 0 (debug.corrupt_epoch)")
+        return flipped
 
     faults.set_outgoing(flip)
 

@@ -20,9 +20,13 @@ from coded_shuffle.distributed import faults
 CORRUPT_EPOCH = 3
 
 
-def flip(epoch: int, first: int, rows: torch.Tensor) -> None:
-    if epoch == CORRUPT_EPOCH and first == 0 and rows.numel():
-        rows[0, 0] ^= 0xFF
+def flip(epoch: int, first: int, rows: torch.Tensor) -> torch.Tensor | None:
+    """Epoch 3's first symbol with byte 0 flipped (the rows themselves are not written)."""
+    if epoch != CORRUPT_EPOCH or first != 0 or not rows.numel():
+        return None
+    flipped = rows.clone()
+    flipped[0, 0] ^= 0xFF
+    return flipped
 
 
 def main() -> None:

@@ -31,7 +31,9 @@ from coded_shuffle.distributed.transports.framing import (
     KIND_SYMBOLS,
     Header,
     Inbox,
+    check,
     frame,
+    frame_parts,
 )
 from coded_shuffle.errors import VerificationError
 from tests.links import (
@@ -274,3 +276,38 @@ def test_picked_rows_frame_only_the_picked_rows():
     messages = list(frame(PickedRows(rows, ids), 1, 0, KIND_SYMBOLS, 10))  # 2 rows per message
     payload = torch.cat([m[HEADER_BYTES:] for m in messages]).view(-1, 5)
     assert torch.equal(payload, rows[torch.from_numpy(ids)])
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["framed", "zero-copy"])
+def test_a_planted_fault_sees_every_message_and_changes_only_what_it_replaces(parts):
+    """The hook sees each message's rows where they are; the sender's rows are never
+    written; the message it replaces goes out with its rows (their digest, where framed)
+    and the others on the same path as without a hook (zero-copy: views of the rows)."""
+    rows = torch.arange(40 * 10, dtype=torch.int64).remainder(251).to(torch.uint8).view(40, 10)
+    before, seen = rows.clone(), []
+
+    def flip(first: int, mine: torch.Tensor) -> torch.Tensor | None:
+        seen.append((first, mine.shape[0]))
+        if first != 10:
+            return None
+        flipped = mine.clone()
+        flipped[0, 0] ^= 0xFF
+        return flipped
+
+    if parts:
+        sent = [m.payload for m in frame_parts(rows, 1, 0, KIND_SYMBOLS, 100, hook=flip)]
+        views = [m for m, (first, _) in zip(sent, seen, strict=True) if first != 10]
+        lo, hi = rows.data_ptr(), rows.data_ptr() + rows.numel()
+        assert all(lo <= m.data_ptr() < hi for m in views)  # no copy but the replaced one
+    else:
+        sent = []
+        for message in frame(rows, 1, 0, KIND_SYMBOLS, 100, hook=flip):
+            first = int.from_bytes(message[8:12].numpy().tobytes(), "little")
+            header = Header(1, 0, KIND_SYMBOLS, first, 10, 10)
+            sent.append(check(message, header))  # its digest covers the flipped byte
+    assert seen == [(0, 10), (10, 10), (20, 10), (30, 10)]
+    assert torch.equal(rows, before)
+    got = torch.cat([m.reshape(-1) for m in sent]).view(40, 10)
+    assert int(got[10, 0]) == int(before[10, 0]) ^ 0xFF
+    got[10, 0] ^= 0xFF
+    assert torch.equal(got, before)

@@ -14,7 +14,6 @@ import torch
 from coded_shuffle.codec.encode import Encoder, GatherEncoder
 from coded_shuffle.codec.records import Records
 from coded_shuffle.costs.wire import framed_bytes
-from coded_shuffle.distributed import faults
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
@@ -124,7 +123,7 @@ class MasterSide:
                 num_rows=n,
                 row_bytes=b,
                 routes=Routes(tuple(keeps)),
-                rows=faults.outgoing(epoch, rows),
+                rows=rows,
             )
         else:  # what each worker lacks, as a restore re-places a broken store
             needs = still_needed(keeps, held)
@@ -201,7 +200,7 @@ class MasterSide:
                 num_rows=plan.num_symbols,
                 row_bytes=sizes[part],
                 routes=symbol_routes(routing, plan, known),
-                rows=faults.outgoing(tr.epoch, symbols[part]),
+                rows=symbols[part],
             )
         reports, cpu = self.reports(), cpu.stop()
         seconds = time.perf_counter() - t0
@@ -322,5 +321,5 @@ class MasterSide:
             num_rows=union.size,
             row_bytes=self.ctx.record_bytes,
             routes=routes,
-            rows=faults.outgoing(completed, self.records.pick(union)),
+            rows=self.records.pick(union),
         )

@@ -112,6 +112,17 @@ def pick_rows(rows: torch.Tensor | RowSource, ids: np.ndarray) -> RowSource:
     return PickedRows(rows.rows(0, rows.shape[0]), ids)  # an encoder of rows in memory
 
 
+RowsHook = Callable[[int, torch.Tensor], torch.Tensor | None]
+"""``(first, rows)``: the rows ``first ..`` of one message about to be framed, where they are
+(not to be written); the rows to send instead, or None (a planted fault:
+:mod:`~coded_shuffle.distributed.faults`)."""
+
+
+def _hooked(hook: RowsHook | None, first: int, rows: torch.Tensor) -> torch.Tensor | None:
+    """What ``hook`` sends instead of ``rows`` (None: them, or no hook)."""
+    return None if hook is None else hook(first, rows)
+
+
 def frame(
     rows: torch.Tensor | RowSource,
     epoch: int,
@@ -119,9 +130,11 @@ def frame(
     kind: int,
     chunk_bytes: int,
     digest: bool = True,
+    hook: RowsHook | None = None,
 ) -> Iterator[torch.Tensor]:
     """``(n, w)`` uint8 rows as messages (header + payload), one uint8 tensor each; the
-    header carries the payload's CRC-32 where ``digest`` (else 0: nothing checks it).
+    header carries the payload's CRC-32 where ``digest`` (else 0: nothing checks it), of the
+    rows ``hook`` sends instead where it does (the digest covers what is sent).
 
     Lazy: a transport can send the first message while the next ones are framed. From a
     :class:`RowSource`, every message's rows are produced straight into its payload when it
@@ -135,6 +148,9 @@ def frame(
             payload.copy_(rows[first : first + count].reshape(-1))
         else:
             rows.rows(first, count, out=payload.view(count, w))
+        instead = _hooked(hook, first, payload.view(count, w))
+        if instead is not None:
+            payload.view(count, w).copy_(instead)
         checksum = payload_checksum(payload) if digest else 0
         header = Header(epoch, part, kind, first, count, w, checksum)
         buf[:HEADER_BYTES] = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
@@ -154,10 +170,16 @@ class Parts:
 
 
 def frame_parts(
-    rows: torch.Tensor | RowSource, epoch: int, part: int, kind: int, chunk_bytes: int
+    rows: torch.Tensor | RowSource,
+    epoch: int,
+    part: int,
+    kind: int,
+    chunk_bytes: int,
+    hook: RowsHook | None = None,
 ) -> Iterator[Parts]:
     """:func:`frame`'s messages as :class:`Parts`, without a payload digest (the plane's
-    links carry TCP's checksum, the batch its SHA-256) and without a copy of tensor rows."""
+    links carry TCP's checksum, the batch its SHA-256) and without a copy of tensor rows
+    (but of those ``hook`` sends instead)."""
     n, w = rows.shape
     for first, count in message_ranges(n, w, chunk_bytes):
         if isinstance(rows, torch.Tensor) and rows.is_contiguous():
@@ -168,6 +190,9 @@ def frame_parts(
                 payload.view(count, w).copy_(rows[first : first + count])
             else:
                 rows.rows(first, count, out=payload.view(count, w))
+        instead = _hooked(hook, first, payload.view(count, w))
+        if instead is not None:
+            payload = instead.reshape(-1).contiguous()
         yield Parts(Header(epoch, part, kind, first, count, w).pack(), payload)
 
 

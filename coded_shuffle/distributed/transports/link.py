@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from coded_shuffle.costs.wire import message_keepers, message_sizes
+from coded_shuffle.distributed import faults
 from coded_shuffle.distributed.transports.base import HostBytes, Stream, Transport
 from coded_shuffle.distributed.transports.framing import (
     KIND_PLACEMENT,
@@ -172,10 +173,13 @@ class Link:
         self, t: Transport, rows: torch.Tensor | RowSource, header: tuple[int, int, int]
     ) -> Iterator:
         """The messages of ``rows``: joined and digested, or as :class:`Parts` for a
-        transport that sends them without a copy (``zero_copy``)."""
+        transport that sends them without a copy (``zero_copy``); each message's rows past
+        this process's planted fault, if any (:func:`~coded_shuffle.distributed.faults.
+        outgoing`: the same path either way)."""
+        hook = faults.outgoing(header[0])
         if t.zero_copy:
-            return frame_parts(rows, *header, self.chunk_bytes)
-        return frame(rows, *header, self.chunk_bytes, digest=t.digests)
+            return frame_parts(rows, *header, self.chunk_bytes, hook=hook)
+        return frame(rows, *header, self.chunk_bytes, digest=t.digests, hook=hook)
 
     @staticmethod
     def _targets(t: Transport, target: Callable[[int, int], torch.Tensor | None] | None) -> dict:
