@@ -9,15 +9,15 @@ config dump and read by the docs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from coded_shuffle.distributed.transports.chain import ChainOptions
-from coded_shuffle.distributed.transports.multicast import MulticastOptions
-from coded_shuffle.distributed.transports.unicast import UnicastOptions
+from coded_shuffle.distributed.transports import REGISTRY, Transport
+from coded_shuffle.distributed.transports.base import NoOptions
 
 from .start_methods import DEFAULT_START_METHOD
 
@@ -285,10 +285,11 @@ ModelConf = LogRegConf | MLPConf | CNNConf
 
 
 @dataclass
-class DistConf:
+class DistSettings:
+    """``dist.*`` but the transports' own options (:data:`DistConf` adds those)."""
+
     transport: str = "chain"
-    """chain | multicast | tree | unicast | p2p | peer-unicast | peer-multicast
-    (coded-shuffle transports)."""
+    """The transport (``coded-shuffle transports`` lists them)."""
     timeout_seconds: float = 60.0
     """A dead, hung or unreachable rank fails the job within this, > 0."""
     heartbeat_seconds: float = 1.0
@@ -318,10 +319,29 @@ class DistConf:
     prefetch: bool = True
     """Epoch e + 1's delivery runs while the workers train on epoch e (false: each epoch's
     delivery waits for the training before it)."""
-    chain: ChainOptions = field(default_factory=ChainOptions)
-    """The transports' own options: their dataclasses, the library's (one source)."""
-    multicast: MulticastOptions = field(default_factory=MulticastOptions)
-    unicast: UnicastOptions = field(default_factory=UnicastOptions)
+
+
+def transport_fields(registry: Mapping[str, type[Transport]]) -> list[tuple[str, type, Any]]:
+    """``dist.<key>`` for every registered transport that takes options: its options
+    dataclass, the library's (one source), under the key its options go by (transports of
+    one mechanism share it: ``peer-multicast`` reads ``dist.multicast``). A new transport's
+    options join the job's schema with its registry entry, and no other change."""
+    found: dict[str, type] = {}
+    for cls in registry.values():
+        if cls.Options is not NoOptions:
+            found.setdefault(cls.options_key or cls.name, cls.Options)
+    for key in found:
+        if not key.isidentifier():
+            raise ValueError(f"transport options key {key!r} is no identifier: set options_key")
+    return [(key, kind, field(default_factory=kind)) for key, kind in found.items()]
+
+
+DistConf = make_dataclass(
+    "DistConf",
+    transport_fields(REGISTRY),
+    bases=(DistSettings,),
+    namespace={"__module__": __name__},
+)
 
 
 @dataclass

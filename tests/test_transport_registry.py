@@ -5,8 +5,10 @@ line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,9 +16,12 @@ import torch.distributed as dist
 
 from coded_shuffle.costs.model import Cost, Network, Reach, Traffic
 from coded_shuffle.distributed.transports import REGISTRY, transport_cost
-from coded_shuffle.distributed.transports.base import OnMessage, Stream, Transport
+from coded_shuffle.distributed.transports.base import KeyName, OnMessage, Stream, Transport
+from coded_shuffle.distributed.transports.chain import ChainOptions
+from coded_shuffle.distributed.transports.multicast import MulticastOptions
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools import cli
+from coded_shuffle_train.config import DistConf, transport_fields
 from tests.links import CHUNK, WIDTH, WORLD, check_rows, deliver_rows, framed, routes_for
 from tests.ranks import run_ranks
 
@@ -99,3 +104,32 @@ def test_predict_prices_a_registered_transport_by_its_own_cost(reverse_unicast, 
 def test_an_unknown_transport_has_no_cost_but_one_line():
     with pytest.raises(UsageError, match=r"transport='carrier-pigeon' unknown; valid: .*unicast"):
         transport_cost("carrier-pigeon")
+
+
+@dataclass
+class Backwards:
+    """A small transport's own option."""
+
+    last_first: bool = True
+
+    def check(self, world_size: int | None, name: KeyName) -> None:
+        del world_size, name
+
+
+class ReverseWithOptions(ReverseUnicast):
+    name = "reverse_unicast"
+    Options = Backwards
+
+
+def test_a_registered_transports_options_join_the_job_schema():
+    """The job's ``dist.<key>`` fields come from the registry: a transport with options gets
+    its own key with its registry entry (transports that share a mechanism share one)."""
+    registry = {**REGISTRY, ReverseWithOptions.name: ReverseWithOptions}
+    fields = {key: kind for key, kind, _ in transport_fields(registry)}
+    assert fields["reverse_unicast"] is Backwards
+    assert fields["chain"] is ChainOptions and fields["multicast"] is MulticastOptions
+    assert "peer-multicast" not in fields and "p2p" not in fields  # dist.multicast; none
+    keys = {key for key, _, _ in transport_fields(REGISTRY)}
+    assert (
+        keys == {"chain", "multicast", "unicast"} <= {f.name for f in dataclasses.fields(DistConf)}
+    )

@@ -164,7 +164,9 @@ class Transport(ABC):
     """Moves streams of messages; counts this host's bytes (:attr:`counts`).
 
     Its settings are one dataclass, :attr:`Options` (defaults, documentation and checks in one
-    place), which the training job's Hydra schema reuses as ``dist.<name>``."""
+    place), which the training job's Hydra schema takes from the registry as ``dist.<name>``
+    (``coded_shuffle_train.config.transport_fields``): a transport is its module and its
+    registry entry."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
