@@ -1,10 +1,11 @@
 """The master's checkpoint of ``job=shuffle_sgd``: ``RUN_DIR/checkpoint.pt`` after every epoch.
 
-It holds the epoch, the model's parameters, the optimiser's momentum, the metrics so far and
-torch's RNG state, written to a temporary file and renamed (a kill mid-write leaves the old
-one). The workers' stores live beside it (``RUN_DIR/stores``, :class:`~coded_shuffle.CodedShuffle`
-``store_dir``). A restart with the same run directory, by the launcher's ``dist.max_restarts``
-or by running the same command again, resumes after the last epoch it holds.
+It holds a :class:`Checkpoint` (the epoch, the model's parameters, the optimiser's momentum,
+the metrics so far and torch's RNG state) stamped with the run's identity, written to a
+temporary file and renamed (a kill mid-write leaves the old one). The workers' stores live
+beside it (``RUN_DIR/stores``, :class:`~coded_shuffle.CodedShuffle` ``store_dir``). A restart
+with the same run directory, by the launcher's ``dist.max_restarts`` or by running the same
+command again, resumes after the last epoch it holds.
 
 With ``job.checkpoint_steps=S`` every worker also writes its own training state every ``S``
 optimiser steps (:func:`save_step`: ``RUN_DIR/steps/worker-K.pt``, the one before it kept as
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +71,29 @@ def same_run(state: dict[str, Any], cfg: Config, any_workers: bool = False) -> b
     return all(state.get(k) == v for k, v in mine.items())
 
 
-def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
+@dataclass
+class Checkpoint:
+    """The master's state after an epoch, what a restart resumes from: the run's state, built
+    in one place (the master's epoch) and read by attribute."""
+
+    epoch: int
+    first_epoch: int  # the epoch of the run's last placement (later than 1 after a resize)
+    workers: int  # of the run that wrote it
+    params: torch.Tensor  # the model's, flat
+    momentum: torch.Tensor  # the optimiser's momentum buffers, flat (empty: none)
+    rows: list[dict[str, Any]]  # the metrics so far
+    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+    mixing_seen: np.ndarray | None = None  # what every worker has trained on (Mixing)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Checkpoint:
+        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state})
+
+
+def load(run_dir: str | os.PathLike[str], cfg: Config) -> Checkpoint | None:
     """The checkpoint in ``run_dir``, or None; :class:`UsageError` if it is another run's."""
     path = Path(run_dir) / FILE
     if not path.is_file():
@@ -85,34 +109,15 @@ def load(run_dir: str | os.PathLike[str], cfg: Config) -> dict[str, Any] | None:
         raise UsageError(
             f"{path} holds epoch {saved['epoch']}, beyond epochs={cfg.epochs}: raise epochs"
         )
-    return saved
+    return Checkpoint.from_state_dict(saved)
 
 
-def save(
-    run_dir: str | os.PathLike[str],
-    cfg: Config,
-    epoch: int,
-    params: torch.Tensor,
-    momentum: torch.Tensor,
-    rows: list[dict[str, Any]],
-    first_epoch: int,
-    mixing_seen: np.ndarray | None = None,
-) -> None:
-    """Writes the checkpoint after ``epoch`` atomically (``first_epoch``: the epoch of the
-    run's last placement, later than 1 once its number of workers changed; ``mixing_seen``:
-    what every worker has trained on so far, :class:`~coded_shuffle.math.mixing.Mixing`)."""
-    path = Path(run_dir) / FILE
-    state = {
-        **stamp(cfg),
-        "first_epoch": first_epoch,
-        "epoch": epoch,
-        "params": params.clone(),
-        "momentum": momentum.clone(),
-        "rows": rows,
-        "rng": torch.get_rng_state(),
-        "mixing_seen": mixing_seen,
-    }
-    _write(path, state)
+def save(run_dir: str | os.PathLike[str], cfg: Config, state: Checkpoint) -> None:
+    """Writes ``state`` atomically, stamped with the run's identity (:func:`stamp`: its
+    number of workers is the config's)."""
+    plain = state.state_dict()
+    plain.update(params=state.params.clone(), momentum=state.momentum.clone())
+    _write(Path(run_dir) / FILE, {**plain, **stamp(cfg)})
 
 
 def _write(path: Path, state: dict[str, Any]) -> None:

@@ -21,6 +21,11 @@ from tests.helpers import (
 )
 
 
+def after_epoch(epoch: int) -> checkpoint.Checkpoint:
+    """A master's checkpoint of a run of 4 workers after ``epoch``, placed in epoch 1."""
+    return checkpoint.Checkpoint(epoch, 1, 4, torch.zeros(3), torch.zeros(0), [])
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
@@ -36,9 +41,7 @@ from tests.helpers import (
 def test_resuming_with_another_key_that_decides_the_run_names_it(tmp_path, override, key):
     """Every key of the run's identity (what decides the batches, the model and the
     optimiser) refused at load, in one line naming it."""
-    checkpoint.save(
-        tmp_path, compose("scheme=cycles", *JOB), 2, torch.zeros(3), torch.zeros(0), [], 1
-    )
+    checkpoint.save(tmp_path, compose("scheme=cycles", *JOB), after_epoch(2))
     with pytest.raises(UsageError, match=rf"another run \(it differs in {key}\)"):
         checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, override))
 
@@ -74,14 +77,16 @@ def test_a_dead_worker_fails_the_job_naming_its_rank_and_the_same_command_resume
 
 def test_the_checkpoint_of_another_run_is_refused_in_one_line(tmp_path):
     cfg = compose("scheme=cycles", *JOB)
-    checkpoint.save(tmp_path, cfg, 2, torch.zeros(3), torch.zeros(0), [], 1)
-    assert checkpoint.load(tmp_path, cfg)["epoch"] == 2
+    checkpoint.save(tmp_path, cfg, after_epoch(2))
+    loaded = checkpoint.load(tmp_path, cfg)
+    assert loaded is not None and (loaded.epoch, loaded.workers, loaded.first_epoch) == (2, 4, 1)
+    assert torch.equal(loaded.params, torch.zeros(3)) and loaded.mixing_seen is None
     with pytest.raises(UsageError, match="is the checkpoint of another run"):
         checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, "seed=4"))
     with pytest.raises(UsageError, match="holds epoch 2, beyond epochs=1"):
         checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, "epochs=1"))
     transport = compose("scheme=cycles", *JOB, "dist.transport=tree")  # bit-identical: fine
-    assert checkpoint.load(tmp_path, transport)["epoch"] == 2
+    assert checkpoint.load(tmp_path, transport).epoch == 2
 
 
 @pytest.mark.distributed

@@ -115,7 +115,7 @@ class Master(Rank):
             self.cs.close()
         self.finish(time.perf_counter() - t_start)
 
-    def setup(self) -> dict[str, Any] | None:
+    def setup(self) -> checkpoint.Checkpoint | None:
         """The data set loaded, the run's start decided and told to every rank, the data set
         handed to the coded shuffle, the model, the metrics; returns the checkpoint to resume
         from (None: none)."""
@@ -146,24 +146,23 @@ class Master(Rank):
         self.announce()
         return saved
 
-    def mixing_from(self, ds: data.DataSet, saved: dict[str, Any] | None) -> Mixing:
+    def mixing_from(self, ds: data.DataSet, saved: checkpoint.Checkpoint | None) -> Mixing:
         """What the shuffles have mixed so far (:mod:`coded_shuffle.math.mixing`): the
         checkpoint's, where its workers are these; else from nothing (a fresh run, or the
         first placement for another number of workers)."""
         labels = item_labels(ds.train, self.n)
-        seen = saved.get("mixing_seen") if saved is not None else None
+        seen = saved.mixing_seen if saved is not None else None
         if seen is not None and seen.shape[0] != self.workers:
             seen = None
         return Mixing(labels, self.workers, seen)
 
-    def decide_start(self, saved: dict[str, Any] | None) -> RunStart:
+    def decide_start(self, saved: checkpoint.Checkpoint | None) -> RunStart:
         """The run's start (:func:`~coded_shuffle_train.shuffle_sgd.start.decide`) from the
         checkpoint, the
         delivery record of the epoch after it, and every worker's step checkpoints."""
         view = None
         if saved is not None:
-            workers, first = int(saved["workers"]), int(saved["first_epoch"])
-            view = Saved(int(saved["epoch"]), workers, first)
+            view = Saved(saved.epoch, saved.workers, saved.first_epoch)
         done = view.done if view is not None else 0
         self.delivered = None
         if self.step_every:
@@ -189,12 +188,12 @@ class Master(Rank):
             )
 
     @staticmethod
-    def elapsed_before(saved: dict[str, Any] | None) -> float:
+    def elapsed_before(saved: checkpoint.Checkpoint | None) -> float:
         """Seconds since the first epoch began, before this attempt: the last record's, and
         the time between it and now (the restart)."""
         if not saved:
             return 0.0
-        last = saved["rows"][-1]
+        last = saved.rows[-1]
         since = time.time() - float(last["time"])
         return float(last["elapsed_seconds"]) + max(0.0, since)
 
@@ -217,15 +216,19 @@ class Master(Rank):
             row.update(resumed.record(delivery))
         row = self.finish_epoch(row, (began, *clock))
         if self.checkpointing:  # before the record: a recorded epoch is a resumable one
-            flat = self.host_params()
-            rows = [*self.writer.rows, row]
-            first = self.cs.settings.first_epoch
-            momentum = self.momentum_flat
-            seen = self.mixing.seen
-            checkpoint.save(self.ctx.run_dir, self.cfg, epoch, flat, momentum, rows, first, seen)
+            state = checkpoint.Checkpoint(
+                epoch=epoch,
+                first_epoch=self.cs.settings.first_epoch,
+                workers=self.workers,
+                params=self.host_params(),
+                momentum=self.momentum_flat,
+                rows=[*self.writer.rows, row],
+                mixing_seen=self.mixing.seen,
+            )
+            checkpoint.save(self.ctx.run_dir, self.cfg, state)
         self.writer.epoch(row)
 
-    def resume(self, saved: dict[str, Any] | None) -> Resumed | None:
+    def resume(self, saved: checkpoint.Checkpoint | None) -> Resumed | None:
         """After a restart, as the run's start says: the stores restored (after an epoch),
         the checkpointed model and momentum to every rank and the metrics so far rewritten
         (after an epoch, or with another number of workers), or the stores and the workers'
@@ -243,16 +246,16 @@ class Master(Rank):
         log.info(f"resumed after epoch {start.done} (attempt {attempt()}){kept}")
         return Resumed(start, report)
 
-    def checkpointed_model(self, saved: dict[str, Any]) -> None:
+    def checkpointed_model(self, saved: checkpoint.Checkpoint) -> None:
         """The checkpoint's parameters and momentum, here and to every rank; its metrics so
         far rewritten."""
-        params, momentum = saved["params"].clone(), saved["momentum"].clone()
+        params, momentum = saved.params.clone(), saved.momentum.clone()
         self.resumed_state(params, momentum)
         self.load_params(params)
         self.momentum_flat = momentum
-        self.writer.resume(saved["rows"])
+        self.writer.resume(saved.rows)
 
-    def resume_inside(self, saved: dict[str, Any] | None, start: InsideEpoch) -> Resumed:
+    def resume_inside(self, saved: checkpoint.Checkpoint | None, start: InsideEpoch) -> Resumed:
         """After a restart inside epoch ``start.done + 1``, once every worker has trained
         ``start.step`` steps of it: the stores and the workers' batches restored (no new
         delivery; the workers load their own training state), the metrics so far rewritten.
@@ -261,8 +264,8 @@ class Master(Rank):
         epoch = start.done + 1
         self.cs.resume_inside(epoch)
         report = self.cs.report
-        if saved:
-            self.writer.resume(saved["rows"])
+        if saved is not None:
+            self.writer.resume(saved.rows)
         again = sorted(set(report["replaced_workers"] + report["rebatched_workers"]))
         sent = f"; sent again: workers {again}" if again else ""
         log.info(
