@@ -243,7 +243,7 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
 
 def _add_cluster_faults(cl: argparse.ArgumentParser) -> None:
     """``coded-shuffle cluster``'s faults: a ``--NAME HOST@WHEN`` flag for every kind the
-    cluster puts in (the registry, :data:`~coded_shuffle.distributed.faults.FAULTS`), and
+    cluster puts in (the registry, :data:`~coded_shuffle.distributed.fault_kinds.FAULTS`), and
     ``--min-hosts`` (an elastic cluster, which ``--lose`` needs) and ``--heal``."""
     for name in fault_kinds("cluster"):
         cl.add_argument(
