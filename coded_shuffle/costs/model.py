@@ -25,7 +25,7 @@ first worker's start to the last one's end), both calibrated on the emulated clu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from coded_shuffle.costs.rates import format_rate
@@ -56,6 +56,13 @@ PEER_SECONDS = 0.021  # p2p: per peer a worker exchanges with (calibrated the sa
 PEER_STREAM_SECONDS = 0.035
 
 
+def fastest_first(rates: Mapping[int, float]) -> tuple[int, ...]:
+    """The workers (``rates``: each one's NIC) in the order a chain relays through them on an
+    uneven network: fastest first, ties by number, so that a slow host, last, slows only
+    what reaches it (inside the chain it would slow every hop after it)."""
+    return tuple(sorted(rates, key=lambda w: (-rates[w], w)))
+
+
 @dataclass(frozen=True)
 class Network:
     """Hosts' NICs and how they connect."""
@@ -74,10 +81,10 @@ class Network:
     worker_rates: tuple[float, ...] = ()
 
     def relay_order(self, workers: int) -> tuple[int, ...]:
-        """The workers ``1..K`` fastest first (the order the cluster command gives a chain:
-        a slow host last slows only what reaches it)."""
+        """The workers ``1..K`` in the order a chain relays through them (:func:`fastest_first`,
+        as the cluster command orders it)."""
         rates = self.worker_rates or (self.rate,) * workers
-        return tuple(sorted(range(1, workers + 1), key=lambda w: (-rates[w - 1], w)))
+        return fastest_first(dict(enumerate(rates, start=1)))
 
     def receivers(self, workers: int) -> tuple[float, ...]:
         """Every worker's NIC in bytes/s, in :meth:`relay_order`."""
@@ -197,23 +204,6 @@ class BroadcastCost(Cost):
 
     def placement(self) -> Cost | None:
         return self
-
-
-def unicast_busy(stream: float, traffic: Traffic, net: Network) -> float:
-    """The master's streams, one per worker, each at the slower of the two NICs (a shared
-    medium: all of them on it)."""
-    r, rm = net.rate / 8, net.master_rate / 8
-    if net.topology == "shared":
-        return net.tcp(stream) / min(r, rm)
-    return max(net.tcp(stream) / rm, net.tcp(stream / traffic.workers) / r)
-
-
-def exchange_busy(stream: float, traffic: Traffic, net: Network) -> float:
-    """Every worker streams to each of its ``K - 1`` peers at once (a shared medium carries
-    them all), plus a fixed cost per peer (``peer_seconds``)."""
-    k, r = traffic.workers, net.rate / 8
-    busy = net.tcp(stream) / r if net.topology == "shared" else net.tcp(stream / k) / r
-    return busy + (k - 1) * net.peer_seconds
 
 
 def chain_reach_of(

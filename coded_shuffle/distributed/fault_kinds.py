@@ -1,7 +1,7 @@
 """Every kind of fault put in on purpose, in one registry (:data:`FAULTS`): what the emulated
 cluster does to a host from outside (``coded-shuffle cluster --NAME HOST@WHEN``) and what the
-training job's ``debug.*`` keys do inside a rank (the library's hook on the master's symbols
-among them: :mod:`.faults`). The cluster's flags, the job's keys and the chaos soak take their
+training job's ``debug.*`` keys do inside a rank (the library's hook on the rows a process
+sends among them: :mod:`.faults`). The cluster's flags, the job's keys and the chaos soak take their
 kinds from here. No torch: ``coded-shuffle --help`` builds its flags from it.
 """
 
@@ -74,7 +74,8 @@ FAULTS: dict[str, FaultKind] = {
         FaultKind(
             "flip",
             "job",
-            "the master flips byte 0 of the first symbol it sends in an epoch",
+            "the master flips byte 0 of the first row of every stream it sends in an epoch (a "
+            "symbol; in epoch 1 a placed point), in the first attempt only",
             "the workers' batch digests against the master's",
             keys=("corrupt_epoch",),
         ),

@@ -106,22 +106,23 @@ class ChainCost(BroadcastCost):
         between = tuple(map(min, rates, rates[1:]))  # a relay's link to the next
         if net.topology == "shared":
             medium = net.tcp(stream * (k if reach is None else reach.links)) / (net.rate / 8)
-            relays = 0.0 if reach is None else self.relayed(stream, reach, (rates[0], *between))
-            return max(medium, relays * net.tcp(stream) / max(stream, 1.0))
+            links = (rates[0], *between)
+            relays = 0.0 if reach is None else self.relayed(net.tcp(stream), reach, links)
+            return max(medium, relays)
         into = (min(net.master_rate / 8, rates[0]), *between)
         if reach is None:
             busy = net.tcp(stream) / min(into)
         else:
-            busy = self.relayed(stream, reach, into) * net.tcp(stream) / max(stream, 1.0)
+            busy = self.relayed(net.tcp(stream), reach, into)
         return busy + (k - 1) * net.tcp(min(stream, net.mtu)) / rates[-1]
 
     @staticmethod
-    def relayed(stream: float, reach: Reach, into: tuple[float, ...]) -> float:
-        """Seconds until the last message has crossed the last link it crosses: ``stream``
-        bytes in ``reach``'s messages (their sizes scaled to it), the link into position
-        ``j + 1`` at ``into[j]`` bytes/s."""
+    def relayed(wire: float, reach: Reach, into: tuple[float, ...]) -> float:
+        """Seconds until the last message has crossed the last link it crosses: the stream's
+        ``wire`` bytes (TCP/IP and Ethernet framing included) in ``reach``'s messages (their
+        sizes scaled to it), the link into position ``j + 1`` at ``into[j]`` bytes/s."""
         sizes = np.asarray(reach.sizes, dtype=float)
-        sizes *= stream / max(sizes.sum(), 1.0)
+        sizes *= wire / max(sizes.sum(), 1.0)
         ends = np.asarray(reach.ends)
         began, done, last = np.zeros(sizes.size), np.zeros(sizes.size), 0.0
         for j, rate in enumerate(into):

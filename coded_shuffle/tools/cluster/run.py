@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coded_shuffle.costs.model import PACE_SHARE
+from coded_shuffle.costs.model import PACE_SHARE, fastest_first
 from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.distributed.transports import REGISTRY, Transport
@@ -100,16 +100,15 @@ def _transport(overrides: Sequence[str]) -> type[Transport]:
 
 def relay_overrides(overrides: Sequence[str], rates: dict[int, int]) -> list[str]:
     """A relay's order where the overrides do not set it (a transport whose options take an
-    ``order``: the chain): on an uneven cluster the workers fastest first, so that a slow
-    host, last, slows only its own hop (inside the chain it would slow every hop after it).
+    ``order``: the chain): on an uneven cluster the workers fastest first
+    (:func:`~coded_shuffle.costs.model.fastest_first`, the order ``predict`` prices).
     ``rates``: every worker rank's NIC rate."""
     cls = _transport(overrides)
     key = f"dist.{cls.options_key or cls.name}.order"
     relays = "order" in {f.name for f in dataclasses.fields(cls.Options)}
     if not relays or _override(overrides, key) is not None or len(set(rates.values())) < 2:
         return []
-    order = sorted(rates, key=lambda r: (-rates[r], r))
-    return [f"{key}=[{','.join(map(str, order))}]"]
+    return [f"{key}=[{','.join(map(str, fastest_first(rates)))}]"]
 
 
 def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> list[str]:

@@ -12,7 +12,7 @@ CATCH_UP_BYTES = 2 << 20  # how far a held-up sender may burst to regain its pac
 CATCH_UP_SECONDS = 0.05  # ... and no more than this at its rate (the emulated NIC queues 0.1 s)
 LOSS_HIGH = 0.02  # share of a round's datagrams lost or late above the floor: slow down
 LOSS_CLEAN = 1.2  # a round at most this many times the floor's loss counts as clean
-FLOOR_ROUNDS = 8  # the large rounds the floor remembers
+FLOOR_ROUNDS = 8  # the first rounds (of a stream) the floor remembers
 RANDOM_MAX = 0.2  # the most loss the floor takes for random: more is a link that fails
 PACE_DOWN, PACE_UP, PACE_FLOOR = 0.75, 1.10, 1 / 16
 
@@ -78,7 +78,7 @@ class Pace:
     def __init__(self, rate: float) -> None:
         self.rate = float(rate)
         self.bits = float(rate)
-        self.shares: deque[float] = deque(maxlen=FLOOR_ROUNDS)  # the last large rounds' loss
+        self.shares: deque[float] = deque(maxlen=FLOOR_ROUNDS)  # the last first rounds' loss
 
     @property
     def floor(self) -> float:
