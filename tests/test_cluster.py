@@ -605,6 +605,57 @@ def _flows(cluster: netns.Cluster, pairs: list[tuple[int, int]], nbytes: int) ->
             p.wait()
 
 
+GROUPS = """
+import socket, struct, sys, time
+role, port, groups = sys.argv[1], 7100, sys.argv[2].split(",")
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if role == "join":
+    s.setsockopt(socket.IPPROTO_IP, 49, 0)  # IP_MULTICAST_ALL off: the groups joined alone
+    s.bind(("0.0.0.0", port))
+    for g in groups:
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                     struct.pack("4s4si", socket.inet_aton(g), bytes(4), 0))
+    print("ready", flush=True)
+    time.sleep(30)
+else:
+    for _ in range(200):
+        for g in groups:
+            s.sendto(bytes(1000), (g, port))
+        time.sleep(0.001)
+"""
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_the_bridge_sends_each_host_only_the_multicast_groups_it_joined():
+    """The cluster's bridge snoops IGMP: host 1 joins two groups, host 2 one of them; host 0
+    multicasts 200 KB to each: host 1's NIC takes both, host 2's only its own (a receiver-aware
+    multicast's slow worker hears only its groups)."""
+    a, b = "239.255.77.1", "239.255.77.2"
+    with netns.Cluster(3, 400_000_000) as cluster:
+        joined = []
+        try:
+            for host, groups in ((1, f"{a},{b}"), (2, a)):
+                argv = [sys.executable, "-c", GROUPS, "join", groups]
+                joined.append(
+                    subprocess.Popen(cluster.exec_argv(host, argv), stdout=subprocess.PIPE)
+                )
+            for p in joined:
+                assert p.stdout.readline().strip() == b"ready"
+            time.sleep(0.5)  # the joins' reports reach the bridge
+            before = cluster.nic_counters()
+            argv = [sys.executable, "-c", GROUPS, "send", f"{a},{b}"]
+            subprocess.run(cluster.exec_argv(0, argv), check=True, timeout=60)
+            time.sleep(0.2)
+            after = cluster.nic_counters()
+        finally:
+            for p in joined:
+                p.kill()
+                p.wait()
+    got = [x["rx_bytes"] - y["rx_bytes"] for x, y in zip(after, before, strict=True)]
+    assert got[1] > 400_000 and 200_000 < got[2] < 0.6 * got[1], got
+
+
 @ROOT_ONLY
 @pytest.mark.distributed
 def test_a_full_queue_shows_in_the_hosts_tcp_and_queue_counters():

@@ -104,6 +104,72 @@ def _multicast_stream(rank: int, world: int, options: dict, streams: int) -> tup
 MC_BASE = {"rate": "200mbit", "datagram_bytes": 512, "seed": 3}
 
 
+def _kept_rows(worker: int) -> np.ndarray:
+    """Worker ``worker``'s rows of an uneven stream: about two thirds, in runs of 256 rows
+    (four messages; one run in three left to the others)."""
+    rows = np.arange(MC_ROWS)
+    return rows[(rows // 256) % 3 != worker - 1]
+
+
+def _lanes_stream(rank: int, world: int, options: dict, streams: int) -> tuple:
+    """``streams`` streams in which each worker keeps :func:`_kept_rows`; per rank: whether
+    every kept row arrived exactly, its counts, the groups it heard, repair rounds."""
+    transport = build_transport("multicast", Peer(rank, world, timedelta(seconds=30)), options)
+    try:
+        link = Link(transport, 4096)
+        exact, rounds = True, []
+        needs = tuple(_kept_rows(w) for w in range(1, world))
+        for epoch in range(streams):
+            gen = torch.Generator().manual_seed(epoch)
+            rows = torch.randint(0, 256, (MC_ROWS, MC_WIDTH), generator=gen).to(torch.uint8)
+            out = link.deliver(
+                epoch=epoch,
+                part=0,
+                kind=KIND_SYMBOLS,
+                num_rows=MC_ROWS,
+                row_bytes=MC_WIDTH,
+                routes=Routes(needs),
+                rows=rows if rank == 0 else None,
+            )
+            if out is not None:
+                exact &= torch.equal(out, rows[torch.from_numpy(needs[rank - 1])])
+            rounds.append(transport.rounds)
+        counts, _ = link.take_counts()
+        return exact, counts.as_list(), transport.settings()["slow_workers"], rounds
+    finally:
+        transport.close()
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+@pytest.mark.parametrize("drop", [0.0, 0.2])
+def test_multicast_sends_a_slow_worker_only_what_it_keeps(drop):
+    """Worker 2 paced at a quarter of the others (``receiver_rates``): it joins only the
+    groups of the datagrams it keeps and hears only those (about two thirds of the stream;
+    the others every datagram), every kept row exact, with losses repaired; the master sends
+    every datagram once (20-byte headers), its repairs and the feedback, no parity."""
+    options = {
+        **MC_BASE,
+        "drop": drop,
+        "receiver_rates": ["200mbit", "50mbit", "200mbit"],
+    }
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _lanes_stream, options, 2, netns=ns)
+    assert all(r[0] for r in results)
+    assert all(r[2] == [2] for r in results)
+    egress, _, repairs, control, parity, *_ = results[0][1]
+    stream = framed(MC_ROWS, MC_WIDTH, 4096)
+    assert parity == 0
+    assert egress == 2 * (stream + DGRAM_HEAD * math.ceil(stream / 512)) + repairs + control
+    ingress = [r[1][1] for r in results[1:]]
+    fast = min(ingress[0], ingress[2])
+    assert fast >= egress - control - repairs  # the fast workers: every datagram
+    if drop == 0:
+        assert 0.6 * fast < ingress[1] < 0.8 * fast, ingress  # the slow one: its own
+    else:
+        assert repairs > 0 and ingress[1] < fast, ingress
+
+
 @pytest.mark.distributed
 @pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
 def test_multicast_parity_rebuilds_single_losses_where_they_happen():

@@ -127,6 +127,19 @@ def test_an_uneven_cluster_is_priced_by_the_receivers_it_waits_for():
     assert slow.relay_order(k) == (2, 3, 4, 1) and slow.receivers(k)[-1] == half
 
 
+@pytest.mark.parametrize(("kept", "units"), [(0.4, 1.0), (0.5, 1.0), (0.7, 1.4)])
+def test_a_receiver_aware_multicast_waits_for_the_master_or_what_a_slow_worker_keeps(kept, units):
+    """What each worker keeps known (a plan's reach): the slow worker (half rate, relayed
+    last) takes only the bytes it keeps, at its rate; the stream takes the longer of the
+    master's link (every datagram, ``1`` unit) and the slow worker's (twice its share)."""
+    k, rc = 4, 15 * MB
+    slow = Network("switch", 400e6, 400e6, worker_rates=(400e6, 400e6, 400e6, 200e6))
+    reach = Reach(4.0, (rc // 2, rc // 2), (4, 4), (rc,) * 3 + (int(kept * rc),))
+    unit = slow.datagrams(rc) / (slow.pace_share * 50e6)
+    got = seconds("multicast", rc, Traffic(k, rc, 2 * rc), slow, reach) - slow.overhead_seconds
+    assert got == pytest.approx(units * unit, rel=1e-3)
+
+
 @pytest.mark.parametrize(("ends", "units"), [((4, 3), 2), ((3, 4), 3), ((3, 3), 2)])
 def test_a_chain_moves_each_message_at_the_slowest_link_it_crosses(ends, units):
     """Two messages of ``m`` bytes; the last link (to the slow host, relayed last) at half

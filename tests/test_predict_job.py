@@ -290,7 +290,27 @@ def test_multicast_is_paced_as_the_cluster_command_paces_it(overrides, paced):
     at 99%): the master's 50 Mbit/s for multicast, the workers' 200 for peer-multicast."""
     from coded_shuffle.tools.cluster.run import pacing_overrides
 
-    assert pacing_overrides(overrides, 200_000_000, 50_000_000) == paced
+    assert pacing_overrides(overrides, [200_000_000] * 3, 50_000_000) == paced
+
+
+def test_multicast_on_uneven_workers_is_paced_per_receiver():
+    """One worker at half the others' NIC: the master's stream at the fast workers' rate, each
+    worker's own pace beside it (the slow one hears only what it keeps); peer-multicast, whose
+    workers send, at the slowest's; a pricing without the receivers' list."""
+    from coded_shuffle.tools.cluster.run import pacing_overrides
+
+    rates = [400_000_000, 200_000_000, 400_000_000]
+    assert pacing_overrides(["dist.transport=multicast"], rates, 400_000_000) == [
+        "dist.multicast.rate=396mbit",
+        "dist.multicast.receiver_rates=[396mbit,198mbit,396mbit]",
+    ]
+    assert pacing_overrides(["dist.transport=multicast"], rates, 400_000_000, False) == [
+        "dist.multicast.rate=396mbit"
+    ]
+    assert pacing_overrides(["dist.transport=peer-multicast"], rates, 400_000_000) == [
+        "dist.multicast.rate=198mbit",
+        "dist.multicast.master_rate=198mbit",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -311,14 +331,16 @@ def test_the_cluster_orders_a_chain_fastest_first(overrides, rates, order):
     assert relay_overrides(overrides, rates) == order
 
 
-def test_the_cluster_paces_multicast_for_its_slowest_worker():
-    """``--host-rate 1=200mbit`` on a 400 Mbit/s cluster: multicast paced at 99% of the slow
-    worker's NIC (every receiver takes the whole stream), a chain ordered slow host last."""
+def test_the_cluster_paces_multicast_per_worker_and_a_chain_slow_host_last():
+    """``--host-rate 1=200mbit`` on a 400 Mbit/s cluster: multicast paced at 99% of the fast
+    NICs, and of each worker's own (the slow one hears only what it keeps), a chain ordered
+    slow host last."""
     from coded_shuffle.tools.cluster.netns import Cluster
     from coded_shuffle.tools.cluster.run import training_overrides
 
     cluster = Cluster(5, 400_000_000, None, host_rates={1: 200_000_000})
     paced, _ = training_overrides(["dist.transport=multicast", "hydra.run.dir=x"], cluster)
-    assert "dist.multicast.rate=198mbit" in paced
+    assert "dist.multicast.rate=396mbit" in paced
+    assert "dist.multicast.receiver_rates=[198mbit,396mbit,396mbit,396mbit]" in paced
     relayed, _ = training_overrides(["hydra.run.dir=x"], cluster)
     assert "dist.chain.order=[2,3,4,1]" in relayed

@@ -58,6 +58,16 @@ from tests.helpers import (
         ),
         (["dist.transport=multicast", "dist.multicast.rate=9x"], "rate '9x' cannot be parsed"),
         (["dist.chain.order=[1,2,2,3]"], "must list every worker rank 1..4 once"),
+        (
+            ["dist.transport=multicast", "dist.multicast.rate=1gbit"]
+            + ["dist.multicast.receiver_rates=[1gbit,1gbit]"],
+            "dist.multicast.receiver_rates has 2 rates, expected one per worker (4)",
+        ),
+        (
+            ["dist.transport=multicast", "dist.multicast.rate=1gbit"]
+            + ["dist.multicast.receiver_rates=[1gbit,1gbit,1gbit,2x]"],
+            "dist.multicast.receiver_rates '2x' cannot be parsed",
+        ),
         (["shuffle=partial", "shuffle.fraction=0"], "shuffle.fraction=0.0 out of range (0, 1]"),
         (["shuffle=partial", "shuffle.fraction=1.5"], "shuffle.fraction=1.5 out of range"),
         (["shuffle.name=sometimes"], "shuffle='sometimes' unknown; valid: full, partial, none"),

@@ -28,6 +28,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from coded_shuffle.costs.rates import format_rate
 from coded_shuffle.costs.wire import (
     DGRAM_HEADER_BYTES,
@@ -135,11 +137,13 @@ class Reach:
     stream's order) of ``sizes[i]`` bytes crosses the links into positions ``1 ..
     ends[i]``; ``links``, the links a byte crosses on average with the reach tables (network
     bytes / stream bytes: ``K`` when every relay forwards everything; less where later
-    workers keep nothing)."""
+    workers keep nothing); ``kept``, the bytes of the messages each worker keeps a row of,
+    in the same order (what a receiver-aware multicast sends a slow worker)."""
 
     links: float
     sizes: tuple[int, ...]
     ends: tuple[int, ...]
+    kept: tuple[int, ...] = ()  # per position: the bytes of the messages that worker keeps
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,7 @@ def chain_reach_of(
     workers = plan.plans[0].num_workers
     order = range(1, workers + 1) if order is None else order
     network, sizes, ends = 0, [], []
+    kept = np.zeros(workers, dtype=np.int64)
     parts = byte_parts(point_bytes, plan.fractions)
     for part, b in zip(plan.plans, parts, strict=True):
         sub = subpoint_bytes(b, part.splits)
@@ -224,8 +229,10 @@ def chain_reach_of(
         keep = [program.symbol_ids for program in decode_plan(part)]
         keepers = message_keepers(keep, part.num_symbols, sub, chunk_bytes)
         reach = chain_reach(keepers, order)
+        kept += keepers.astype(np.int64) @ np.asarray(mine, dtype=np.int64)
         network += chain_bytes(mine, reach, part.num_workers)
         sizes += [int(x) for x in mine]
         ends += [int(x) for x in reach]
     stream = sum(sizes)
-    return Reach(network / stream if stream else 0.0, tuple(sizes), tuple(ends))
+    in_order = tuple(int(kept[w - 1]) for w in order)
+    return Reach(network / stream if stream else 0.0, tuple(sizes), tuple(ends), in_order)

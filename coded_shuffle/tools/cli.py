@@ -383,9 +383,9 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     rest = list(args.args)
     overrides = rest[1:] if rest[:1] == ["--"] else rest
     # multicast paced as the cluster command paces it where the overrides do not say
-    hosts = worker_rates(args.host_rate, MAX_HOSTS, cluster.rate)
-    slowest = int(min(hosts or (cluster.rate,)))
-    overrides += pacing_overrides(overrides, slowest, int(cluster.master_rate))
+    hosts = [int(r) for r in worker_rates(args.host_rate, MAX_HOSTS, cluster.rate)]
+    master = int(cluster.master_rate)
+    overrides += pacing_overrides(overrides, hosts or [int(cluster.rate)], master, False)
     job = profile_job(overrides)
     given = worker_rates(args.host_rate, job.workers, cluster.rate)
     net = paced(dataclasses.replace(cluster, worker_rates=given), job)

@@ -172,9 +172,10 @@ class Transport(ABC):
     summary: ClassVar[str] = ""
     routing: ClassVar[Routing] = "broadcast"
     prunes: ClassVar[bool] = False
-    """A broadcast that forwards a message only towards workers that keep a row of it: its
-    :meth:`exchange` takes ``keepers`` at the master, and a worker may not hear a message it
-    keeps no row of."""
+    """A broadcast that sends a message only towards workers that keep a row of it: its
+    :meth:`exchange` takes ``keepers`` (at the master, ``message_keepers`` of each stream; at
+    a worker, which of each stream's messages it keeps), and a worker may not hear a message
+    it keeps no row of."""
     own_symbols: ClassVar[bool] = False
     """Under ``peers`` routing: the workers send the plan's coded symbols, each its own (a
     scheme the workers send, ``decentralized``), not uncoded rows."""
@@ -278,11 +279,12 @@ class Transport(ABC):
         del stream_bytes
         return []
 
-    def network_bytes(self, stream: Stream, keepers: Any) -> int:
+    def network_bytes(self, stream: Stream, keepers: Any) -> int | None:
         """The bytes ``stream`` puts on all links, by the transport's byte model, where it
-        depends on who keeps what (``keepers``: ``message_keepers``); only transports that
-        prune (``prunes``) define it."""
-        raise NotImplementedError(f"{self.name} has no per-delivery byte model")
+        depends on who keeps what (``keepers``: ``message_keepers``); None where it has no
+        such model."""
+        del stream, keepers
+        return None
 
     def check_streams(self, streams: Sequence[Stream]) -> None:
         """Raises ValueError for a stream this transport cannot carry."""

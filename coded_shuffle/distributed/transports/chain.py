@@ -178,7 +178,8 @@ class Chain(Transport):
         keepers: Sequence[np.ndarray] | None = None,
     ) -> None:
         """``keepers[i]`` (at the master; None: every message to every worker):
-        :func:`~coded_shuffle.costs.wire.message_keepers` of stream ``i``."""
+        :func:`~coded_shuffle.costs.wire.message_keepers` of stream ``i`` (a relay takes its
+        reach table from the wire instead)."""
         self.check_streams(streams)
         for i, stream in enumerate(streams):
             reach = self._reach_table(stream, None if keepers is None else keepers[i])

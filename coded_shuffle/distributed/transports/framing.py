@@ -271,6 +271,10 @@ class Inbox:
         start = int(rows[0])
         return torch.from_numpy(self.out[start : start + count].reshape(-1))
 
+    def kept_messages(self) -> np.ndarray:
+        """Bools, one per message: whether this rank keeps a row of it."""
+        return np.diff(np.asarray(self.kept, dtype=np.int64)) > 0
+
     def receive(self, index: int, message: torch.Tensor) -> None:
         """Message ``index`` checked and its kept rows put in place (``message``: the header
         alone where its payload was received in place, at :meth:`target`)."""

@@ -209,7 +209,9 @@ class Link:
             if t.prunes and len(needs) == len(routes.needs):
                 keepers = message_keepers(needs, num_rows, row_bytes, self.chunk_bytes)
                 extra["keepers"] = [keepers]
-                self.modelled = (self.modelled or 0) + t.network_bytes(stream, keepers)
+                modelled = t.network_bytes(stream, keepers)
+                if modelled is not None:
+                    self.modelled = (self.modelled or 0) + modelled
             t.exchange([stream], outgoing, _refuse, **extra)
             return None
         keep = routes.needs[self.rank - 1]
@@ -233,8 +235,10 @@ class Link:
             inbox.receive(i, msg)
             meter.add(sizes[i])
 
-        targets = self._targets(t, lambda _, i: inbox.target(i))
-        t.exchange([stream], {}, on_message, **targets)
+        extra = self._targets(t, lambda _, i: inbox.target(i))
+        if t.prunes:
+            extra["keepers"] = [inbox.kept_messages()]
+        t.exchange([stream], {}, on_message, **extra)
         inbox.complete()
         return out
 

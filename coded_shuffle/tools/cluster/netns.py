@@ -10,7 +10,8 @@ one bus or radio channel): every frame that enters the bridge from any host is f
 redirected (an ``ingress`` qdisc on every bridge port, a ``u32`` filter matching every frame,
 the ``mirred`` action) into one ``ifb`` device whose ``tbf`` is the medium's budget of
 ``rate``; the ifb hands it back to the bridge, which then forwards it (and copies a multicast
-frame to every port after the medium: a multicast frame is paid once). The ifb's counters
+frame to every port after the medium whose host joined its group: a multicast frame is paid
+once; the bridge snoops IGMP, :data:`SNOOPING`, and is its querier). The ifb's counters
 are what crossed the medium. Addresses
 (``10.77.0.<i+1>/24``) and the multicast route exist only inside these namespaces. Names
 carry a random run id, so two clusters never collide, and every cluster is registered in
@@ -38,6 +39,14 @@ NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.77.0"
 MAX_HOSTS = 250
 IFACE = "eth0"
+# the bridge snoops IGMP, as most switches do, so each port gets the multicast groups its host
+# joined. It is the querier (a Linux bridge without one floods every group), in version 3 (in
+# version 2 a host that hears another's report for a group suppresses its own, and the bridge
+# then forwards that group to one of them only), and waits 0.2 s for a query's responses (10 s
+# by default, during which it floods every group: set before the querier, whose switching on
+# starts that wait)
+SNOOPING = ("mcast_snooping", "1", "mcast_igmp_version", "3", "mcast_query_response_interval", "20")
+QUERIER = ("mcast_querier", "1")
 MEDIA = ("switch", "shared")
 
 
@@ -239,7 +248,8 @@ class Cluster:
     def _create(self) -> None:
         br = self.bridge_ns
         self._add_ns(br)
-        _ip("-n", br, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
+        _ip("-n", br, "link", "add", "br0", "type", "bridge", *SNOOPING)
+        _ip("-n", br, "link", "set", "br0", "type", "bridge", *QUERIER)
         _ip("-n", br, "link", "set", "br0", "up")
         hosts_file = "".join(
             f"{self.address(i)} h{i}\n::ffff:{self.address(i)} h{i}\n" for i in range(self.hosts)

@@ -86,7 +86,7 @@ def training_overrides(
     master_rank = int(master) if master and master.isdigit() else 0
     rates = {r: cluster.host_rate(cluster.host_of(r)) for r in range(cluster.processes)}
     master_rate = rates.pop(master_rank)
-    out += pacing_overrides(out, min(rates.values()), master_rate)
+    out += pacing_overrides(out, [rates[r] for r in sorted(rates)], master_rate)
     if master_rank == 0:  # the workers' ranks are their roles
         out += relay_overrides(out, rates)
     return out, Path(run_dir)
@@ -111,19 +111,31 @@ def relay_overrides(overrides: Sequence[str], rates: dict[int, int]) -> list[str
     return [f"{key}=[{','.join(map(str, fastest_first(rates)))}]"]
 
 
-def pacing_overrides(overrides: Sequence[str], rate: int, master_rate: int) -> list[str]:
+def pacing_overrides(
+    overrides: Sequence[str], rates: Sequence[int], master_rate: int, receivers: bool = True
+) -> list[str]:
     """A paced transport's pacing where the overrides do not set it (its cost says it paces:
-    multicast's mechanism): ``dist.<options>.rate`` at :data:`MULTICAST_SHARE` of the slowest
-    NIC a stream crosses (``rate``: the slowest worker's; the master's ``master_rate``; where
-    the workers send, theirs, and the master's placement at its own NIC's share)."""
+    multicast's mechanism), at :data:`MULTICAST_SHARE` of the NICs a stream crosses (``rates``:
+    every worker's, in role order; the master's ``master_rate``).
+
+    The master's multicast: ``dist.<options>.rate`` for the slower of the master and the
+    fastest worker, and where the workers' NICs differ, ``receiver_rates`` for each worker's
+    (a slow worker hears only what it keeps, at its rate: :mod:`~coded_shuffle.distributed.
+    transports.multicast.lanes`; not where ``receivers`` is False: a pricing that needs the
+    rate alone). Where the workers send (``peer-multicast``): ``rate`` for the slowest worker,
+    and the master's placement at ``master_rate``'s share."""
     cls = _transport(overrides)
     if not cls.cost.paced:
         return []
     out, key = [], f"dist.{cls.options_key or cls.name}"
     peers = cls.routing == "peers"
-    slowest = rate if peers else min(rate, master_rate)
+    uneven = not peers and len(set(rates)) > 1
+    slowest = min(rates) if peers else min(max(rates) if uneven else min(rates), master_rate)
     if _override(overrides, f"{key}.rate") is None:
         out.append(f"{key}.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
+    if uneven and receivers and _override(overrides, f"{key}.receiver_rates") is None:
+        each = ",".join(format_rate(int(r * MULTICAST_SHARE)) for r in rates)
+        out.append(f"{key}.receiver_rates=[{each}]")
     if peers and _override(overrides, f"{key}.master_rate") is None:
         master = int(min(master_rate, slowest) * MULTICAST_SHARE)
         out.append(f"{key}.master_rate={format_rate(master)}")

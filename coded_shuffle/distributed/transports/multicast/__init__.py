@@ -90,6 +90,16 @@ from coded_shuffle.distributed.transports.multicast.feedback import (
     Arrival,
     feedback_bytes,
 )
+from coded_shuffle.distributed.transports.multicast.lanes import (
+    IP_MULTICAST_ALL,
+    SLOW_MAX,
+    Lanes,
+    datagram_groups,
+    datagram_keeps,
+    group_address,
+    memberships,
+    slow_workers,
+)
 from coded_shuffle.distributed.transports.multicast.options import (
     MulticastOptions,
     MulticastUnavailable,
@@ -101,12 +111,14 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     Pace,
     Pacer,
     send_buffer_bytes,
+    sleep_until,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
 
 POLL_SECONDS = 0.005
 GRACE_MIN_SECONDS = 0.002  # the shortest drain after "round sent", once no datagram was late
+LANE_SLACK_SECONDS = 0.002  # a batch due this soon goes now (the pacer's own sleep step)
 log = logging.getLogger("coded_shuffle")
 
 __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
@@ -114,14 +126,26 @@ __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailab
 
 class MulticastCost(BroadcastCost):
     """``R_c`` in full datagrams once, on any topology, paced at ``pace_share`` of the
-    slowest NIC, the master's or a worker's: every receiver takes the whole stream."""
+    slowest NIC, the master's or a worker's: every receiver takes the whole stream. Where some
+    workers are slower than the master and the fastest worker (at most ``SLOW_MAX``, and
+    ``reach`` says what each keeps), a slow worker takes only the datagrams it keeps, at its
+    own rate, and the stream lasts as long as its busiest link (:mod:`.lanes`)."""
 
     paced = True
 
     def busy(self, stream: float, traffic: Traffic, net: Network, reach: Reach | None) -> float:
-        del reach
-        slowest = min(net.master_rate / 8, net.slowest(traffic.workers))
-        return net.datagrams(stream) / (net.pace_share * slowest)
+        rates = net.receivers(traffic.workers)  # bytes/s, fastest first
+        top = min(net.master_rate / 8, rates[0])
+        if net.topology == "shared":
+            top = min(top, net.rate / 8)
+        slow = [i for i, r in enumerate(rates) if r < top]
+        if reach is None or not reach.kept or not slow or len(slow) > SLOW_MAX:
+            return net.datagrams(stream) / (net.pace_share * min(top, rates[-1]))
+        scale = stream / max(sum(reach.sizes), 1)  # the reach's sizes scaled to the stream
+        busy = net.datagrams(stream) / top
+        for i in slow:
+            busy = max(busy, net.datagrams(reach.kept[i] * scale) / rates[i])
+        return busy / net.pace_share
 
 
 class Multicast(Transport):
@@ -130,6 +154,7 @@ class Multicast(Transport):
     name = "multicast"
     summary = "UDP IP multicast paced to a rate, lost datagrams repaired: the shared link"
     routing = "broadcast"
+    prunes = True  # with slow workers, each hears only the messages it keeps (:mod:`.lanes`)
     Options = MulticastOptions
     cost = MulticastCost()
     digests = False  # every datagram carries UDP's checksum, every batch the master's SHA-256
@@ -143,6 +168,7 @@ class Multicast(Transport):
         group, port = job_group(self.job)
         self.group = o.group if o.group is not None else group
         self.port = int(o.port) if o.port is not None else port
+        self._receivers([parse_rate(r, "receiver_rates") for r in o.receiver_rates or ()])
         self.drop, self.grace = float(o.drop), float(o.grace_seconds)
         self.ifindex, self.mtu = interface_of(o.interface or os.environ.get("GLOO_SOCKET_IFNAME"))
         self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
@@ -191,6 +217,17 @@ class Multicast(Transport):
         self.rebuilt = 0  # datagrams this receiver rebuilt from parity (all streams)
         self.tail: float | None = None  # the latest a datagram came in a drain (None: no drain)
 
+    def _receivers(self, rates: Sequence[float]) -> None:
+        """The slow workers that get groups of their own (:mod:`~.lanes`: the master's
+        streams), their paces and the groups' addresses; where the workers send
+        (``peer-multicast``) or more are slow than groups allow, the pace is the slowest's."""
+        self.slow_workers = () if self.peer_sends else slow_workers(self.rate, rates)
+        self.slow_rates = [rates[w - 1] for w in self.slow_workers]
+        if rates and not self.slow_workers:
+            self.rate = min(self.rate, *rates)
+        count = 2 ** len(self.slow_workers)
+        self.addresses = [(group_address(self.group, g), self.port) for g in range(count)]
+
     @property
     def paced(self) -> float:
         """The bits/s this stream goes at: the pace, a share of it in the background
@@ -213,10 +250,7 @@ class Multicast(Transport):
             else:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 set_buffer(sock, False, self.rcvbuf)
-                sock.bind((self.group, self.port))
-                sock.setsockopt(
-                    socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(self.group, self.ifindex)
-                )
+                self._join(sock)
         except OSError as exc:
             sock.close()
             where = f"interface index {self.ifindex}" if self.ifindex else "the default route"
@@ -226,6 +260,21 @@ class Multicast(Transport):
                 "`coded-shuffle cluster` (its hosts route 224.0.0.0/4)"
             ) from None
         return sock
+
+    def _join(self, sock: socket.socket) -> None:
+        """A receiver's socket bound to the job's group and joined to it; with slow workers
+        (:mod:`~.lanes`), bound to the port and joined to this worker's groups alone."""
+        if not self.slow_workers:
+            sock.bind((self.group, self.port))
+            sock.setsockopt(
+                socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(self.group, self.ifindex)
+            )
+            return
+        sock.setsockopt(socket.IPPROTO_IP, IP_MULTICAST_ALL, 0)
+        sock.bind(("0.0.0.0", self.port))
+        for g in memberships(self.peer.rank, self.slow_workers):
+            group = self.addresses[g][0]
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(group, self.ifindex))
 
     def _agree_sources(self) -> list[tuple[str, int] | None]:
         """Per rank, the address and port its datagrams come from (its sending socket's,
@@ -251,6 +300,7 @@ class Multicast(Transport):
             "mtu": self.mtu,
             "group": self.group,
             "port": self.port,
+            "slow_workers": list(self.slow_workers),
         }
 
     def close(self) -> None:
@@ -266,17 +316,22 @@ class Multicast(Transport):
         streams: Sequence[Stream],
         outgoing: Mapping[int, Iterable[torch.Tensor]],
         on_message: OnMessage,
+        keepers: Sequence[np.ndarray] | None = None,
     ) -> None:
+        """``keepers[i]`` (:attr:`~.base.Transport.prunes`): at the master, who keeps a row of
+        each message of stream ``i``; at a worker, which messages it keeps. With slow workers
+        (:mod:`~.lanes`) a slow worker hears only the datagrams of the messages it keeps."""
         self.check_streams(streams)
         for i, stream in enumerate(streams):
             self.stream_id += 1
             if stream.total == 0:
                 continue
+            keeps = None if keepers is None else keepers[i]
             if self.peer.rank == stream.src:
-                self._serve(stream.total, outgoing[i], stream.dsts)
+                self._serve(stream, outgoing[i], keeps)
             elif self.peer.rank in stream.dsts:
                 deliver = lambda j, msg, i=i: on_message(i, j, msg)  # noqa: E731
-                self._receive(stream.sizes, deliver, stream.src)
+                self._receive(stream.sizes, deliver, stream.src, keeps)
             # a rank the stream is not for (the master, between the workers) takes no part:
             # the feedback stays between the stream's sender and its receivers
 
@@ -288,16 +343,49 @@ class Multicast(Transport):
         puts them in place (:meth:`_serve`, :meth:`_receive`)."""
         return [(self._count(stream_bytes), self.datagram_bytes)]
 
-    def _serve(self, total: int, messages: Iterable[torch.Tensor], dsts: Sequence[int]) -> None:
-        """The stream's sender (the master, or a worker under ``peer-multicast``), to ``dsts``:
-        round 0 sends every datagram as soon as its bytes are framed (and a parity datagram
-        after every block, while the network loses datagrams); later rounds what some
-        receiver missed, until none misses anything. The pace adapts after every round."""
+    def _serve(
+        self, stream: Stream, messages: Iterable[torch.Tensor], keepers: np.ndarray | None
+    ) -> None:
+        """The stream's sender (the master, or a worker under ``peer-multicast``), to its
+        receivers: round 0 sends every datagram as soon as its bytes are framed (and a parity
+        datagram after every block, while the network loses datagrams; by group where workers
+        are slow, :meth:`_serve_lanes`); later rounds what some receiver missed, until none
+        misses anything. The pace adapts after every round."""
+        total, dsts = stream.total, stream.dsts
         n, d = self._count(total), self.datagram_bytes
         data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
-        full = self.frame_bytes
-        pacer = Pacer(self.paced, full)
+        if self.slow_workers:
+            resend = self._serve_lanes(data, total, messages, self._groups(stream, keepers))
+        else:
+            resend = self._serve_one(data, total, messages)
+        self.rounds, sent_now, lossy = 0, n, False
+        while True:
+            self._control_round_done(dsts)
+            todo, lost = self._union_of_missing(n, dsts)
+            lossy |= self._adapt(lost, sent_now, first=self.rounds == 0)
+            if todo.size == 0:
+                self.parity = self.parity_block > 0 and lossy
+                return
+            self.rounds += 1
+            sent = resend(todo, self.rounds)
+            self.counts.egress += sent
+            self.counts.repairs += sent
+            sent_now = todo.size
+
+    def _groups(self, stream: Stream, keepers: np.ndarray | None) -> np.ndarray:
+        """Each datagram's group (:func:`~.lanes.datagram_groups`); where who keeps what is
+        not known, the group every worker joined."""
+        if keepers is None:
+            return np.full(self._count(stream.total), len(self.addresses) - 1, dtype=np.int64)
+        return datagram_groups(keepers, stream.sizes, self.datagram_bytes, self.slow_workers)
+
+    def _serve_one(
+        self, data: np.ndarray, total: int, messages: Iterable[torch.Tensor]
+    ) -> Callable[[np.ndarray, int], int]:
+        """Round 0 to the one group, parity beside it; returns how a repair round is sent."""
+        n, d = data.size // self.datagram_bytes, self.datagram_bytes
+        pacer = Pacer(self.paced, self.frame_bytes)
         block = self.parity_block if self.parity else 0
         filled = ready = 0
         for m in messages:
@@ -310,20 +398,60 @@ class Multicast(Transport):
                 self.counts.egress += sent
                 self.counts.parity += sent
             ready = done
-        self.rounds, sent_now, lossy = 0, n, False
-        while True:
-            self._control_round_done(dsts)
-            todo, lost = self._union_of_missing(n, dsts)
-            lossy |= self._adapt(lost, sent_now, first=self.rounds == 0)
-            if todo.size == 0:
-                self.parity = self.parity_block > 0 and lossy
-                return
-            self.rounds += 1
-            pacer = Pacer(self.paced, full)
-            sent = self._send(data, todo, self.rounds, pacer, total)
-            self.counts.egress += sent
-            self.counts.repairs += sent
-            sent_now = todo.size
+        return lambda todo, rnd: self._send(
+            data, todo, rnd, Pacer(self.paced, self.frame_bytes), total
+        )
+
+    def _serve_lanes(
+        self, data: np.ndarray, total: int, messages: Iterable[torch.Tensor], groups: np.ndarray
+    ) -> Callable[[np.ndarray, int], int]:
+        """Round 0 by group (:class:`~.lanes.Lanes`; no parity: a slow worker lacks the other
+        groups' datagrams of a block): the datagrams framed so far go as their paces allow,
+        and while none may go yet the next message is framed; returns how a repair round is
+        sent."""
+        n, d = groups.size, self.datagram_bytes
+        lanes = self._lanes(groups)
+        filled = ready = 0
+        for m in messages:
+            data[filled : filled + m.numel()] = m.numpy()
+            filled += m.numel()
+            done = n if filled == total else filled // d
+            lanes.add(np.arange(ready, done))
+            ready = done
+            self.counts.egress += self._send_lanes(data, lanes, 0, total, wait=False)
+        self.counts.egress += self._send_lanes(data, lanes, 0, total, wait=True)
+
+        def resend(todo: np.ndarray, rnd: int) -> int:
+            again = self._lanes(groups)
+            again.add(todo)
+            return self._send_lanes(data, again, rnd, total, wait=True)
+
+        return resend
+
+    def _lanes(self, groups: np.ndarray) -> Lanes:
+        """The groups' queues, paced at the master's pace and each slow worker's, scaled as
+        the pace is (adapted, or in the background)."""
+        assert self.batch is not None
+        scale, full = self.paced / self.rate, self.frame_bytes
+        slow = [Pacer(r * scale, full) for r in self.slow_rates]
+        return Lanes(groups, Pacer(self.paced, full), slow, self.batch.capacity)
+
+    def _send_lanes(self, data: np.ndarray, lanes: Lanes, rnd: int, size: int, wait: bool) -> int:
+        """Batches of ``lanes`` as their paces allow, each to its group; all of them
+        (``wait``), or until the next may go only later (more may be framed meanwhile).
+        Returns the bytes handed to the socket."""
+        assert self.batch is not None
+        d, head, sent = self.datagram_bytes, (self.job, self.stream_id, rnd), 0
+        while (ahead := lanes.next()) is not None:
+            g, at = ahead
+            if not wait and at > time.perf_counter() + LANE_SLACK_SECONDS:
+                break
+            sleep_until(at)
+            batch = lanes.take(g)
+            sent += self.batch.send(data, batch, head, size, self.addresses[g])
+            last = min(d, size - int(batch[-1]) * d)  # the stream's last datagram may be short
+            lanes.sent(g, batch.size - 1 + last / d)
+        return sent
 
     def _adapt(self, lost: int, sent: int, first: bool) -> bool:
         """The pace after a round (:meth:`~.pacing.Pace.adapt`); True when any was lost."""
@@ -416,11 +544,16 @@ class Multicast(Transport):
         return np.flatnonzero(np.unpackbits(union.numpy()[:-4])[:n])
 
     def _receive(
-        self, sizes: Sequence[int], deliver: Callable[[int, torch.Tensor], None], src: int = 0
+        self,
+        sizes: Sequence[int],
+        deliver: Callable[[int, torch.Tensor], None],
+        src: int = 0,
+        keeps: np.ndarray | None = None,
     ) -> None:
         """Receiver: every byte of the stream from ``src``, round after round; each message
         goes to ``deliver`` as soon as all of its datagrams are in (checks overlap the
-        transfer)."""
+        transfer). A slow worker (:mod:`~.lanes`) waits for, and is given, only the messages it
+        keeps (``keeps``)."""
         d = self.datagram_bytes
         edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(edges[-1])
@@ -428,6 +561,10 @@ class Multicast(Transport):
         out = self.buffers.empty(n, d).numpy().reshape(-1)
         flat = torch.from_numpy(out)
         have = np.zeros(n, dtype=bool)
+        given = np.ones(len(sizes), dtype=bool)  # the messages it is given
+        if keeps is not None and self.peer.rank in self.slow_workers:
+            given = np.asarray(keeps, dtype=bool)
+            have = ~datagram_keeps(given, sizes, d)[0]  # the others' datagrams never come
         parity = Parity(total, d, self.parity_block)
         # message j is complete once the datagrams before ends[j] are
         ends = -(-edges[1:] // d)
@@ -436,7 +573,8 @@ class Multicast(Transport):
         def complete(prefix: int) -> None:
             j = state["next"]
             while j < len(sizes) and ends[j] <= prefix:
-                deliver(j, flat[edges[j] : edges[j + 1]])
+                if given[j]:
+                    deliver(j, flat[edges[j] : edges[j + 1]])
                 j += 1
             state["next"] = j
 

@@ -106,11 +106,16 @@ class SendBatch:
         self.cmsg = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", self.segment))]
 
     def send(
-        self, data: np.ndarray, seqs: np.ndarray, stream: tuple[int, int, int], size: int
+        self,
+        data: np.ndarray,
+        seqs: np.ndarray,
+        stream: tuple[int, int, int],
+        size: int,
+        to: tuple[str, int] | None = None,
     ) -> int:
         """Datagrams ``seqs`` (ascending) of the first ``size`` bytes of ``data`` (zero padded
-        to whole datagrams) with header ``stream`` = (job, stream, round); returns the bytes
-        handed to the socket."""
+        to whole datagrams) with header ``stream`` = (job, stream, round), to the socket's
+        group or to ``to``; returns the bytes handed to the socket."""
         k, d = seqs.size, self.d
         head = self.rows["head"][:k]
         head["job"], head["stream"], head["round"] = stream
@@ -121,7 +126,7 @@ class SendBatch:
         else:
             self.rows["payload"][:k] = data.reshape(-1, d)[seqs]
         last = min(d, size - int(seqs[-1]) * d)  # the stream's last datagram may be shorter
-        return self._flush(k, (k - 1) * self.segment + DGRAM_HEADER_BYTES + last)
+        return self._flush(k, (k - 1) * self.segment + DGRAM_HEADER_BYTES + last, to)
 
     def send_parity(
         self, data: np.ndarray, blocks: Sequence[int], block: int, stream: tuple[int, int, int]
@@ -139,16 +144,19 @@ class SendBatch:
             np.bitwise_xor.reduce(rows[b * block : (b + 1) * block], axis=0, out=payload[i])
         return self._flush(k, k * self.segment)
 
-    def _flush(self, k: int, length: int) -> int:
-        """The first ``k`` datagrams of the buffer (``length`` bytes) handed to the socket."""
+    def _flush(self, k: int, length: int, to: tuple[str, int] | None = None) -> int:
+        """The first ``k`` datagrams of the buffer (``length`` bytes) handed to the socket, for
+        its group or for ``to``."""
         view = memoryview(self.raw)[:length]
+        where = () if to is None else (0, to)
         if k > 1 and self.gso:
             try:
-                return self.sock.sendmsg([view], self.cmsg)
+                return self.sock.sendmsg([view], self.cmsg, *where)
             except OSError:  # no segmentation offload on this path: one call per datagram
                 self.gso = False
         step = self.segment
-        return sum(self.sock.send(view[i : i + step]) for i in range(0, length, step))
+        one = [view[i : i + step] for i in range(0, length, step)]
+        return sum(self.sock.sendmsg([datagram], [], *where) for datagram in one)
 
 
 def headers(buffer: np.ndarray, nbytes: int, segment: int) -> np.ndarray:

@@ -64,6 +64,10 @@ class MulticastOptions:
     master_rate: str | None = None
     """The master's pacing where it differs from the workers' (``peer-multicast``: the
     master places, the workers send the reshuffles); null: rate."""
+    receiver_rates: list[str] | None = None
+    """Each worker's pacing (worker 1 first), where some are slower than ``rate``: the master
+    sends a slow worker only the datagrams it keeps, at its rate, the rest beside them at
+    ``rate`` (:mod:`~.lanes`; on a network that snoops IGMP); null: every worker at ``rate``."""
     group: str | None = None
     """IPv4 multicast group of the job; null: 239.255.x.y derived from the job's identifier."""
     port: int | None = None
@@ -90,7 +94,6 @@ class MulticastOptions:
     (its gradient all-reduce), which UDP would otherwise queue behind the stream."""
 
     def check(self, world_size: int | None, name: KeyName) -> None:
-        del world_size
         if self.rate is None:
             raise UsageError(
                 f"{name('rate')} is required with multicast: the master paces datagrams to it "
@@ -99,6 +102,7 @@ class MulticastOptions:
         parse_rate(self.rate, name("rate"))
         if self.master_rate is not None:
             parse_rate(self.master_rate, name("master_rate"))
+        self._check_receivers(world_size, name)
         try:
             first = int(socket.inet_aton(str(self.group))[0]) if self.group is not None else 239
         except OSError:
@@ -125,3 +129,15 @@ class MulticastOptions:
             raise UsageError(
                 f"{name('background_share')}={self.background_share} out of range (0, 1]"
             )
+
+    def _check_receivers(self, world_size: int | None, name: KeyName) -> None:
+        if self.receiver_rates is None:
+            return
+        rates = list(self.receiver_rates)
+        if world_size is not None and len(rates) != world_size - 1:
+            raise UsageError(
+                f"{name('receiver_rates')} has {len(rates)} rates, expected one per worker "
+                f"({world_size - 1})"
+            )
+        for r in rates:
+            parse_rate(r, name("receiver_rates"))

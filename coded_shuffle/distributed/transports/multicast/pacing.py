@@ -34,15 +34,24 @@ class Pacer:
         self.due = time.perf_counter()
 
     def wait(self) -> None:
-        now = time.perf_counter()
-        ahead = self.due - now
-        if ahead > 0.002:  # sleep in steps of about a millisecond: bursts stay small
-            time.sleep(ahead - 0.001)
-        elif ahead < -self.slack:  # held up for long: no burst longer than the slack
-            self.due = now - self.slack
+        sleep_until(self.ready_at())
+
+    def ready_at(self) -> float:
+        """When the next datagram may go (``perf_counter`` seconds): its due time, or the
+        slack before now where the sender was held up for long (no longer burst)."""
+        self.due = max(self.due, time.perf_counter() - self.slack)
+        return self.due
 
     def sent(self, share: float) -> None:
         self.due += self.interval * share
+
+
+def sleep_until(at: float) -> None:
+    """Sleeps until about ``at`` (``perf_counter`` seconds), in steps of about a millisecond
+    (bursts stay small); not at all where it is at most 2 ms away."""
+    ahead = at - time.perf_counter()
+    if ahead > 0.002:
+        time.sleep(ahead - 0.001)
 
 
 def catch_up_bytes(rate: float) -> int:

@@ -1,0 +1,149 @@
+"""A receiver-aware ``multicast``: the datagrams a slow receiver needs at its own rate, the rest
+beside them at the others'.
+
+Where some workers' NICs are slower than the stream's pace (``receiver_rates``), a stream that
+every worker hears runs at the slowest one's rate, and the coded gain is gone (docs/uneven.md).
+A slow worker needs only the datagrams that carry rows it keeps (the messages of the coded
+symbols it decodes with; at ``K = 4`` and ``T = 2``, half of them). So each datagram goes to one
+of ``2 ** s`` groups, one per set of the ``s`` slow workers that keep a row of it (bit ``b`` of
+the group's number: slow worker ``b`` keeps one); a slow worker joins the groups with its bit,
+a fast one every group, and a switch that snoops IGMP (the emulated cluster's bridge, most
+real ones) sends each port only the groups its host joined. The master interleaves the groups
+(:class:`Lanes`): every batch waits for its own pace at the master's NIC and at each slow
+worker's that it reaches, and the earliest batch goes first, so the fast workers' share fills
+what the slow ones leave of the master's link.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from coded_shuffle.distributed.transports.multicast.pacing import Pacer
+
+SLOW_MAX = 4  # slow workers that get their own groups: 16 groups, within Linux's 20 per socket
+IP_MULTICAST_ALL = 49  # linux/in.h: 0 = a socket hears only the groups it joined
+
+
+def slow_workers(rate: float, receiver_rates: Sequence[float]) -> tuple[int, ...]:
+    """The workers (``1..K``; ``receiver_rates[w - 1]``: worker ``w``'s pace) slower than
+    ``rate``, slowest first, ties by number; () where there are none or more than
+    :data:`SLOW_MAX` (then the stream is paced for the slowest, one group)."""
+    slow = sorted(
+        (w for w, r in enumerate(receiver_rates, start=1) if r < rate),
+        key=lambda w: (receiver_rates[w - 1], w),
+    )
+    return tuple(slow) if len(slow) <= SLOW_MAX else ()
+
+
+def group_address(base: str, group: int) -> str:
+    """The address of group number ``group``: ``base`` with its low bits XOR ``group`` (group 0
+    is ``base``; all stay in ``base``'s /28, within the multicast range)."""
+    (value,) = struct.unpack("!I", socket.inet_aton(base))
+    return socket.inet_ntoa(struct.pack("!I", value ^ group))
+
+
+def memberships(worker: int, slow: Sequence[int]) -> list[int]:
+    """The groups worker ``worker`` joins: every one for a fast worker, those with its bit for
+    a slow one."""
+    every = range(2 ** len(slow))
+    if worker not in slow:
+        return list(every)
+    bit = 1 << slow.index(worker)
+    return [g for g in every if g & bit]
+
+
+def datagram_keeps(keeps: np.ndarray, sizes: Sequence[int], d: int) -> np.ndarray:
+    """``(W, n)`` bools: a row of ``keeps`` (``(W, M)``: which of the stream's ``M`` messages
+    of ``sizes`` bytes each keeper keeps) spread over the stream's ``n`` datagrams of ``d``
+    bytes: a datagram is kept where any kept message has a byte in it."""
+    keeps = np.atleast_2d(np.asarray(keeps, dtype=bool))
+    edges = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    n = -(-int(edges[-1]) // d)
+    starts, stops = edges[:-1] // d, -(-edges[1:] // d)
+    full = edges[1:] > edges[:-1]  # an empty message has no byte in any datagram
+    steps = np.zeros((keeps.shape[0], n + 1), dtype=np.int64)
+    for row, kept in zip(steps, keeps, strict=True):  # one row per keeper (at most K)
+        live = kept & full
+        np.add.at(row, starts[live], 1)
+        np.add.at(row, stops[live], -1)
+    return np.cumsum(steps, axis=1)[:, :n] > 0
+
+
+def datagram_groups(
+    keeps: np.ndarray, sizes: Sequence[int], d: int, slow: Sequence[int]
+) -> np.ndarray:
+    """Each datagram's group: bit ``b`` set where slow worker ``slow[b]`` keeps it
+    (``keeps``: ``(K, M)``, every worker's messages)."""
+    kept = datagram_keeps(keeps[[w - 1 for w in slow]], sizes, d) if slow else None
+    n = -(-int(sum(sizes)) // d)
+    groups = np.zeros(n, dtype=np.int64)
+    for b in range(len(slow)):
+        assert kept is not None
+        groups |= kept[b].astype(np.int64) << b
+    return groups
+
+
+class Lanes:
+    """The master's datagrams of one round, queued by group, sent batch by batch: each batch
+    waits for the master's pace and for that of every slow worker its group reaches; of the
+    groups with datagrams queued, the one that may go earliest goes (on a tie, the one that
+    reaches more slow workers: it has the narrower way)."""
+
+    def __init__(
+        self, groups: np.ndarray, master: Pacer, slow: Sequence[Pacer], capacity: int
+    ) -> None:
+        self.groups, self.master, self.capacity = groups, master, capacity
+        count = 2 ** len(slow)
+        self.ways = [[p for b, p in enumerate(slow) if g >> b & 1] for g in range(count)]
+        self.queues: list[deque[np.ndarray]] = [deque() for _ in range(count)]
+
+    def add(self, seqs: np.ndarray) -> None:
+        """Datagrams ``seqs`` (ascending) to send, each in its group's queue."""
+        if seqs.size == 0:
+            return
+        of = self.groups[seqs]
+        for g in np.unique(of):
+            self.queues[int(g)].append(seqs[of == g])
+
+    def __bool__(self) -> bool:
+        return any(self.queues)
+
+    def next(self) -> tuple[int, float] | None:
+        """The group that may go earliest and when (``perf_counter`` seconds); None when
+        nothing is queued."""
+        best: tuple[float, int, int] | None = None
+        for g, queue in enumerate(self.queues):
+            if not queue:
+                continue
+            at = max([self.master.ready_at()] + [p.ready_at() for p in self.ways[g]])
+            key = (at, -len(self.ways[g]), g)
+            if best is None or key < best:
+                best = key
+        return None if best is None else (best[2], best[0])
+
+    def take(self, g: int) -> np.ndarray:
+        """The next batch of group ``g``: up to ``capacity`` datagrams numbered one after the
+        other (a receiver's compiled loop takes such a run whole)."""
+        queue = self.queues[g]
+        head = queue[0]
+        size = min(self.capacity, head.size)
+        gaps = np.flatnonzero(np.diff(head[:size]) != 1)
+        if gaps.size:
+            size = int(gaps[0]) + 1
+        batch, rest = head[:size], head[size:]
+        if rest.size:
+            queue[0] = rest
+        else:
+            queue.popleft()
+        return batch
+
+    def sent(self, g: int, share: float) -> None:
+        """``share`` full datagrams of group ``g`` went: every pace it waited for moves on."""
+        self.master.sent(share)
+        for p in self.ways[g]:
+            p.sent(share)
