@@ -24,6 +24,9 @@ from tests.helpers import (
 # --- validation: before any process starts -------------------------------------------------
 
 
+MULTICAST = ["dist.transport=multicast", "dist.multicast.rate=1gbit"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -59,13 +62,11 @@ from tests.helpers import (
         (["dist.transport=multicast", "dist.multicast.rate=9x"], "rate '9x' cannot be parsed"),
         (["dist.chain.order=[1,2,2,3]"], "must list every worker rank 1..4 once"),
         (
-            ["dist.transport=multicast", "dist.multicast.rate=1gbit"]
-            + ["dist.multicast.receiver_rates=[1gbit,1gbit]"],
+            [*MULTICAST, "dist.multicast.receiver_rates=[1gbit,1gbit]"],
             "dist.multicast.receiver_rates has 2 rates, expected one per worker (4)",
         ),
         (
-            ["dist.transport=multicast", "dist.multicast.rate=1gbit"]
-            + ["dist.multicast.receiver_rates=[1gbit,1gbit,1gbit,2x]"],
+            [*MULTICAST, "dist.multicast.receiver_rates=[1gbit,1gbit,1gbit,2x]"],
             "dist.multicast.receiver_rates '2x' cannot be parsed",
         ),
         (["shuffle=partial", "shuffle.fraction=0"], "shuffle.fraction=0.0 out of range (0, 1]"),
