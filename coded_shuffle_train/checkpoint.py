@@ -140,7 +140,8 @@ def save_step(
     run_dir: str | os.PathLike[str], cfg: Config, worker: int, state: dict[str, Any]
 ) -> None:
     """Worker ``worker``'s training state after step ``state["step"]`` of ``state["epoch"]``
-    (its parameters, momentum, loss so far and RNG), keeping the one before it."""
+    (its parameters, its optimiser's ``state_dict()``, loss so far and RNG), keeping the one
+    before it."""
     last, prev = step_files(run_dir, worker)
     last.parent.mkdir(parents=True, exist_ok=True)
     if last.is_file():

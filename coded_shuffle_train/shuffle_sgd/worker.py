@@ -148,7 +148,7 @@ class Worker(Rank):
         batch = self.cs.resume_inside(start.done + 1)
         assert batch is not None
         self.load_params(saved["params"])
-        self.set_momentum(saved["momentum"])
+        self.opt.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["rng"])
         return StepState(start.step, float(saved["loss_sum"]), int(saved["count"]), batch)
 
@@ -167,12 +167,11 @@ class Worker(Rank):
         once every worker got there (so the last checkpoint of one is the last or the one
         before of every other)."""
         dist.barrier(group=self.cs.workers_group)
-        momentum = self.momentum_buffers() if self.momentum else torch.zeros(0)
         state = {
             "epoch": epoch,
             "step": step,
             "params": self.host_params().clone(),
-            "momentum": momentum,
+            "optimizer": self.opt.state_dict(),  # its momentum, as torch saves it
             "loss_sum": totals[0],
             "count": totals[1],
         }
