@@ -1,6 +1,6 @@
 """The master's checkpoint of ``job=shuffle_sgd``: ``RUN_DIR/checkpoint.pt`` after every epoch.
 
-It holds a :class:`Checkpoint` (the epoch, the model's parameters, the optimiser's momentum,
+It holds a :class:`Checkpoint` (the epoch, the model's parameters, the optimiser's state,
 the metrics so far and torch's RNG state) stamped with the run's identity, written to a
 temporary file and renamed (a kill mid-write leaves the old one). The workers' stores live
 beside it (``RUN_DIR/stores``, :class:`~coded_shuffle.CodedShuffle` ``store_dir``). A restart
@@ -80,7 +80,7 @@ class Checkpoint:
     first_epoch: int  # the epoch of the run's last placement (later than 1 after a resize)
     workers: int  # of the run that wrote it
     params: torch.Tensor  # the model's, flat
-    momentum: torch.Tensor  # the optimiser's momentum buffers, flat (empty: none)
+    optimizer: dict[str, Any] | None  # the optimiser's state_dict() (worker 0's)
     rows: list[dict[str, Any]]  # the metrics so far
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
     mixing_seen: np.ndarray | None = None  # what every worker has trained on (Mixing)
@@ -116,7 +116,7 @@ def save(run_dir: str | os.PathLike[str], cfg: Config, state: Checkpoint) -> Non
     """Writes ``state`` atomically, stamped with the run's identity (:func:`stamp`: its
     number of workers is the config's)."""
     plain = state.state_dict()
-    plain.update(params=state.params.clone(), momentum=state.momentum.clone())
+    plain.update(params=state.params.clone())
     _write(Path(run_dir) / FILE, {**plain, **stamp(cfg)})
 
 

@@ -142,7 +142,7 @@ class Master(Rank):
         self.data = ds  # its test split, evaluated a block at a time
         self.writer = MetricsWriter(self.ctx.run_dir, self.epochs, bool(self.cfg.tensorboard))
         self.steps = math.ceil(self.n // self.workers / int(self.cfg.optim.batch_size))
-        self.momentum_flat = torch.zeros(0)
+        self.optimizer: dict[str, Any] | None = None  # worker 0's last state_dict()
         self.announce()
         return saved
 
@@ -221,7 +221,7 @@ class Master(Rank):
                 first_epoch=self.cs.settings.first_epoch,
                 workers=self.workers,
                 params=self.host_params(),
-                momentum=self.momentum_flat,
+                optimizer=self.optimizer,
                 rows=[*self.writer.rows, row],
                 mixing_seen=self.mixing.seen,
             )
@@ -247,12 +247,11 @@ class Master(Rank):
         return Resumed(start, report)
 
     def checkpointed_model(self, saved: checkpoint.Checkpoint) -> None:
-        """The checkpoint's parameters and momentum, here and to every rank; its metrics so
-        far rewritten."""
-        params, momentum = saved.params.clone(), saved.momentum.clone()
-        self.resumed_state(params, momentum)
+        """The checkpoint's parameters and optimiser state, here and to every rank; its
+        metrics so far rewritten."""
+        params = saved.params.clone()
+        self.optimizer = self.resumed_state(params, saved.optimizer)
         self.load_params(params)
-        self.momentum_flat = momentum
         self.writer.resume(saved.rows)
 
     def resume_inside(self, saved: checkpoint.Checkpoint | None, start: InsideEpoch) -> Resumed:
@@ -292,9 +291,10 @@ class Master(Rank):
         self.load_params(flat)
         self.model.eval()
         row["test_loss"], row["test_accuracy"] = self.evaluate()
-        if self.checkpointing and self.momentum:
-            self.momentum_flat = torch.zeros_like(flat)
-            recv(self.momentum_flat, self.model_sender)
+        if self.checkpointing:
+            box: list[Any] = [None]
+            dist.recv_object_list(box, src=self.model_sender)
+            self.optimizer = box[0]
         row["train_loss"] = float(loss[0] / loss[1])
         row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
         row["allreduce_payload_bytes"] = self.allreduce_bytes(flat.numel() * flat.element_size())

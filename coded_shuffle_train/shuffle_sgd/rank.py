@@ -5,6 +5,7 @@ every rank takes part in."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,11 +76,15 @@ class Rank:
         """The rank that sends the trained model to the master: worker 0's."""
         return self.ctx.rank_of_worker(0)
 
-    def resumed_state(self, params: torch.Tensor, momentum: torch.Tensor) -> None:
-        """The master's checkpointed parameters and momentum, to every rank (in place)."""
+    def resumed_state(
+        self, params: torch.Tensor, optimizer: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The master's checkpointed parameters (in place) and optimiser state (its
+        ``state_dict()``, returned), to every rank."""
         dist.broadcast(params, src=self.master)
-        if momentum.numel():
-            dist.broadcast(momentum, src=self.master)
+        box = [optimizer]
+        dist.broadcast_object_list(box, src=self.master)
+        return box[0]
 
     def build_model(self, shape: tuple[int, ...], classes: int) -> torch.nn.Module:
         """The model for inputs of ``shape`` (after ``data.transform``), the same on every

@@ -8,6 +8,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -103,10 +104,10 @@ class Worker(Rank):
         if isinstance(start, AfterEpoch):
             self.cs.restore(start.done)
         params = self.host_params().clone()
-        momentum = torch.zeros_like(params) if self.momentum else torch.zeros(0)
-        self.resumed_state(params, momentum)
+        optimizer = self.resumed_state(params, None)
         self.load_params(params)
-        self.set_momentum(momentum)
+        if optimizer is not None:
+            self.opt.load_state_dict(optimizer)
         return None
 
     def distributed(self) -> torch.nn.Module:
@@ -152,16 +153,6 @@ class Worker(Rank):
         torch.set_rng_state(saved["rng"])
         return StepState(start.step, float(saved["loss_sum"]), int(saved["count"]), batch)
 
-    def set_momentum(self, momentum: torch.Tensor) -> None:
-        """The optimiser's momentum from one flat host vector (parameters' order)."""
-        offset = 0
-        for p in self.model.parameters() if momentum.numel() else ():
-            n = p.numel()
-            self.opt.state[p]["momentum_buffer"] = (
-                momentum[offset : offset + n].view_as(p).to(self.device, copy=True)
-            )
-            offset += n
-
     def save_step(self, epoch: int, step: int, totals: tuple[float, int]) -> None:
         """This worker's training state after ``step`` of ``epoch`` (``job.checkpoint_steps``),
         once every worker got there (so the last checkpoint of one is the last or the one
@@ -171,17 +162,16 @@ class Worker(Rank):
             "epoch": epoch,
             "step": step,
             "params": self.host_params().clone(),
-            "optimizer": self.opt.state_dict(),  # its momentum, as torch saves it
+            "optimizer": self.host_optimizer(),  # its momentum, as torch saves it
             "loss_sum": totals[0],
             "count": totals[1],
         }
         checkpoint.save_step(self.ctx.run_dir, self.cfg, self.k, state)
 
-    def momentum_buffers(self) -> torch.Tensor:
-        """The optimiser's momentum as one flat host vector (parameters' order)."""
-        return torch.cat(
-            [self.opt.state[p]["momentum_buffer"].reshape(-1) for p in self.model.parameters()]
-        ).cpu()
+    def host_optimizer(self) -> dict[str, Any]:
+        """The optimiser's ``state_dict()`` with its tensors in host memory (what a checkpoint
+        and gloo carry)."""
+        return _to_host(self.opt.state_dict())
 
     def train(
         self, epoch: int, batch: LocalBatch, start: StepState | None = None, waited: float = 0.0
@@ -229,16 +219,29 @@ class Worker(Rank):
     def report(self, epoch: int, totals: torch.Tensor, seconds: torch.Tensor) -> None:
         """The epoch's summed loss over every worker, and the slowest worker's seconds on the
         steps and waiting for the batch; worker 0 sends them, the parameters and (for the
-        checkpoint) the momentum to the master."""
+        checkpoint) its optimiser's state to the master (every worker's is the same: the
+        gradients, or with local SGD the momentum, averaged)."""
         dist.all_reduce(totals, group=self.cs.workers_group)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=self.cs.workers_group)
         if self.ctx.rank == self.model_sender:
             send(self.host_params(), self.master)
             send(torch.cat([totals, seconds]), self.master)
-            if self.checkpointing and self.momentum:
-                send(self.momentum_buffers(), self.master)
+            if self.checkpointing:
+                dist.send_object_list([self.host_optimizer()], dst=self.master)
         mark(f"epoch {epoch} trained")
 
     def gather_digest(self) -> None:
         mine = bytes.fromhex(models.params_sha256(self.model))
         dist.gather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), dst=self.master)
+
+
+def _to_host(state: Any) -> Any:
+    """``state`` (a ``state_dict()``: dicts, lists, tensors, numbers) with every tensor in
+    host memory."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _to_host(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_to_host(v) for v in state)
+    return state
