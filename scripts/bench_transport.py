@@ -29,7 +29,9 @@ one table row per run:
   planned on its own random shuffle, not read from the run) and ``pred/meas``.
 
 Needs root (network namespaces). ``--plot FILE`` draws the delivery times. ``--cpu-hog``
-runs a CPU-bound process beside the cluster for every run (the busy-machine case).
+runs a CPU-bound process beside the cluster for every run (the busy-machine case). ``--loss
+SHARE``: every worker's host loses that share of the IP frames it receives, each at random, in
+the kernel (``coded-shuffle cluster --host-loss``): TCP's segments as multicast's datagrams.
 
 ``--loopback`` measures the other end: every master-sourced transport without any ``tc``
 limit between 2..5 local processes (``--processes``), beside a plain TCP stream of the same
@@ -174,8 +176,16 @@ def run_one(args: argparse.Namespace, k: int, scheme: str, transport: str) -> Re
         f"hydra.run.dir={run_dir}",
         *args.set,
     ]
+    losses = [f"{h}={args.loss}" for h in range(1, k + 1)] if args.loss else []
     argv = job_argv(
-        k + 1, args.rate, args.medium, overrides, args.master_rate, args.mtu, args.host_rate
+        k + 1,
+        args.rate,
+        args.medium,
+        overrides,
+        args.master_rate,
+        args.mtu,
+        args.host_rate,
+        losses,
     )
     with cpu_hog(args.cpu_hog):
         run_job(argv, "bench_transport.py")
@@ -387,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HOST=RATE",
         help="that host's NIC rate both ways (repeatable): an uneven cluster",
     )
+    parser.add_argument(
+        "--loss",
+        type=float,
+        default=0.0,
+        help="every worker's host loses this share of the IP frames it receives, at random "
+        "(coded-shuffle cluster --host-loss): every transport's loss",
+    )
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 3, 4, 5])
     parser.add_argument("--loopback-mbytes", type=float, default=200.0)
     parser.add_argument("--point-bytes", type=int, default=2004, help="loopback row size")
@@ -404,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         f"emulated cluster: K+1 hosts on {medium}, NICs {args.rate} both ways"
         + (f" (the master's {args.master_rate})" if args.master_rate else "")
         + "".join(f", host {h.replace('=', ' at ')}" for h in args.host_rate)
+        + (f", every worker losing {args.loss:g} of what it receives" if args.loss else "")
         + f", MTU {args.mtu}; "
         f"{args.points} points of {4 * args.features + 4} bytes, {args.epochs - 1} coded epochs "
         f"(median); every epoch verified{'; a CPU-bound process beside' if args.cpu_hog else ''}",

@@ -82,6 +82,8 @@ def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.
         (["--hosts", "3", "--rate", "1gbit", "--host-procs", "1=0"], "processes out of range"),
         (["--hosts", "3", "--rate", "1gbit", "--host-rate", "1"], "expected HOST=VALUE"),
         (["--hosts", "3", "--rate", "1gbit", "--host-rate", "1=x"], "--host-rate 'x' cannot"),
+        (["--hosts", "3", "--rate", "1gbit", "--host-loss", "1=1"], "share out of range [0, 1)"),
+        (["--hosts", "3", "--rate", "1gbit", "--host-loss", "1=x"], "'x' is not a number"),
         (
             ["--hosts", "3", "--rate", "1gbit", "--host-procs", "0=2", "--", "workers=2"],
             "workers=2 does not fit --hosts 3: the cluster runs workers = processes - 1 = 3",
@@ -654,6 +656,50 @@ def test_the_bridge_sends_each_host_only_the_multicast_groups_it_joined():
                 p.wait()
     got = [x["rx_bytes"] - y["rx_bytes"] for x, y in zip(after, before, strict=True)]
     assert got[1] > 400_000 and 200_000 < got[2] < 0.6 * got[1], got
+
+
+DATAGRAMS = """
+import socket, sys
+role, n = sys.argv[1], 5000
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if role == "recv":
+    s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE: none lost to the buffer
+    s.bind(("0.0.0.0", 7200))
+    print("ready", flush=True)
+    s.settimeout(1.0)
+    got = 0
+    try:
+        while True:
+            s.recv(2000)
+            got += 1
+    except TimeoutError:
+        print(got, flush=True)
+else:
+    for _ in range(n):
+        s.sendto(bytes(200), (sys.argv[2], 7200))
+"""
+
+
+@ROOT_ONLY
+@pytest.mark.distributed
+def test_a_host_loses_its_share_of_what_it_receives_at_random_and_counts_it():
+    """``--host-loss 1=0.1``: host 1 gets about 90% of 5,000 datagrams from host 0 (their
+    own order, not a burst cut off), its counter says how many it lost; host 2, without a
+    loss, gets them all."""
+    with netns.Cluster(3, 400_000_000, host_losses={1: 0.1}) as cluster:
+        got = []
+        for host in (1, 2):
+            argv = [sys.executable, "-c", DATAGRAMS, "recv"]
+            receiver = subprocess.Popen(
+                cluster.exec_argv(host, argv), stdout=subprocess.PIPE, text=True
+            )
+            assert receiver.stdout.readline().strip() == "ready"
+            send = [sys.executable, "-c", DATAGRAMS, "send", cluster.address(host)]
+            subprocess.run(cluster.exec_argv(0, send), check=True, timeout=60)
+            got.append(int(receiver.communicate(timeout=30)[0]))
+        lost = cluster.transport_counters()[1]["loss_drops"]
+    assert 0.86 * 5000 < got[0] < 0.94 * 5000 and got[1] == 5000, got
+    assert got[0] + lost == 5000
 
 
 @ROOT_ONLY

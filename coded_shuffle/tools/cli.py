@@ -213,6 +213,13 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
         help="that host's NIC rate both ways (repeatable), e.g. 3=200mbit",
     )
     cl.add_argument(
+        "--host-loss",
+        action="append",
+        metavar="HOST=SHARE",
+        help="that host loses this share of the IP frames it receives, each at random "
+        "(repeatable), e.g. 2=0.01",
+    )
+    cl.add_argument(
         "--host-procs",
         action="append",
         metavar="HOST=N",

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from coded_shuffle.costs.rates import format_rate, parse_rate
 from coded_shuffle.distributed.fault_kinds import fault_kinds
@@ -38,9 +39,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def per_host(given: list[str] | None, key: str, value: Callable[[str], int]) -> dict[int, int]:
+T = TypeVar("T")
+
+
+def per_host(given: list[str] | None, key: str, value: Callable[[str], T]) -> dict[int, T]:
     """``HOST=VALUE`` arguments (repeatable) as a mapping; one line for a malformed one."""
-    out: dict[int, int] = {}
+    out: dict[int, T] = {}
     for text in given or []:
         host, sep, raw = text.partition("=")
         if not sep or not host.isdigit():
@@ -50,7 +54,8 @@ def per_host(given: list[str] | None, key: str, value: Callable[[str], int]) -> 
         except UsageError:
             raise
         except ValueError:
-            raise UsageError(f"{key} {text!r}: {raw!r} is not a whole number") from None
+            kind = "whole number" if value is int else "number"
+            raise UsageError(f"{key} {text!r}: {raw!r} is not a {kind}") from None
     return out
 
 
@@ -95,6 +100,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         medium=args.medium,
         host_rates=per_host(args.host_rate, "--host-rate", lambda v: parse_rate(v, "--host-rate")),
         host_procs=per_host(args.host_procs, "--host-procs", int),
+        host_losses=per_host(args.host_loss, "--host-loss", float),
     )
     faults = [
         Fault.parse(kind, text, args.hosts)
@@ -155,6 +161,8 @@ def print_dry_run(
     for i in range(cluster.hosts):
         argv = cluster.exec_argv(i, torchrun_argv(cluster, i, target, min_hosts=min_hosts))
         rate = format_rate(cluster.host_rate(i))
+        loss = cluster.host_losses.get(i)
+        rate += f", losing {loss:g} of what it receives" if loss else ""
         print(f"h{i} {cluster.address(i)} {rate}: {shlex.join(argv)}")
     print("environment: " + " ".join(f"{k}={v}" for k, v in host_env(min_hosts).items()))
     if cluster.medium == "shared":

@@ -20,10 +20,12 @@ def job_argv(
     master_rate: str | None = None,
     mtu: int | None = None,
     host_rates: Sequence[str] = (),
+    host_losses: Sequence[str] = (),
 ) -> list[str]:
     """``python -m coded_shuffle cluster`` for one job of ``overrides`` on ``hosts`` hosts
     with NICs of ``rate`` (the master's of ``master_rate`` where given; ``HOST=RATE`` of
-    ``host_rates``: that host's) on ``medium``."""
+    ``host_rates``: that host's; ``HOST=SHARE`` of ``host_losses``: the share of what that
+    host receives that it loses at random) on ``medium``."""
     return [
         sys.executable,
         "-m",
@@ -38,6 +40,7 @@ def job_argv(
         medium,
         *(["--master-rate", master_rate] if master_rate else []),
         *[x for given in host_rates for x in ("--host-rate", given)],
+        *[x for given in host_losses for x in ("--host-loss", given)],
         "--",
         *overrides,
     ]

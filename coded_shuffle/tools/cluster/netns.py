@@ -47,6 +47,8 @@ IFACE = "eth0"
 # starts that wait)
 SNOOPING = ("mcast_snooping", "1", "mcast_igmp_version", "3", "mcast_query_response_interval", "20")
 QUERIER = ("mcast_querier", "1")
+# classic BPF's random number (SKF_AD_OFF + SKF_AD_RANDOM, linux/filter.h): ``ld rand``
+BPF_LOAD_RANDOM = (1 << 32) - 4096 + 56
 MEDIA = ("switch", "shared")
 
 
@@ -157,17 +159,25 @@ class Cluster:
     created: list[str] = field(default_factory=list)
     host_rates: dict[int, int] = field(default_factory=dict)
     host_procs: dict[int, int] = field(default_factory=dict)
+    host_losses: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 2 <= self.hosts <= MAX_HOSTS:
             raise UsageError(f"--hosts {self.hosts} out of range 2..{MAX_HOSTS}")
-        for key, given in (("--host-rate", self.host_rates), ("--host-procs", self.host_procs)):
+        for key, given in (
+            ("--host-rate", self.host_rates),
+            ("--host-procs", self.host_procs),
+            ("--host-loss", self.host_losses),
+        ):
             for host in given:
                 if not 0 <= host < self.hosts:
                     raise UsageError(f"{key} {host}=...: host out of range 0..{self.hosts - 1}")
         for host, procs in self.host_procs.items():
             if procs < 1:
                 raise UsageError(f"--host-procs {host}={procs}: processes out of range (>= 1)")
+        for host, loss in self.host_losses.items():
+            if not 0 <= loss < 1:
+                raise UsageError(f"--host-loss {host}={loss:g}: share out of range [0, 1)")
         if not 576 <= self.mtu <= 65535:
             raise UsageError(f"--mtu {self.mtu} out of range 576..65535")
         if self.medium not in MEDIA:
@@ -181,6 +191,10 @@ class Cluster:
 
     def host_ns(self, i: int) -> str:
         return f"cs{self.run_id}h{i}"
+
+    def sink_dev(self, i: int) -> str:
+        """Host ``i``'s device that is never up: where its random loss sends frames."""
+        return f"cs{self.run_id}s{i}"
 
     @property
     def medium_dev(self) -> str:
@@ -269,8 +283,26 @@ class Cluster:
             _ip("-n", br, "link", "set", port, "up")
             self._limit(ns, IFACE, self.host_rate(i))  # what host i sends
             self._limit(br, port, self.host_rate(i))  # what host i receives
+            if self.host_losses.get(i):
+                self._lose(i, self.host_losses[i])
         if self.medium == "shared":
             self._share_medium()
+
+    def _lose(self, i: int, share: float) -> None:
+        """Host ``i`` loses ``share`` of the IP frames it receives, each at random: its NIC's
+        ingress classifies every frame by a classic BPF program that draws the kernel's random
+        number (:func:`random_drop`), and a frame it picks is redirected (``mirred``) to a
+        device that is never up, which drops it (this kernel has no ``netem``, ``gact`` or
+        ``nft``; ``cls_bpf`` and ``mirred`` it has)."""
+        ns, sink = self.host_ns(i), self.sink_dev(i)
+        _ip("-n", ns, "link", "add", sink, "type", "ifb")
+        _tc(ns, "qdisc", "add", "dev", IFACE, "handle", "ffff:", "ingress")
+        _tc(
+            ns,
+            *("filter", "add", "dev", IFACE, "parent", "ffff:", "protocol", "ip"),
+            *("bpf", "bytecode", random_drop(share)),
+            *("action", "mirred", "egress", "redirect", "dev", sink),
+        )
 
     def _share_medium(self) -> None:
         """Every frame any host sends passes one ``ifb`` limited to ``rate`` before the bridge
@@ -344,12 +376,14 @@ class Cluster:
         """Per host so far: TCP segments sent again and retransmission timeouts (its
         namespace's ``/proc/net/snmp`` and ``netstat``), and the frames its NIC's queues
         dropped sending (``eth0``'s tbf) and receiving (its bridge port's tbf): where a
-        delivery lost time to a full queue."""
+        delivery lost time to a full queue; and the frames its random loss dropped
+        (``--host-loss``)."""
         out = []
         for i in range(self.hosts):
             tcp = _tcp_counters(self.host_ns(i))
             tcp["tx_drops"] = _queue_drops(self.host_ns(i), IFACE)
             tcp["rx_drops"] = _queue_drops(self.bridge_ns, f"p{i}")
+            tcp["loss_drops"] = _loss_drops(self.host_ns(i)) if self.host_losses.get(i) else 0
             out.append(tcp)
         return out
 
@@ -395,6 +429,36 @@ def _tcp_counters(ns: str) -> dict[str, int]:
         "retransmits": table.get("Tcp.RetransSegs", -1),
         "timeouts": table.get("TcpExt.TCPTimeouts", -1),
     }
+
+
+def random_drop(share: float) -> str:
+    """A classic BPF program, as ``tc``'s ``bytecode`` takes it, that matches a frame with
+    probability ``share``: it loads the kernel's random number and matches where it is below
+    ``share * 2^32`` (returns -1: the filter's action runs), else returns 0."""
+    below = min(int(share * 2**32), 2**32 - 1)
+    program = [
+        (0x20, 0, 0, BPF_LOAD_RANDOM),  # ld rand
+        (0x35, 0, 1, below),  # jge #below: next (keep), else skip one (drop)
+        (0x06, 0, 0, 0),  # ret #0: no match
+        (0x06, 0, 0, 2**32 - 1),  # ret #-1: match
+    ]
+    return ",".join([str(len(program)), *(" ".join(map(str, insn)) for insn in program)])
+
+
+def _loss_drops(ns: str) -> int:
+    """Frames the host's random loss dropped so far (0 without one; -1 where unreadable)."""
+    got = subprocess.run(
+        ["tc", "-n", ns, "-s", "-j", "filter", "show", "dev", IFACE, "parent", "ffff:"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        filters = json.loads(got.stdout) if got.stdout.strip() else []
+        actions = [a for f in filters for a in f.get("options", {}).get("actions", [])]
+        return sum(int(a["stats"]["packets"]) for a in actions)
+    except (ValueError, LookupError, TypeError):
+        return -1
 
 
 def _queue_drops(ns: str, dev: str) -> int:

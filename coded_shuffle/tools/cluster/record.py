@@ -61,6 +61,7 @@ TRANSPORT_RECORD = {  # Cluster.transport_counters' keys -> cluster.json's per h
     "timeouts": "tcp_timeouts",
     "tx_drops": "queue_drops_sending",
     "rx_drops": "queue_drops_receiving",
+    "loss_drops": "random_loss_drops",
 }
 
 
@@ -109,6 +110,7 @@ def write_record(
                 "host": i,
                 "address": cluster.address(i),
                 "rate_bits": cluster.host_rate(i),
+                "loss": cluster.host_losses.get(i, 0.0),
                 "processes": cluster.procs(i),
                 "exit_code": results[i].code,
                 "lost": results[i].lost,
