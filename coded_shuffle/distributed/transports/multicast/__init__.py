@@ -56,7 +56,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -373,6 +373,20 @@ class Multicast(Transport):
             self.counts.repairs += sent
             sent_now = todo.size
 
+    def _framed(
+        self, data: np.ndarray, total: int, messages: Iterable[torch.Tensor]
+    ) -> Iterator[tuple[int, int]]:
+        """Each message's bytes put in ``data``, then the datagrams ``[ready, done)`` that
+        are whole since the message before (the last one with the stream's last message)."""
+        n, d = data.size // self.datagram_bytes, self.datagram_bytes
+        filled = ready = 0
+        for m in messages:
+            data[filled : filled + m.numel()] = m.numpy()
+            filled += m.numel()
+            done = n if filled == total else filled // d
+            yield ready, done
+            ready = done
+
     def _groups(self, stream: Stream, keepers: np.ndarray | None) -> np.ndarray:
         """Each datagram's group (:func:`~.lanes.datagram_groups`); where who keeps what is
         not known, the group every worker joined."""
@@ -384,20 +398,14 @@ class Multicast(Transport):
         self, data: np.ndarray, total: int, messages: Iterable[torch.Tensor]
     ) -> Callable[[np.ndarray, int], int]:
         """Round 0 to the one group, parity beside it; returns how a repair round is sent."""
-        n, d = data.size // self.datagram_bytes, self.datagram_bytes
         pacer = Pacer(self.paced, self.frame_bytes)
         block = self.parity_block if self.parity else 0
-        filled = ready = 0
-        for m in messages:
-            data[filled : filled + m.numel()] = m.numpy()
-            filled += m.numel()
-            done = n if filled == total else filled // d
+        for ready, done in self._framed(data, total, messages):
             self.counts.egress += self._send(data, np.arange(ready, done), 0, pacer, total)
             if block:
                 sent = self._send_parity(data, ready, done, block, pacer)
                 self.counts.egress += sent
                 self.counts.parity += sent
-            ready = done
         return lambda todo, rnd: self._send(
             data, todo, rnd, Pacer(self.paced, self.frame_bytes), total
         )
@@ -409,15 +417,9 @@ class Multicast(Transport):
         groups' datagrams of a block): the datagrams framed so far go as their paces allow,
         and while none may go yet the next message is framed; returns how a repair round is
         sent."""
-        n, d = groups.size, self.datagram_bytes
         lanes = self._lanes(groups)
-        filled = ready = 0
-        for m in messages:
-            data[filled : filled + m.numel()] = m.numpy()
-            filled += m.numel()
-            done = n if filled == total else filled // d
+        for ready, done in self._framed(data, total, messages):
             lanes.add(np.arange(ready, done))
-            ready = done
             self.counts.egress += self._send_lanes(data, lanes, 0, total, wait=False)
         self.counts.egress += self._send_lanes(data, lanes, 0, total, wait=True)
 
