@@ -264,7 +264,7 @@ def test_a_partial_reshuffle_moves_its_fraction_and_p2p_wins_on_a_switch(capsys)
         (["--mtu", "100"], "mtu 100 out of range 576..65535"),
         (["--peer-seconds", "-1"], "peer seconds -1 out of range [0, 60)"),
         (["--fraction", "1.5"], "--fraction=1.5 out of range (0, 1]"),
-        (["--host-rate", "5=1gbit"], "--host-rate 5=1gbit: host 5 out of range 1..4"),
+        (["--host-rate", "5=1gbit"], "--host-rate 5=...: host 5 out of range 1..4"),
         (["--host-rate", "0=1gbit"], "host 0 out of range 1..4 (host 0 is the master"),
         (["--host-rate", "2"], "--host-rate '2': expected HOST=RATE"),
         (["--host-rate", "2=9x"], "--host-rate '9x' cannot be parsed"),

@@ -411,19 +411,14 @@ MAX_HOSTS = 4096  # a --host-rate's host before the job's workers are known
 def worker_rates(given: Sequence[str], workers: int, rate: float) -> tuple[float, ...]:
     """``--host-rate HOST=RATE`` as every worker's NIC rate (bits/s; the others ``rate``), or
     () where none is given; one line for a host outside ``1..workers`` or a bad rate."""
-    from coded_shuffle.costs.rates import parse_rate
+    from coded_shuffle.tools.cluster.command import per_host, rate_of
 
     rates = [rate] * workers
-    for text in given:
-        host, sep, value = text.partition("=")
-        if not sep or not host.isdigit():
-            raise UsageError(
-                f"--host-rate {text!r}: expected HOST=RATE, e.g. --host-rate 2=200mbit"
-            )
-        if not 1 <= int(host) <= workers:
-            why = " (host 0 is the master: --master-rate)" if host == "0" else ""
-            raise UsageError(f"--host-rate {text}: host {host} out of range 1..{workers}{why}")
-        rates[int(host) - 1] = parse_rate(value, "--host-rate")
+    for host, value in per_host(given, "--host-rate", rate_of("--host-rate"), "2=RATE").items():
+        if not 1 <= host <= workers:
+            why = " (host 0 is the master: --master-rate)" if host == 0 else ""
+            raise UsageError(f"--host-rate {host}=...: host {host} out of range 1..{workers}{why}")
+        rates[host - 1] = value
     return tuple(rates) if given else ()
 
 

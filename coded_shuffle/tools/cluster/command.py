@@ -7,7 +7,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,13 +42,22 @@ def _interrupt(signum: int, frame: object) -> None:
 T = TypeVar("T")
 
 
-def per_host(given: list[str] | None, key: str, value: Callable[[str], T]) -> dict[int, T]:
-    """``HOST=VALUE`` arguments (repeatable) as a mapping; one line for a malformed one."""
+def rate_of(key: str) -> Callable[[str], int]:
+    """Bits/s of a rate given to ``key`` (one line naming it where it cannot be read)."""
+    return lambda text: parse_rate(text, key)
+
+
+def per_host(
+    given: Sequence[str] | None, key: str, value: Callable[[str], T], example: str
+) -> dict[int, T]:
+    """``HOST=VALUE`` arguments (repeatable; ``example``: one, as the error shows it) as a
+    mapping; one line for a malformed one. The cluster's flags and ``predict --host-rate``."""
     out: dict[int, T] = {}
     for text in given or []:
         host, sep, raw = text.partition("=")
         if not sep or not host.isdigit():
-            raise UsageError(f"{key} {text!r}: expected HOST=VALUE, e.g. {key} 2=...")
+            what = example.split("=")[1]
+            raise UsageError(f"{key} {text!r}: expected HOST={what}, e.g. {key} 2={what}")
         try:
             out[int(host)] = value(raw)
         except UsageError:
@@ -98,9 +107,9 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         master_rate,
         mtu=args.mtu,
         medium=args.medium,
-        host_rates=per_host(args.host_rate, "--host-rate", lambda v: parse_rate(v, "--host-rate")),
-        host_procs=per_host(args.host_procs, "--host-procs", int),
-        host_losses=per_host(args.host_loss, "--host-loss", float),
+        host_rates=per_host(args.host_rate, "--host-rate", rate_of("--host-rate"), "2=RATE"),
+        host_procs=per_host(args.host_procs, "--host-procs", int, "2=N"),
+        host_losses=per_host(args.host_loss, "--host-loss", float, "2=SHARE"),
     )
     faults = [
         Fault.parse(kind, text, args.hosts)
