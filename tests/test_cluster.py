@@ -700,7 +700,7 @@ def test_a_host_loses_its_share_of_what_it_receives_at_random_and_counts_it():
             got.append(int(receiver.communicate(timeout=30)[0]))
         lost = cluster.transport_counters()[1]["loss_drops"]
     assert 0.86 * 5000 < got[0] < 0.94 * 5000 and got[1] == 5000, got
-    assert got[0] + lost == 5000
+    assert 0 <= got[0] + lost - 5000 <= 5  # ... and a few other frames (the bridge's queries)
 
 
 @ROOT_ONLY

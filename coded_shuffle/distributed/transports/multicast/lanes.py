@@ -2,7 +2,8 @@
 beside them at the others'.
 
 Where some workers' NICs are slower than the stream's pace (``receiver_rates``), a stream that
-every worker hears runs at the slowest one's rate, and the coded gain is gone (docs/uneven.md).
+every worker hears runs at the slowest one's rate, and the coded gain is gone (docs/benchmarks.md,
+"An uneven network").
 A slow worker needs only the datagrams that carry rows it keeps (the messages of the coded
 symbols it decodes with; at ``K = 4`` and ``T = 2``, half of them). So each datagram goes to one
 of ``2 ** s`` groups, one per set of the ``s`` slow workers that keep a row of it (bit ``b`` of
