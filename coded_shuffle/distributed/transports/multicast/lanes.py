@@ -5,7 +5,7 @@ Where some workers' NICs are slower than the stream's pace (``receiver_rates``),
 every worker hears runs at the slowest one's rate, and the coded gain is gone (docs/benchmarks.md,
 "An uneven network").
 A slow worker needs only the datagrams that carry rows it keeps (the messages of the coded
-symbols it decodes with; at ``K = 4`` and ``T = 2``, half of them). So each datagram goes to one
+symbols it decodes with; ``cycles`` at ``K = 4``: 52-56% of them). So each datagram goes to one
 of ``2 ** s`` groups, one per set of the ``s`` slow workers that keep a row of it (bit ``b`` of
 the group's number: slow worker ``b`` keeps one); a slow worker joins the groups with its bit,
 a fast one every group, and a switch that snoops IGMP (the emulated cluster's bridge, most
