@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
@@ -72,53 +73,18 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
         assert all(i < egress[0] for i in ingress[1:])
 
 
-def _multicast_stream(rank: int, world: int, options: dict, streams: int) -> tuple:
-    """``streams`` broadcast streams of random rows over multicast; per rank: whether every
-    stream arrived exactly, its counts, repair rounds, rebuilt datagrams, the pace of each."""
+def _multicast_stream(
+    rank: int, world: int, options: dict, streams: int, kept: Callable | None = None
+) -> tuple:
+    """``streams`` broadcast streams of random rows over multicast, every worker keeping every
+    row (or ``kept(worker)``'s); per rank: whether every kept row arrived exactly, its counts,
+    repair rounds, rebuilt datagrams, the pace of each, the slow workers it knew."""
     transport = build_transport("multicast", Peer(rank, world, timedelta(seconds=30)), options)
     try:
         link = Link(transport, 4096)
         exact, rounds, paces = True, [], []
-        for epoch in range(streams):
-            gen = torch.Generator().manual_seed(epoch)
-            rows = torch.randint(0, 256, (MC_ROWS, MC_WIDTH), generator=gen).to(torch.uint8)
-            everything = np.arange(MC_ROWS)
-            out = link.deliver(
-                epoch=epoch,
-                part=0,
-                kind=KIND_SYMBOLS,
-                num_rows=MC_ROWS,
-                row_bytes=MC_WIDTH,
-                routes=Routes((everything,) * (world - 1)),
-                rows=rows if rank == 0 else None,
-            )
-            exact &= out is None or torch.equal(out, rows)
-            rounds.append(transport.rounds)
-            paces.append(transport.settings()["pace_bits"])
-        counts, _ = link.take_counts()
-        return exact, counts.as_list(), rounds, transport.rebuilt, paces
-    finally:
-        transport.close()
-
-
-MC_BASE = {"rate": "200mbit", "datagram_bytes": 512, "seed": 3}
-
-
-def _kept_rows(worker: int) -> np.ndarray:
-    """Worker ``worker``'s rows of an uneven stream: about two thirds, in runs of 256 rows
-    (four messages; one run in three left to the others)."""
-    rows = np.arange(MC_ROWS)
-    return rows[(rows // 256) % 3 != worker - 1]
-
-
-def _lanes_stream(rank: int, world: int, options: dict, streams: int) -> tuple:
-    """``streams`` streams in which each worker keeps :func:`_kept_rows`; per rank: whether
-    every kept row arrived exactly, its counts, the groups it heard, repair rounds."""
-    transport = build_transport("multicast", Peer(rank, world, timedelta(seconds=30)), options)
-    try:
-        link = Link(transport, 4096)
-        exact, rounds = True, []
-        needs = tuple(_kept_rows(w) for w in range(1, world))
+        every = np.arange(MC_ROWS)
+        needs = tuple(every if kept is None else kept(w) for w in range(1, world))
         for epoch in range(streams):
             gen = torch.Generator().manual_seed(epoch)
             rows = torch.randint(0, 256, (MC_ROWS, MC_WIDTH), generator=gen).to(torch.uint8)
@@ -134,10 +100,22 @@ def _lanes_stream(rank: int, world: int, options: dict, streams: int) -> tuple:
             if out is not None:
                 exact &= torch.equal(out, rows[torch.from_numpy(needs[rank - 1])])
             rounds.append(transport.rounds)
+            paces.append(transport.settings()["pace_bits"])
         counts, _ = link.take_counts()
-        return exact, counts.as_list(), transport.settings()["slow_workers"], rounds
+        slow = transport.settings()["slow_workers"]
+        return exact, counts.as_list(), rounds, transport.rebuilt, paces, slow
     finally:
         transport.close()
+
+
+MC_BASE = {"rate": "200mbit", "datagram_bytes": 512, "seed": 3}
+
+
+def _kept_rows(worker: int) -> np.ndarray:
+    """Worker ``worker``'s rows of an uneven stream: about two thirds, in runs of 256 rows
+    (four messages; one run in three left to the others)."""
+    rows = np.arange(MC_ROWS)
+    return rows[(rows // 256) % 3 != worker - 1]
 
 
 @pytest.mark.distributed
@@ -154,9 +132,9 @@ def test_multicast_sends_a_slow_worker_only_what_it_keeps(drop):
         "receiver_rates": ["200mbit", "50mbit", "200mbit"],
     }
     with private_netns() as ns:
-        results = run_ranks(WORLD, _lanes_stream, options, 2, netns=ns)
+        results = run_ranks(WORLD, _multicast_stream, options, 2, _kept_rows, netns=ns)
     assert all(r[0] for r in results)
-    assert all(r[2] == [2] for r in results)
+    assert all(r[5] == [2] for r in results)
     egress, _, repairs, control, parity, *_ = results[0][1]
     stream = framed(MC_ROWS, MC_WIDTH, 4096)
     assert parity == 0

@@ -107,7 +107,7 @@ def test_lanes_send_every_datagram_once_in_runs_of_one_group():
     assert np.array_equal(np.sort(sent), np.arange(groups.size))
     for g, b in batches:
         assert b.size <= 16 and (groups[b] == g).all() and (np.diff(b) == 1).all()
-    assert not lanes
+    assert lanes.next() is None  # nothing left queued
 
 
 def test_lanes_fill_the_masters_link_beside_a_slow_worker():

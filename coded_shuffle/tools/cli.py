@@ -414,7 +414,7 @@ def worker_rates(given: Sequence[str], workers: int, rate: float) -> tuple[float
     from coded_shuffle.tools.cluster.command import per_host, rate_of
 
     rates = [rate] * workers
-    for host, value in per_host(given, "--host-rate", rate_of("--host-rate"), "2=RATE").items():
+    for host, value in per_host(given, "--host-rate", rate_of("--host-rate"), "RATE").items():
         if not 1 <= host <= workers:
             why = " (host 0 is the master: --master-rate)" if host == 0 else ""
             raise UsageError(f"--host-rate {host}=...: host {host} out of range 1..{workers}{why}")

@@ -230,7 +230,7 @@ class Master(Rank):
 
     def resume(self, saved: checkpoint.Checkpoint | None) -> Resumed | None:
         """After a restart, as the run's start says: the stores restored (after an epoch),
-        the checkpointed model and momentum to every rank and the metrics so far rewritten
+        the checkpointed model and optimiser state to every rank and the metrics so far rewritten
         (after an epoch, or with another number of workers), or the stores and the workers'
         batches restored with no new delivery (inside an epoch). What the first epoch's
         record adds comes back."""

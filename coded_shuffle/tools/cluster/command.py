@@ -48,15 +48,14 @@ def rate_of(key: str) -> Callable[[str], int]:
 
 
 def per_host(
-    given: Sequence[str] | None, key: str, value: Callable[[str], T], example: str
+    given: Sequence[str] | None, key: str, value: Callable[[str], T], what: str
 ) -> dict[int, T]:
-    """``HOST=VALUE`` arguments (repeatable; ``example``: one, as the error shows it) as a
+    """``HOST=VALUE`` arguments (repeatable; ``what``: the value's name in the error) as a
     mapping; one line for a malformed one. The cluster's flags and ``predict --host-rate``."""
     out: dict[int, T] = {}
     for text in given or []:
         host, sep, raw = text.partition("=")
         if not sep or not host.isdigit():
-            what = example.split("=")[1]
             raise UsageError(f"{key} {text!r}: expected HOST={what}, e.g. {key} 2={what}")
         try:
             out[int(host)] = value(raw)
@@ -107,9 +106,9 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         master_rate,
         mtu=args.mtu,
         medium=args.medium,
-        host_rates=per_host(args.host_rate, "--host-rate", rate_of("--host-rate"), "2=RATE"),
-        host_procs=per_host(args.host_procs, "--host-procs", int, "2=N"),
-        host_losses=per_host(args.host_loss, "--host-loss", float, "2=SHARE"),
+        host_rates=per_host(args.host_rate, "--host-rate", rate_of("--host-rate"), "RATE"),
+        host_procs=per_host(args.host_procs, "--host-procs", int, "N"),
+        host_losses=per_host(args.host_loss, "--host-loss", float, "SHARE"),
     )
     faults = [
         Fault.parse(kind, text, args.hosts)

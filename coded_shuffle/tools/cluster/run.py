@@ -130,14 +130,14 @@ def pacing_overrides(
     out, key = [], f"dist.{cls.options_key or cls.name}"
     peers = cls.routing == "peers"
     uneven = not peers and len(set(rates)) > 1
-    slowest = min(rates) if peers else min(max(rates) if uneven else min(rates), master_rate)
+    pace = min(rates) if peers else min(max(rates), master_rate)
     if _override(overrides, f"{key}.rate") is None:
-        out.append(f"{key}.rate={format_rate(int(slowest * MULTICAST_SHARE))}")
+        out.append(f"{key}.rate={format_rate(int(pace * MULTICAST_SHARE))}")
     if uneven and receivers and _override(overrides, f"{key}.receiver_rates") is None:
         each = ",".join(format_rate(int(r * MULTICAST_SHARE)) for r in rates)
         out.append(f"{key}.receiver_rates=[{each}]")
     if peers and _override(overrides, f"{key}.master_rate") is None:
-        master = int(min(master_rate, slowest) * MULTICAST_SHARE)
+        master = int(min(master_rate, pace) * MULTICAST_SHARE)
         out.append(f"{key}.master_rate={format_rate(master)}")
     return out
 

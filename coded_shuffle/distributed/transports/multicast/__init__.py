@@ -108,6 +108,7 @@ from coded_shuffle.distributed.transports.multicast.options import (
     mreqn,
 )
 from coded_shuffle.distributed.transports.multicast.pacing import (
+    SLEEP_AHEAD_SECONDS,
     Pace,
     Pacer,
     send_buffer_bytes,
@@ -118,7 +119,6 @@ from coded_shuffle.distributed.transports.multicast.receive import Debug, Round,
 
 POLL_SECONDS = 0.005
 GRACE_MIN_SECONDS = 0.002  # the shortest drain after "round sent", once no datagram was late
-LANE_SLACK_SECONDS = 0.002  # a batch due this soon goes now (the pacer's own sleep step)
 log = logging.getLogger("coded_shuffle")
 
 __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
@@ -446,7 +446,7 @@ class Multicast(Transport):
         d, head, sent = self.datagram_bytes, (self.job, self.stream_id, rnd), 0
         while (ahead := lanes.next()) is not None:
             g, at = ahead
-            if not wait and at > time.perf_counter() + LANE_SLACK_SECONDS:
+            if not wait and at > time.perf_counter() + SLEEP_AHEAD_SECONDS:
                 break
             sleep_until(at)
             batch = lanes.take(g)

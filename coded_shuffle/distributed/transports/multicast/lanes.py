@@ -80,13 +80,9 @@ def datagram_groups(
 ) -> np.ndarray:
     """Each datagram's group: bit ``b`` set where slow worker ``slow[b]`` keeps it
     (``keeps``: ``(K, M)``, every worker's messages)."""
-    kept = datagram_keeps(keeps[[w - 1 for w in slow]], sizes, d) if slow else None
-    n = -(-int(sum(sizes)) // d)
-    groups = np.zeros(n, dtype=np.int64)
-    for b in range(len(slow)):
-        assert kept is not None
-        groups |= kept[b].astype(np.int64) << b
-    return groups
+    kept = datagram_keeps(keeps[[w - 1 for w in slow]], sizes, d)  # (len(slow), n)
+    bits = np.left_shift(1, np.arange(len(slow), dtype=np.int64))
+    return bits @ kept.astype(np.int64)
 
 
 class Lanes:
@@ -110,9 +106,6 @@ class Lanes:
         of = self.groups[seqs]
         for g in np.unique(of):
             self.queues[int(g)].append(seqs[of == g])
-
-    def __bool__(self) -> bool:
-        return any(self.queues)
 
     def next(self) -> tuple[int, float] | None:
         """The group that may go earliest and when (``perf_counter`` seconds); None when

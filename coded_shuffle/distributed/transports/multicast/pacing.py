@@ -15,6 +15,7 @@ LOSS_CLEAN = 1.2  # a round at most this many times the floor's loss counts as c
 FLOOR_ROUNDS = 8  # the first rounds (of a stream) the floor remembers
 RANDOM_MAX = 0.2  # the most loss the floor takes for random: more is a link that fails
 PACE_DOWN, PACE_UP, PACE_FLOOR = 0.75, 1.10, 1 / 16
+SLEEP_AHEAD_SECONDS = 0.002  # a send due this soon goes now: bursts stay this small
 
 
 class Pacer:
@@ -48,9 +49,9 @@ class Pacer:
 
 def sleep_until(at: float) -> None:
     """Sleeps until about ``at`` (``perf_counter`` seconds), in steps of about a millisecond
-    (bursts stay small); not at all where it is at most 2 ms away."""
+    (bursts stay small); not at all where it is at most :data:`SLEEP_AHEAD_SECONDS` away."""
     ahead = at - time.perf_counter()
-    if ahead > 0.002:
+    if ahead > SLEEP_AHEAD_SECONDS:
         time.sleep(ahead - 0.001)
 
 
