@@ -1,7 +1,7 @@
 """Decentralized coded shuffling's worst-case loads beside the converse (docs/decentralized.md).
 
     python scripts/decentralized_table.py --max-workers 16 [--measure 8]
-    python scripts/decentralized_table.py --shuffle worst --max-workers 12
+    python scripts/decentralized_table.py --shuffle worst --max-workers 12 [--jobs 2]
 
 For every ``K`` up to ``--max-workers`` and integer storage ``T = 2 .. K-1``, on the worst
 shuffle (every batch moves to the next worker) of ``N = K C(K-1, T-1) T`` points: the
@@ -15,14 +15,17 @@ master's bytes (``coded-shuffle evaluate``) for every ``K`` up to that one.
 
 ``--shuffle worst``: the same ``N``, the largest closed-form load over every cycle type of a
 whole-batch permutation and the split shuffle (:mod:`coded_shuffle.math.shuffles`), the
-shuffle that attained it, its ratio to the converse and the cyclic shift's (``K = 12``: about
-40 s, every ``T``; ``tests/test_shuffles.py`` checks the closed form against plans on every
-cycle type up to ``K = 8``).
+shuffle that attained it, its ratio to the converse and the cyclic shift's (``tests/
+test_shuffles.py`` checks the closed form against plans on every cycle type up to ``K = 8``).
+A shuffle whose load before paths (an upper bound) is no larger than the worst so far is not
+searched for paths; ``--jobs J`` searches ``J`` rows at a time (``K = 11`` and ``12``, every
+``T``: 37 s with 2; ``K = 16``, ``T`` 4..12: see docs/decentralized.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 from collections.abc import Iterator
 from math import comb
@@ -35,6 +38,7 @@ from coded_shuffle.math.schemes.decentralized import (
     MAX_WORKERS,
     corner_splits,
     decentralized_load,
+    load_before_paths,
 )
 from coded_shuffle.math.shuffles import cyclic_shuffle, structured_shuffles, worst_of
 from coded_shuffle.tools.evaluate import Evaluation, run
@@ -62,27 +66,43 @@ def worst_found(num_workers: int, storage: int) -> tuple[str, float, float]:
     def load(new: np.ndarray) -> float:
         return decentralized_load(shuffle_matrix(old, new, num_workers), storage) / old.size
 
-    found, worst = worst_of(load, structured_shuffles(old, num_workers))
+    def bound(new: np.ndarray) -> float:
+        return load_before_paths(shuffle_matrix(old, new, num_workers), storage) / old.size
+
+    found, worst = worst_of(load, structured_shuffles(old, num_workers), bound)
     moved = np.count_nonzero(found.new != old) / old.size
     return found.name, worst, moved * (num_workers - storage) / (num_workers - 1)
 
 
-def worst_table(workers: range, storages: list[int] | None) -> Iterator[str]:
+def worst_row(pair: tuple[int, int]) -> str:
+    """One row of the worst-shuffle table for ``(K, T)``."""
+    k, t = pair
+    name, load, uncoded = worst_found(k, t)
+    conv = float(decentralized_converse(k, 1, t))
+    return (
+        f"| {k} | {t} | {name} | {load:.4f} | {conv:.4f} | {load / conv:.3f} | "
+        f"{uncoded:.4f} | {worst_load(k, t) / conv:.3f} |"
+    )
+
+
+def worst_table(workers: range, storages: list[int] | None, jobs: int) -> Iterator[str]:
+    """The worst-shuffle table's lines, rows in order, ``jobs`` rows searched at a time."""
     yield (
         "| K | T | worst shuffle found | load | converse | load / converse | uncoded "
         "| cyclic shift |"
     )
     yield "|---:|---:|---|---:|---:|---:|---:|---:|"
-    for k in workers:
-        for t in range(2, k):
-            if storages and t not in storages and t - k not in storages:
-                continue
-            name, load, uncoded = worst_found(k, t)
-            conv = float(decentralized_converse(k, 1, t))
-            yield (
-                f"| {k} | {t} | {name} | {load:.4f} | {conv:.4f} | {load / conv:.3f} | "
-                f"{uncoded:.4f} | {worst_load(k, t) / conv:.3f} |"
-            )
+    pairs = [
+        (k, t)
+        for k in workers
+        for t in range(2, k)
+        if not storages or t in storages or t - k in storages
+    ]
+    if jobs == 1:
+        yield from map(worst_row, pairs)
+        return
+    with multiprocessing.Pool(jobs) as pool:
+        yield from pool.imap(worst_row, pairs)
 
 
 def measured_load(num_workers: int, storage: int) -> float:
@@ -122,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", type=int, default=0, help="check plans up to this K")
     ap.add_argument("--shuffle", choices=("cyclic", "worst"), default="cyclic")
     ap.add_argument("--storages", type=int, nargs="*", help="worst: only these T (negative: K + T)")
+    ap.add_argument("--jobs", type=int, default=1, help="worst: rows searched at a time")
     args = ap.parse_args(argv)
     if not 3 <= args.min_workers <= args.max_workers <= MAX_WORKERS:
         print(
@@ -130,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.jobs < 1:
+        print(f"--jobs {args.jobs} out of range: at least 1", file=sys.stderr)
+        return 2
     if args.shuffle == "worst":
-        for line in worst_table(range(args.min_workers, args.max_workers + 1), args.storages):
+        workers = range(args.min_workers, args.max_workers + 1)
+        for line in worst_table(workers, args.storages, args.jobs):
             print(line, flush=True)
     else:
         print("\n".join(table(args.max_workers, args.measure)))

@@ -18,13 +18,19 @@ from coded_shuffle.math.index_decoder import decode_plan
 from coded_shuffle.math.plan import plan_load
 from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes import get_scheme
-from coded_shuffle.math.schemes.decentralized import decentralized_load, sender_holds
+from coded_shuffle.math.schemes.decentralized import (
+    decentralized_load,
+    load_before_paths,
+    sender_holds,
+)
 from coded_shuffle.math.shuffles import (
+    Shuffle,
     candidate_shuffles,
     cycle_type_shuffle,
     cycle_types,
     cyclic_shuffle,
     split_shuffle,
+    worst_of,
 )
 from coded_shuffle.tools.evaluate import Evaluation, run
 
@@ -89,7 +95,28 @@ def test_the_worst_row_is_the_largest_load_of_any_candidate_and_names_it(scheme,
     assert row.load_points >= shift.load_points - 1e-9 and shift.worst_shuffle is None
 
 
-def worst_of(members: dict, state, found: list) -> float:
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 3)), min_size=1, max_size=12))
+def test_an_upper_bound_skips_shuffles_but_not_the_worst(loads):
+    """``worst_of`` with a bound (load plus slack) finds the shuffle and load it finds
+    without, asking for the load of fewer shuffles where the bound rules them out."""
+    found = [Shuffle(f"s{i}", np.array([i])) for i in range(len(loads))]
+    asked: list[int] = []
+
+    def load(new: np.ndarray) -> float:
+        asked.append(int(new[0]))
+        return float(loads[int(new[0])][0])
+
+    def bound(new: np.ndarray) -> float:
+        return float(sum(loads[int(new[0])]))
+
+    plain = worst_of(load, found)
+    asked.clear()
+    bounded = worst_of(load, found, bound)
+    assert bounded[0].name == plain[0].name and bounded[1] == plain[1]
+    assert all(sum(loads[i]) > max(x for x, _ in loads[:i]) for i in asked[1:])
+
+
+def family_worst(members: dict, state, found: list) -> float:
     """A family's worst case over ``found``: its best member's largest load."""
     return max(min(plan_load(s.plan(state, c.new)) for s in members.values()) for c in found)
 
@@ -108,7 +135,7 @@ def test_best_has_the_lowest_worst_case_of_the_placement_families(k, q, seed):
         found = candidate_shuffles(old, k, np.random.default_rng(seed + 100))
         families = best.families(q * k, k, float(t))
         lowest = min(
-            worst_of(f, next(iter(f.values())).initial_state(old, k, float(t)), found)
+            family_worst(f, next(iter(f.values())).initial_state(old, k, float(t)), found)
             for f in families
         )
         state = best.initial_state(old, k, float(t))
@@ -148,8 +175,8 @@ def guarantee(k: int, t: int) -> float:
 def decentralized_on_every_cycle_type(k: int) -> list[str]:
     """``decentralized`` at every ``T`` in 2..K-1 on every cycle type and the split shuffle
     (3 points a bucket): the plans that fail to decode, to be sent by a holder, to match the
-    closed form, to stay below the uncoded exchange with the same storage, or to keep the
-    guarantee."""
+    closed form (and the load before paths, the worst-case search's bound, to stay at or above
+    it), to stay below the uncoded exchange with the same storage, or to keep the guarantee."""
     scheme, bad = get_scheme("decentralized"), []
     for t in range(2, k):
         old = random_assignment(k * 3 * (k - 1), k, np.random.default_rng(k * t))
@@ -161,6 +188,8 @@ def decentralized_on_every_cycle_type(k: int) -> list[str]:
             plan = scheme.plan(state, new)
             decode_plan(plan)  # raises for a worker its own storage cannot serve
             closed = decentralized_load(shuffle_matrix(old, new, k), t)
+            if load_before_paths(shuffle_matrix(old, new, k), t) < closed - 1e-9:
+                bad.append(f"T={t} {kind}: the load before paths is below the load")
             if not sender_holds(plan):
                 bad.append(f"T={t} {kind}: a sender lacks a term")
             if plan.load_points != pytest.approx(closed):

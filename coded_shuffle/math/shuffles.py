@@ -105,11 +105,18 @@ def candidate_shuffles(
 
 
 def worst_of(
-    load_of: Callable[[np.ndarray], float], shuffles: list[Shuffle]
+    load_of: Callable[[np.ndarray], float],
+    shuffles: list[Shuffle],
+    bound_of: Callable[[np.ndarray], float] | None = None,
 ) -> tuple[Shuffle, float]:
-    """The shuffle with the largest ``load_of(new)`` (the first found on a tie) and that load."""
+    """The shuffle with the largest ``load_of(new)`` (the first found on a tie) and that load.
+    ``bound_of``: a cheaper upper bound on ``load_of``; a shuffle whose bound is no larger than
+    the worst load so far is not asked for its load (it cannot be the worst)."""
     worst: tuple[Shuffle, float] | None = None
     for shuffle in shuffles:
+        bounded = worst is not None and bound_of is not None
+        if bounded and bound_of(shuffle.new) <= worst[1] + 1e-9:
+            continue
         load = load_of(shuffle.new)
         if worst is None or load > worst[1] + 1e-9:
             worst = (shuffle, load)
