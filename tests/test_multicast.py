@@ -62,13 +62,14 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
     # what each worker missed, one bit per datagram, and its count of lost or late (4 bytes)
     bitmap = math.ceil(datagrams / 8) + 4
     if drop == 0:  # one round: every datagram and parity, "round sent" (4 bytes), the union
-        # (a receiver stops reading once it has every datagram: the last block's parity, sent
-        # after it, is not read in this stream)
+        # (a receiver stops reading once it has every datagram: the last block's parity and
+        # the round's end, sent after it, are not read in this stream)
         heard = parity[0] - (DGRAM_HEAD + 512)
         assert list(ingress[1:]) == [L + DGRAM_HEAD * datagrams + heard + 4 + bitmap] * (WORLD - 1)
         # each worker sends its bitmap (the master sends the union to each one itself)
         assert control[1:] == (bitmap, bitmap, bitmap)
-        assert control[0] == 4 * (WORLD - 1) + bitmap * (WORLD - 1)  # "round sent", the union
+        # "round sent" and the union to each, and the round's end (one header, to the group)
+        assert control[0] == 4 * (WORLD - 1) + bitmap * (WORLD - 1) + DGRAM_HEAD
     else:  # datagrams dropped at the receivers were not counted as received
         assert all(i < egress[0] for i in ingress[1:])
 

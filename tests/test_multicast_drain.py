@@ -130,6 +130,26 @@ def test_the_loop_takes_a_whole_stream_byte_for_byte(loopbacks, gro):
     assert now.counts.ingress == sent == total + 40 * DGRAM_HEADER_BYTES
 
 
+@pytest.mark.parametrize("gro", [True, False])
+def test_a_rounds_end_ends_it_and_an_earlier_rounds_end_is_neither_late_nor_counted(loopbacks, gro):
+    """Round 1 of 20 datagrams with datagram 10 lost, then round 0's end (read late) and
+    round 1's: the round holds the other 19, has read its end (the receiver reports at once),
+    counts nothing late, and counts the bytes of its own end only."""
+    loopback = loopbacks(gro)
+    total = 20 * D
+    data = stream(total)
+    sent = loopback.send(data, list(range(10)), total, rnd=1)
+    sent += loopback.send(data, list(range(11, 20)), total, rnd=1)
+    batch = SendBatch(loopback.tx, 1, D)
+    batch.send_end((JOB, STREAM, 0))
+    sent += batch.send_end((JOB, STREAM, 1))
+    now = new_round(total, rnd=1)
+    assert not now.ended
+    loopback.receive(now, sent)
+    assert now.ended and now.late == 0 and now.count == 19 and not now.have[10]
+    assert now.counts.ingress == sent == 19 * (D + DGRAM_HEADER_BYTES) + DGRAM_HEADER_BYTES
+
+
 def test_a_stranger_another_round_and_held_datagrams_are_left_to_the_round(loopbacks):
     """A stranger's read, a read of another round and runs with held datagrams come back as
     OTHER and take nothing: the round counts them as it always did (datagram 19 never comes,

@@ -361,6 +361,7 @@ class Multicast(Transport):
             resend = self._serve_one(data, total, messages)
         self.rounds, sent_now, lossy = 0, n, False
         while True:
+            self._end_round(self.rounds)
             self._control_round_done(dsts)
             todo, lost = self._union_of_missing(n, dsts)
             lossy |= self._adapt(lost, sent_now, first=self.rounds == 0)
@@ -489,6 +490,15 @@ class Multicast(Transport):
             pacer.sent(batch.size - 1 + last / d)
         return sent
 
+    def _end_round(self, rnd: int) -> None:
+        """Sender -> every group: the round's end, after its last datagram (a receiver that
+        reads it reports at once, without waiting for a quiet socket; one that lost it waits
+        as before). Counted as feedback."""
+        assert self.batch is not None
+        head = (self.job, self.stream_id, rnd)
+        groups = self.addresses if self.slow_workers else [None]
+        self._control(egress=sum(self.batch.send_end(head, to) for to in groups))
+
     def _control_round_done(self, dsts: Sequence[int]) -> None:
         """Sender -> every receiver: the round's datagrams are all sent (4 bytes each)."""
         flag = torch.ones(1, dtype=torch.int32)
@@ -616,7 +626,8 @@ class Multicast(Transport):
         parity: Parity,
         src: int = 0,
     ) -> tuple[int, Arrival]:
-        """Reads datagrams until it has them all, or the master says the round is sent and
+        """Reads datagrams until it has them all, reads the round's end (the sender's last
+        datagram of the round, :meth:`_end_round`), or the master says the round is sent and
         the socket stays quiet for :meth:`drain_seconds`; returns how many of the round's
         datagrams it lost or got late (those of an earlier round), and the master's "round
         sent" (awaited by the caller: a receiver that has everything reports without it).
@@ -635,7 +646,7 @@ class Multicast(Transport):
         reader = _Reader(self, now, master)
         expect = 0
         draining = False
-        while now.count < n:
+        while now.count < n and not now.ended:
             if expect < n and have[expect]:
                 expect = first_missing(have, expect)
                 complete(expect)

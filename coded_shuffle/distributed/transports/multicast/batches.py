@@ -22,6 +22,7 @@ from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY
 
 UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
+FLAG_END = 2  # a round's last datagram: its header alone, after every datagram of the round
 GSO_MAX_BYTES = 65507  # one UDP send: what an IPv4 length field allows
 GSO_MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS (linux/udp.h): the kernel's cap on one send
 BURST_SECONDS = 0.001  # a batch is at most a millisecond on the wire at the rate
@@ -143,6 +144,15 @@ class SendBatch:
         for i, b in enumerate(blocks):
             np.bitwise_xor.reduce(rows[b * block : (b + 1) * block], axis=0, out=payload[i])
         return self._flush(k, k * self.segment)
+
+    def send_end(self, stream: tuple[int, int, int], to: tuple[str, int] | None = None) -> int:
+        """The round's end (header ``stream`` with the end flag, no payload), to the socket's
+        group or to ``to``: a receiver that reads it has read every datagram of the round it
+        will get (one path, in order); returns the bytes handed over."""
+        head = self.rows["head"][:1]
+        head["job"], head["stream"], head["round"] = stream
+        head["seq"], head["flags"] = 0, FLAG_END
+        return self._flush(1, DGRAM_HEADER_BYTES, to)
 
     def _flush(self, k: int, length: int, to: tuple[str, int] | None = None) -> int:
         """The first ``k`` datagrams of the buffer (``length`` bytes) handed to the socket, for

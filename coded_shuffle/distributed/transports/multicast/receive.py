@@ -16,7 +16,7 @@ import numpy as np
 
 from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
-from coded_shuffle.distributed.transports.multicast.batches import headers, payloads
+from coded_shuffle.distributed.transports.multicast.batches import FLAG_END, headers, payloads
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 
 WINDOW = 4096  # datagrams :func:`first_missing` looks at in one go
@@ -62,6 +62,7 @@ class Round:
     received: int = 0
     late: int = 0
     rebuilt: int = 0
+    ended: bool = False  # the sender's end of this round read: nothing more will come
     d: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +85,9 @@ class Round:
         if job != self.job:
             self.counts.foreign += 1
             return
+        if flags & FLAG_END:
+            self._end(stream == self.stream and rnd == self.rnd, nbytes)
+            return
         if not self._current(stream, flags, rnd, 1):
             return
         if self.debug.drop and self.debug.rng.random() < self.debug.drop:
@@ -97,6 +101,13 @@ class Round:
             self.have[seq] = True
             self.count += 1
             self.received += 1
+
+    def _end(self, current: bool, nbytes: int) -> None:
+        """The sender's end of a round: this round's ends it (its bytes counted); an earlier
+        one's (read after its round ended with every datagram in) is neither late nor lost."""
+        if current:
+            self.ended = True
+            self.counts.ingress += nbytes
 
     def _current(self, stream: int, flags: int, rnd: int, k: int) -> bool:
         """False for a later stream's datagram (dropped) and an earlier one's (late, unless
@@ -165,10 +176,14 @@ class Round:
         if self.debug.slow:
             time.sleep(self.debug.slow * k)
         stream, flags = head["stream"], head["flags"]
-        parity = (flags & FLAG_PARITY) != 0
+        parity, end = (flags & FLAG_PARITY) != 0, (flags & FLAG_END) != 0
+        mine &= ~end  # an end carries no data
         self.late += int((mine & (stream < self.stream) & ~parity).sum())
         now = mine & (stream == self.stream)
         self.late += int((now & (head["round"] < self.rnd)).sum())
+        for i in np.flatnonzero(end):  # after the data of its run: the last of a round
+            current = head["job"][i] == self.job and stream[i] == self.stream
+            self._end(bool(current and head["round"][i] == self.rnd), DGRAM_HEADER_BYTES)
         if self.debug.drop:
             now &= self.debug.rng.random(k) >= self.debug.drop
         sizes = np.full(k, segment)
