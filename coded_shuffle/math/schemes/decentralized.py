@@ -412,8 +412,13 @@ class GroupCosts:
 def group_costs(moves: np.ndarray, m: int) -> GroupCosts:
     """:class:`GroupCosts` for shuffle matrix ``moves``, from the counts alone (remembered
     for the last few matrices: a plan and its closed form ask for the same one)."""
+    return _group_costs(*_matrix_key(moves), m)
+
+
+def _matrix_key(moves: np.ndarray) -> tuple[bytes, int]:
+    """A shuffle matrix as the remembered counts key it: its bytes and ``K``."""
     matrix = np.ascontiguousarray(moves, dtype=np.int64)
-    return _group_costs(matrix.tobytes(), matrix.shape[0], m)
+    return matrix.tobytes(), matrix.shape[0]
 
 
 @dataclass(frozen=True)
@@ -521,7 +526,7 @@ def decentralized_load(moves: np.ndarray, m: int) -> float:
     k = moves.shape[0]
     if m >= k:
         return 0.0
-    return group_costs(moves, m).symbols / (comb(k - 1, m - 1) * sub_pieces(k, m))
+    return group_costs(moves, m).symbols / corner_splits(k, m)
 
 
 def load_before_paths(moves: np.ndarray, m: int) -> float:
@@ -530,9 +535,7 @@ def load_before_paths(moves: np.ndarray, m: int) -> float:
     k = moves.shape[0]
     if m >= k:
         return 0.0
-    matrix = np.ascontiguousarray(moves, dtype=np.int64)
-    costs = _unpathed(matrix.tobytes(), k, m).costs
-    return costs.symbols / (comb(k - 1, m - 1) * sub_pieces(k, m))
+    return _unpathed(*_matrix_key(moves), m).costs.symbols / corner_splits(k, m)
 
 
 def sender_holds(plan: DeliveryPlan) -> bool:

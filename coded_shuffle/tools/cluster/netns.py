@@ -30,6 +30,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from coded_shuffle.costs.wire import ETHERNET_HEADER_BYTES
 from coded_shuffle.errors import UsageError
@@ -453,16 +454,21 @@ def random_drop(share: float) -> str:
     return ",".join([str(len(program)), *(" ".join(map(str, insn)) for insn in program)])
 
 
-def _loss_drops(ns: str) -> int:
-    """Frames the host's random loss dropped so far (0 without one; -1 where unreadable)."""
+def _tc_stats(ns: str, *show: str) -> Any:
+    """``tc -s -j SHOW...`` in namespace ``ns``, parsed (None where unreadable)."""
     got = subprocess.run(
-        ["tc", "-n", ns, "-s", "-j", "filter", "show", "dev", IFACE, "parent", "ffff:"],
-        capture_output=True,
-        text=True,
-        check=False,
+        ["tc", "-n", ns, "-s", "-j", *show], capture_output=True, text=True, check=False
     )
     try:
-        filters = json.loads(got.stdout) if got.stdout.strip() else []
+        return json.loads(got.stdout) if got.stdout.strip() else []
+    except ValueError:
+        return None
+
+
+def _loss_drops(ns: str) -> int:
+    """Frames the host's random loss dropped so far (0 without one; -1 where unreadable)."""
+    filters = _tc_stats(ns, "filter", "show", "dev", IFACE, "parent", "ffff:")
+    try:
         actions = [a for f in filters for a in f.get("options", {}).get("actions", [])]
         return sum(int(a["stats"]["packets"]) for a in actions)
     except (ValueError, LookupError, TypeError):
@@ -471,13 +477,8 @@ def _loss_drops(ns: str) -> int:
 
 def _queue_drops(ns: str, dev: str) -> int:
     """Frames the root qdisc of ``dev`` dropped so far (-1 where unreadable)."""
-    got = subprocess.run(
-        ["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    qdiscs = _tc_stats(ns, "qdisc", "show", "dev", dev)
     try:
-        return int(next(q["drops"] for q in json.loads(got.stdout) if q.get("root")))
-    except (ValueError, LookupError, StopIteration):
+        return int(next(q["drops"] for q in qdiscs if q.get("root")))
+    except (ValueError, LookupError, StopIteration, TypeError):
         return -1

@@ -86,7 +86,7 @@ class Round:
             self.counts.foreign += 1
             return
         if flags & FLAG_END:
-            self._end(stream == self.stream and rnd == self.rnd, nbytes)
+            self._end(int(stream == self.stream and rnd == self.rnd))
             return
         if not self._current(stream, flags, rnd, 1):
             return
@@ -102,12 +102,12 @@ class Round:
             self.count += 1
             self.received += 1
 
-    def _end(self, current: bool, nbytes: int) -> None:
-        """The sender's end of a round: this round's ends it (its bytes counted); an earlier
-        one's (read after its round ended with every datagram in) is neither late nor lost."""
-        if current:
-            self.ended = True
-            self.counts.ingress += nbytes
+    def _end(self, ends: int) -> None:
+        """``ends`` of the sender's ends of this round read (a header alone each): it ends, their
+        bytes counted. An earlier round's end (read after its round ended with every datagram
+        in) is not passed here: neither late nor lost."""
+        self.ended |= ends > 0
+        self.counts.ingress += ends * DGRAM_HEADER_BYTES
 
     def _current(self, stream: int, flags: int, rnd: int, k: int) -> bool:
         """False for a later stream's datagram (dropped) and an earlier one's (late, unless
@@ -181,9 +181,8 @@ class Round:
         self.late += int((mine & (stream < self.stream) & ~parity).sum())
         now = mine & (stream == self.stream)
         self.late += int((now & (head["round"] < self.rnd)).sum())
-        for i in np.flatnonzero(end):  # after the data of its run: the last of a round
-            current = head["job"][i] == self.job and stream[i] == self.stream
-            self._end(bool(current and head["round"][i] == self.rnd), DGRAM_HEADER_BYTES)
+        this_round = (head["job"] == self.job) & (stream == self.stream)
+        self._end(int((end & this_round & (head["round"] == self.rnd)).sum()))
         if self.debug.drop:
             now &= self.debug.rng.random(k) >= self.debug.drop
         sizes = np.full(k, segment)
