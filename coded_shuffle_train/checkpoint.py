@@ -73,24 +73,45 @@ def same_run(state: dict[str, Any], cfg: Config, any_workers: bool = False) -> b
 
 @dataclass
 class Checkpoint:
-    """The master's state after an epoch, what a restart resumes from: the run's state, built
-    in one place (the master's epoch) and read by attribute."""
+    """The master's state after an epoch, what a restart resumes from: the parts' own
+    ``state_dict()``s (the coded shuffle's, the optimiser's) beside the model's parameters,
+    built in one place (the master's epoch) and read by attribute."""
 
-    epoch: int
-    first_epoch: int  # the epoch of the run's last placement (later than 1 after a resize)
-    workers: int  # of the run that wrote it
+    shuffle: dict[str, Any]  # CodedShuffle.state_dict(): the epoch, its placement, workers
     params: torch.Tensor  # the model's, flat
     optimizer: dict[str, Any] | None  # the optimiser's state_dict() (worker 0's)
     rows: list[dict[str, Any]]  # the metrics so far
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
     mixing_seen: np.ndarray | None = None  # what every worker has trained on (Mixing)
 
+    @property
+    def epoch(self) -> int:
+        return int(self.shuffle["epoch"])
+
+    @property
+    def workers(self) -> int:  # of the run that wrote it
+        return int(self.shuffle["workers"])
+
+    @property
+    def first_epoch(self) -> int:  # the epoch of the run's last placement (> 1 after a resize)
+        return int(self.shuffle["first_epoch"])
+
     def state_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> Checkpoint:
-        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state})
+    def from_state_dict(cls, state: dict[str, Any], path: Path) -> Checkpoint:
+        """The checkpoint ``state`` holds; :class:`UsageError` naming a missing part (a
+        checkpoint written by another version)."""
+        fields = dataclasses.fields(cls)
+        missing = [
+            f.name for f in fields if f.default is dataclasses.MISSING and f.name not in state
+        ]
+        if missing:
+            raise UsageError(
+                f"{path} lacks {', '.join(missing)} (written by another version): delete it"
+            )
+        return cls(**{f.name: state[f.name] for f in fields if f.name in state})
 
 
 def load(run_dir: str | os.PathLike[str], cfg: Config) -> Checkpoint | None:
@@ -105,11 +126,12 @@ def load(run_dir: str | os.PathLike[str], cfg: Config) -> Checkpoint | None:
             f"{path} is the checkpoint of another run (it differs in {keys}): use another "
             "hydra.run.dir, or delete it"
         )
-    if saved["epoch"] > int(cfg.epochs):
+    state = Checkpoint.from_state_dict(saved, path)
+    if state.epoch > int(cfg.epochs):
         raise UsageError(
-            f"{path} holds epoch {saved['epoch']}, beyond epochs={cfg.epochs}: raise epochs"
+            f"{path} holds epoch {state.epoch}, beyond epochs={cfg.epochs}: raise epochs"
         )
-    return Checkpoint.from_state_dict(saved)
+    return state
 
 
 def save(run_dir: str | os.PathLike[str], cfg: Config, state: Checkpoint) -> None:

@@ -312,6 +312,9 @@ def bad_use(rank, world, case):
             CodedShuffle(ds, placement="by_label")
         elif case == "policy":
             CodedShuffle(ds, shuffle="partial", fraction=0.0)
+        elif case == "state":
+            with CodedShuffle(ds, scheme="cycles", seed=1) as cs:
+                cs.load_state_dict({**cs.state_dict(), "epoch": 1, "seed": 2})
     except UsageError as exc:
         import threading
 
@@ -329,6 +332,7 @@ def bad_use(rank, world, case):
         ("transport", r"transport=p2p carries uncoded deliveries only"),
         ("by_label", r"placement='by_label' needs items whose last field is an integer label"),
         ("policy", r"fraction=0\.0 out of range \(0, 1\]"),
+        ("state", r"load_state_dict: seed=1 but the state holds 2: it is another run's"),
     ],
 )
 def test_bad_use_fails_on_every_rank_with_one_line(case, message):
@@ -339,12 +343,11 @@ def test_bad_use_fails_on_every_rank_with_one_line(case, message):
 # --- resuming a restarted job -------------------------------------------------------------------
 
 
-def epochs_with_store(
-    rank, world, scheme, storage, store_dir, first, last, resume_after, inside=False
-):
-    """Epochs ``first..last`` of 5 (after ``restore(resume_after)`` when given; ``inside``:
-    keeping the batches, and resumed inside epoch ``first`` instead of delivering it): what
-    every worker got, and the master's restore report."""
+def epochs_with_store(rank, world, scheme, storage, store_dir, first, last, resume, inside=False):
+    """Epochs ``first..last`` of 5 (after ``load_state_dict(resume)``, a run's last
+    ``state_dict()``, when given, else ``restore(resume)`` when non-zero; ``inside``: keeping
+    the batches, and resumed inside epoch ``first`` instead of delivering it): the master's
+    restore report, what every worker got, and the shuffle's ``state_dict()`` at the end."""
     from coded_shuffle import CodedShuffle
 
     gen = torch.Generator().manual_seed(5)
@@ -358,7 +361,12 @@ def epochs_with_store(
         store_dir=store_dir,
         keep_batch=inside,
     )
-    restored = cs.restore(resume_after) if resume_after else None
+    restored = None
+    if isinstance(resume, dict):
+        cs.load_state_dict(resume)
+        restored = cs.report
+    elif resume:
+        restored = cs.restore(resume)
     got = {}
     for epoch in range(first, last + 1):
         if inside and epoch == first and first > 1:
@@ -372,8 +380,9 @@ def epochs_with_store(
             if store_dir is not None:  # decoded into a file of the store, trained from it
                 where = mapped_file(local.rows.data_ptr())
                 assert where is not None and where.startswith(f"{store_dir}/worker-{rank - 1}/")
+    state = cs.state_dict()
     cs.close()
-    return restored, got
+    return restored, got, state
 
 
 @pytest.mark.distributed
@@ -386,8 +395,11 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
     (the ranks fork with every buffer in a file, however small)."""
     monkeypatch.setattr(buffers, "FILE_MIN_BYTES", 0)
     unbroken = run_ranks(4, epochs_with_store, scheme, storage, None, 1, 5, 0)
-    run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 1, 3, 0)  # then "killed"
-    intact = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 4, 4, 3)
+    killed = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 1, 3, 0)  # then "killed"
+    state = killed[0][2]  # a checkpoint's: cs.state_dict(), the same on every rank
+    assert all(r[2] == state for r in killed) and state["epoch"] == 3
+    assert (state["seed"], state["workers"], state["points"]) == (2, 3, 48)
+    intact = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 4, 4, state)
     assert intact[0][0] == {
         "resumed_after_epoch": 3,
         "replaced_workers": [],

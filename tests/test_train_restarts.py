@@ -23,7 +23,8 @@ from tests.helpers import (
 
 def after_epoch(epoch: int) -> checkpoint.Checkpoint:
     """A master's checkpoint of a run of 4 workers after ``epoch``, placed in epoch 1."""
-    return checkpoint.Checkpoint(epoch, 1, 4, torch.zeros(3), torch.zeros(0), [])
+    shuffle = {"epoch": epoch, "first_epoch": 1, "workers": 4}
+    return checkpoint.Checkpoint(shuffle, torch.zeros(3), torch.zeros(0), [])
 
 
 @pytest.mark.parametrize(
@@ -87,6 +88,12 @@ def test_the_checkpoint_of_another_run_is_refused_in_one_line(tmp_path):
         checkpoint.load(tmp_path, compose("scheme=cycles", *JOB, "epochs=1"))
     transport = compose("scheme=cycles", *JOB, "dist.transport=tree")  # bit-identical: fine
     assert checkpoint.load(tmp_path, transport).epoch == 2
+    older = torch.load(tmp_path / checkpoint.FILE, weights_only=False)  # an earlier version's
+    torch.save({k: v for k, v in older.items() if k != "shuffle"}, tmp_path / checkpoint.FILE)
+    with pytest.raises(
+        UsageError, match=r"checkpoint\.pt lacks shuffle \(written by another version\)"
+    ):
+        checkpoint.load(tmp_path, cfg)
 
 
 @pytest.mark.distributed

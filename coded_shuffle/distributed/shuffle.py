@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,18 @@ from coded_shuffle.math.warm import counting_compiles, warm_planner
 
 log = logging.getLogger("coded_shuffle")
 
+# the keys of :meth:`CodedShuffle.state_dict` that decide the batches (``epoch``: where to go on)
+STATE_KEYS = (
+    "scheme",
+    "storage",
+    "seed",
+    "shuffle",
+    "fraction",
+    "placement",
+    "first_epoch",
+    "workers",
+    "points",
+)
 _instances = itertools.count()  # every rank creates its CodedShuffles in the same order
 _open: weakref.WeakSet[CodedShuffle] = weakref.WeakSet()  # made and not closed
 
@@ -474,6 +486,42 @@ class CodedShuffle:
         self.close()
 
     # -- resuming a restarted job ------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds to resume this shuffle (torch's ``Stateful`` protocol, as
+        torchtitan's trainer gathers its parts): ``epoch``, the last epoch handed out
+        (``first_epoch - 1`` before the first), and every key that decides the batches
+        (:data:`STATE_KEYS`). The stores themselves live in ``store_dir``."""
+        s = self.settings
+        return {
+            "epoch": self._next - 1,
+            "scheme": s.scheme,
+            "storage": float(s.storage),
+            "seed": int(s.seed),
+            "shuffle": s.shuffle,
+            "fraction": float(s.fraction),
+            "placement": s.placement,
+            "first_epoch": int(s.first_epoch),
+            "workers": self.workers,
+            "points": self.shape.num_points,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes after ``state["epoch"]`` (:meth:`restore`; call on every rank before any
+        :meth:`epoch`; nothing to do when no epoch was handed out). :class:`UsageError` naming
+        the first key on which ``state`` differs from this shuffle's (another run's state: its
+        batches would differ)."""
+        mine = self.state_dict()
+        for key in STATE_KEYS:
+            if key not in state or state[key] != mine[key]:
+                raise UsageError(
+                    f"load_state_dict: {key}={mine[key]!r} but the state holds "
+                    f"{state.get(key, 'nothing')!r}: it is another run's (a run with another "
+                    "number of workers goes on with first_epoch= and previous_workers=)"
+                )
+        epoch = int(state["epoch"])
+        if epoch >= self.settings.first_epoch:
+            self.restore(epoch)
 
     def restore(self, completed: int) -> dict[str, Any]:
         """Resumes after epoch ``completed`` (call on every rank, before any :meth:`epoch`).

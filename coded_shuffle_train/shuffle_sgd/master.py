@@ -210,16 +210,14 @@ class Master(Rank):
             if self.step_every:  # the delivery's record, for a restart inside the epoch
                 checkpoint.save_delivery(self.ctx.run_dir, self.cfg, epoch, delivery)
         mark(f"epoch {epoch} delivered")
-        row = {**delivery, "dropped_points": self.dropped, "attempt": attempt()}
+        row = {**delivery, "attempt": attempt()}
         row.update(self.mixing.add(self.cs.assignment))
         if resumed is not None:
             row.update(resumed.record(delivery))
         row = self.finish_epoch(row, (began, *clock))
         if self.checkpointing:  # before the record: a recorded epoch is a resumable one
             state = checkpoint.Checkpoint(
-                epoch=epoch,
-                first_epoch=self.cs.settings.first_epoch,
-                workers=self.workers,
+                shuffle=self.cs.state_dict(),
                 params=self.host_params(),
                 optimizer=self.optimizer,
                 rows=[*self.writer.rows, row],
@@ -239,8 +237,11 @@ class Master(Rank):
             return None
         if isinstance(start, InsideEpoch):
             return self.resume_inside(saved, start)
-        report = self.cs.restore(start.done) if isinstance(start, AfterEpoch) else {}
         assert saved is not None
+        report = {}
+        if isinstance(start, AfterEpoch):
+            self.cs.load_state_dict(saved.shuffle)  # its stores, after saved.epoch
+            report = self.cs.report
         self.checkpointed_model(saved)
         kept = restored(start, report, self.workers)
         log.info(f"resumed after epoch {start.done} (attempt {attempt()}){kept}")
