@@ -1,10 +1,11 @@
 """Test tiers: every test that starts processes (``distributed``) is ``slow`` too, so that
 ``pytest -m "not slow"`` runs every module's logic in a couple of minutes (README:
-Development)."""
+Development); how pytest-xdist's two workers share the tests."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("distributed") is not None:
             item.add_marker(pytest.mark.slow)
+
+
+# the files whose tests run one after another on one pytest-xdist worker, by unit: the
+# emulated clusters' (each counts the namespaces that exist; two clusters at once would share
+# the cores their links' rates are measured on) and the users of the session's ``runs``
+# (a worker runs a session fixture once: one worker, one set of runs)
+TOGETHER = {
+    "tests/test_cluster.py": "clusters",
+    "tests/test_train_runs.py": "runs",
+    "tests/test_train_restarts.py": "runs",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Two tests at a time (``-n 2``, pyproject.toml), each sent to whichever worker is free,
+    but for the units of :data:`TOGETHER`, sent first (the largest). Another ``--dist`` is
+    pytest-xdist's own."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TogetherApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return TOGETHER.get(nodeid.split("::", 1)[0], nodeid)
+
+    return TogetherApart(config, log)
 
 
 @pytest.fixture(scope="session")
