@@ -313,6 +313,21 @@ def test_multicast_on_uneven_workers_is_paced_per_receiver():
     ]
 
 
+def test_predict_job_paces_for_the_workers_the_job_has(job, monkeypatch, capsys):
+    """Every worker's NIC given faster than ``--rate``: peer-multicast is priced at the
+    slowest of those workers' pace (99% of 400 Mbit/s), not at ``--rate``'s."""
+    import coded_shuffle.tools.predict_job as priced
+
+    stored = replace(job, scheme="decentralized", storage=2.0, transport="peer-multicast")
+    monkeypatch.setattr(priced, "profile_job", lambda overrides: stored)
+    seen, paced = [], priced.paced
+    monkeypatch.setattr(priced, "paced", lambda net, j: seen.append(j) or paced(net, j))
+    hosts = [a for k in range(1, job.workers + 1) for a in ("--host-rate", f"{k}=400mbit")]
+    args = ["predict", "--job", "--rate", "100mbit", *hosts, "--json"]
+    assert main([*args, "--", "dist.transport=peer-multicast"]) == 0, capsys.readouterr().err
+    assert [j.multicast_rate for j in seen] == ["396mbit"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "rates", "order"),
     [

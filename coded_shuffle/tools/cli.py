@@ -389,12 +389,15 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     cluster = check_cluster(args.medium, args.rate, args.master_rate, args.mtu)
     rest = list(args.args)
     overrides = rest[1:] if rest[:1] == ["--"] else rest
-    # multicast paced as the cluster command paces it where the overrides do not say
-    hosts = [int(r) for r in worker_rates(args.host_rate, MAX_HOSTS, cluster.rate)]
+    # multicast paced as the cluster command paces it where the overrides do not say: the
+    # profile (whose config needs a pace) at --rate's, then at the job's workers' NICs
     master = int(cluster.master_rate)
-    overrides += pacing_overrides(overrides, hosts or [int(cluster.rate)], master, False)
-    job = profile_job(overrides)
+    job = profile_job([*overrides, *pacing_overrides(overrides, [int(cluster.rate)], master)])
     given = worker_rates(args.host_rate, job.workers, cluster.rate)
+    nics = [int(r) for r in given] or [int(cluster.rate)]
+    pacing = pacing_overrides(overrides, nics, master, False)
+    pace = dict(o.split("=", 1) for o in pacing).get("dist.multicast.rate")
+    job = dataclasses.replace(job, multicast_rate=pace) if pace else job
     net = paced(dataclasses.replace(cluster, worker_rates=given), job)
     runs = predict_job(job, net)
     if args.json:
@@ -403,9 +406,6 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     else:
         print("\n".join(render(job, net, runs)))
     return 0
-
-
-MAX_HOSTS = 4096  # a --host-rate's host before the job's workers are known
 
 
 def worker_rates(given: Sequence[str], workers: int, rate: float) -> tuple[float, ...]:
