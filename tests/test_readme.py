@@ -333,6 +333,21 @@ def test_rate_memory_and_benchmark_scripts_run(workdir):
     assert "cycles" in out.stdout
 
 
+def test_the_walk_count_runs_as_written(workdir):
+    """docs/architecture.md's count of the functions one coded epoch runs: the script as
+    written counts the master's, the CodedShuffle's epoch among them, by file."""
+    walk = next(c for c in commands(DOCS) if c.startswith("python scripts/walk_count.py"))
+    first, *files = run(walk, workdir).stdout.strip().splitlines()
+    counted = (
+        r"master, epoch 2 \(cycles over chain\): (\d+) functions of the library in (\d+) files"
+    )
+    m = re.match(counted, first)
+    assert m and int(m.group(2)) == len(files) > 10, first
+    assert sum(len(f.split(": ", 1)[1].split(", ")) for f in files) == int(m.group(1))
+    shuffle = next(f for f in files if f.startswith("  distributed/shuffle.py: "))
+    assert "CodedShuffle.epoch" in shuffle.split(": ", 1)[1].split(", ")
+
+
 def test_elastic_benchmark_runs_as_written(workdir):
     """Fig. 2(a) (smaller): every method and every number of pre-empted machines, exact."""
     bench = next(c for c in commands(DOCS) if c.startswith("python scripts/bench_elastic.py"))
