@@ -514,10 +514,14 @@ class CodedShuffle:
         mine = self.state_dict()
         for key in STATE_KEYS:
             if key not in state or state[key] != mine[key]:
+                hint = ""
+                if key == "workers":  # a resize: the next epoch places the data anew
+                    hint = (
+                        " (another number of workers goes on with first_epoch=, previous_workers=)"
+                    )
                 raise UsageError(
                     f"load_state_dict: {key}={mine[key]!r} but the state holds "
-                    f"{state.get(key, 'nothing')!r}: it is another run's (a run with another "
-                    "number of workers goes on with first_epoch= and previous_workers=)"
+                    f"{state.get(key, 'nothing')!r}: it is another run's{hint}"
                 )
         epoch = int(state["epoch"])
         if epoch >= self.settings.first_epoch:
