@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 
 import numpy as np
@@ -399,6 +400,8 @@ def test_a_restart_reuses_intact_stores_and_replaces_a_damaged_one(
     state = killed[0][2]  # a checkpoint's: cs.state_dict(), the same on every rank
     assert all(r[2] == state for r in killed) and state["epoch"] == 3
     assert (state["seed"], state["workers"], state["points"]) == (2, 3, 48)
+    stamp = json.loads((tmp_path / "worker-0" / "e3-part0.json").read_text())  # the store's
+    assert {k: stamp[k] for k in state} == state  # one identity: the state's keys and values
     intact = run_ranks(4, epochs_with_store, scheme, storage, tmp_path, 4, 4, state)
     assert intact[0][0] == {
         "resumed_after_epoch": 3,

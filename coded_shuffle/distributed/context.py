@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.distributed.epochs import EpochChain, Transition
@@ -53,6 +54,24 @@ class EpochContext:
     @property
     def epochs(self) -> int | None:
         return self.settings.epochs
+
+    def identity(self) -> dict[str, Any]:
+        """Every key that decides the run's batches: the settings' (scheme, storage, seed,
+        shuffle policy, placement, the epoch of the placement) and the shape's (workers,
+        points). One home: :meth:`~coded_shuffle.CodedShuffle.state_dict` holds it, and every
+        store on disk is stamped with it."""
+        s = self.settings
+        return {
+            "scheme": s.scheme,
+            "storage": float(s.storage),
+            "seed": int(s.seed),
+            "shuffle": s.shuffle,
+            "fraction": float(s.fraction),
+            "placement": s.placement,
+            "first_epoch": int(s.first_epoch),
+            "workers": self.shape.workers,
+            "points": self.shape.num_points,
+        }
 
     def pending(self, epoch: int) -> bool:
         """Whether an epoch follows ``epoch`` (a store is needed after it)."""

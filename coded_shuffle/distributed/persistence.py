@@ -18,7 +18,8 @@ from coded_shuffle.codec.records import as_tensor
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import WorkerStore
 
-CHANGES_WITH_K = ("workers", "points")  # what a store's identity holds that K decides
+# what a store's identity holds that a change in the number of workers changes
+CHANGES_WITH_K = ("workers", "points", "first_epoch")
 
 
 def rank_folder(root: str | os.PathLike[str], rank: int) -> Path:
@@ -45,10 +46,10 @@ class StorePersistence:
     """A worker's store, one slot per epoch and part (the one before it dropped), in the
     folder of ``buffers`` (:func:`rank_folder`), where its rows live from the start."""
 
-    def __init__(self, buffers: FileBuffers, ctx: EpochContext, scheme: str) -> None:
+    def __init__(self, buffers: FileBuffers, ctx: EpochContext) -> None:
         self.disk = BlockStore(buffers.root, dtype=None)
         self.buffers = buffers
-        self.ctx, self.scheme = ctx, scheme
+        self.ctx = ctx
 
     def slots(self, epoch: int, parts: int) -> list[str | None]:
         """Where the store after ``epoch`` goes, part by part."""
@@ -83,8 +84,8 @@ class StorePersistence:
 
     def load_whole(self, epoch: int) -> tuple[np.ndarray, torch.Tensor] | None:
         """The whole points of the store after ``epoch`` and their rows, kept by this job
-        with any number of workers (the identity without ``workers`` and ``points``), if
-        present and intact."""
+        with any number of workers (the identity but for :data:`CHANGES_WITH_K`), if present
+        and intact."""
         points = self._load(points_slot(epoch), epoch, CHANGES_WITH_K)
         rows = self._load(slot(epoch, 0), epoch, CHANGES_WITH_K)
         if points is None or rows is None:
@@ -114,17 +115,10 @@ class StorePersistence:
         return None if array is None else as_tensor(array)
 
     def identity(self, epoch: int) -> dict[str, Any]:
-        """What a stored store must match to be reused: the same job, the same epoch."""
-        s, shape = self.ctx.settings, self.ctx.shape
-        return {
-            "epoch": epoch,
-            "scheme": self.scheme,
-            "seed": s.seed,
-            "storage": s.storage,
-            "points": shape.num_points,
-            "record_bytes": shape.layout.record_bytes,
-            "workers": shape.workers,
-        }
+        """What a stored store must match to be reused: the same run (every key that decides
+        its batches: :meth:`~coded_shuffle.distributed.context.EpochContext.identity`), the
+        same record size, the same epoch."""
+        return {**self.ctx.identity(), "record_bytes": self.ctx.record_bytes, "epoch": epoch}
 
     def load(self, epoch: int, parts: int) -> WorkerStore | None:
         """The store after ``epoch``, if every part is present and intact (memory-mapped)."""

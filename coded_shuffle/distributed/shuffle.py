@@ -64,18 +64,6 @@ from coded_shuffle.math.warm import counting_compiles, warm_planner
 
 log = logging.getLogger("coded_shuffle")
 
-# the keys of :meth:`CodedShuffle.state_dict` that decide the batches (``epoch``: where to go on)
-STATE_KEYS = (
-    "scheme",
-    "storage",
-    "seed",
-    "shuffle",
-    "fraction",
-    "placement",
-    "first_epoch",
-    "workers",
-    "points",
-)
 _instances = itertools.count()  # every rank creates its CodedShuffles in the same order
 _open: weakref.WeakSet[CodedShuffle] = weakref.WeakSet()  # made and not closed
 
@@ -273,7 +261,7 @@ class CodedShuffle:
             return
         persistence = None
         if isinstance(buffers, FileBuffers):
-            persistence = StorePersistence(buffers, self._ctx, self.scheme.name)
+            persistence = StorePersistence(buffers, self._ctx)
         self._worker = WorkerSide(self._ctx, persistence)
 
     def _placed_once(self, chain: EpochChain) -> bool:
@@ -491,20 +479,9 @@ class CodedShuffle:
         """What a checkpoint holds to resume this shuffle (torch's ``Stateful`` protocol, as
         torchtitan's trainer gathers its parts): ``epoch``, the last epoch handed out
         (``first_epoch - 1`` before the first), and every key that decides the batches
-        (:data:`STATE_KEYS`). The stores themselves live in ``store_dir``."""
-        s = self.settings
-        return {
-            "epoch": self._next - 1,
-            "scheme": s.scheme,
-            "storage": float(s.storage),
-            "seed": int(s.seed),
-            "shuffle": s.shuffle,
-            "fraction": float(s.fraction),
-            "placement": s.placement,
-            "first_epoch": int(s.first_epoch),
-            "workers": self.workers,
-            "points": self.shape.num_points,
-        }
+        (:meth:`~coded_shuffle.distributed.context.EpochContext.identity`, the stores' stamp
+        too). The stores themselves live in ``store_dir``."""
+        return {"epoch": self._next - 1, **self._ctx.identity()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes after ``state["epoch"]`` (:meth:`restore`; call on every rank before any
@@ -512,7 +489,7 @@ class CodedShuffle:
         the first key on which ``state`` differs from this shuffle's (another run's state: its
         batches would differ)."""
         mine = self.state_dict()
-        for key in STATE_KEYS:
+        for key in self._ctx.identity():
             if key not in state or state[key] != mine[key]:
                 hint = ""
                 if key == "workers":  # a resize: the next epoch places the data anew
