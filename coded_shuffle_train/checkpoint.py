@@ -14,6 +14,7 @@ optimiser steps (:func:`save_step`: ``RUN_DIR/steps/worker-K.pt``, the one befor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -152,6 +153,28 @@ def _write(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class StepCheckpoint:
+    """A worker's training state after ``step`` optimiser steps of ``epoch``
+    (``job.checkpoint_steps``): what a restart inside the epoch resumes from, built in one
+    place (the worker's steps) and read by attribute."""
+
+    epoch: int
+    step: int
+    params: torch.Tensor  # the model's, flat, in host memory
+    optimizer: dict[str, Any]  # the optimiser's own state_dict(), in host memory
+    loss_sum: float  # the training loss summed over the epoch's steps so far
+    count: int  # the points those steps saw
+    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> StepCheckpoint:
+        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls)})
+
+
 def step_files(run_dir: str | os.PathLike[str], worker: int) -> tuple[Path, Path]:
     """Worker ``worker``'s (0-based) last step checkpoint and the one before it."""
     folder = Path(run_dir) / "steps"
@@ -159,27 +182,30 @@ def step_files(run_dir: str | os.PathLike[str], worker: int) -> tuple[Path, Path
 
 
 def save_step(
-    run_dir: str | os.PathLike[str], cfg: Config, worker: int, state: dict[str, Any]
+    run_dir: str | os.PathLike[str], cfg: Config, worker: int, state: StepCheckpoint
 ) -> None:
-    """Worker ``worker``'s training state after step ``state["step"]`` of ``state["epoch"]``
-    (its parameters, its optimiser's ``state_dict()``, loss so far and RNG), keeping the one
-    before it."""
+    """Worker ``worker``'s ``state``, stamped with the run's identity, keeping the one before
+    it."""
     last, prev = step_files(run_dir, worker)
     last.parent.mkdir(parents=True, exist_ok=True)
     if last.is_file():
         os.replace(last, prev)
-    _write(last, {**state, **stamp(cfg), "rng": torch.get_rng_state()})
+    _write(last, {**state.state_dict(), **stamp(cfg)})
 
 
 def load_steps(
     run_dir: str | os.PathLike[str], cfg: Config, worker: int
-) -> dict[tuple[int, int], dict[str, Any]]:
-    """Worker ``worker``'s step checkpoints of this run, by ``(epoch, step)``."""
+) -> dict[tuple[int, int], StepCheckpoint]:
+    """Worker ``worker``'s step checkpoints of this run, by ``(epoch, step)`` (one of another
+    run, or written by another version, is not this run's)."""
     found = {}
     for path in step_files(run_dir, worker):
-        state = _read(path)
-        if state is not None and same_run(state, cfg):
-            found[(int(state["epoch"]), int(state["step"]))] = state
+        saved = _read(path)
+        if saved is None or not same_run(saved, cfg):
+            continue
+        with contextlib.suppress(KeyError):
+            state = StepCheckpoint.from_state_dict(saved)
+            found[(state.epoch, state.step)] = state
     return found
 
 

@@ -96,6 +96,22 @@ def test_the_checkpoint_of_another_run_is_refused_in_one_line(tmp_path):
         checkpoint.load(tmp_path, cfg)
 
 
+def test_a_workers_step_checkpoints_come_back_typed_and_another_versions_are_ignored(tmp_path):
+    """``save_step``/``load_steps``: the last two of a worker's :class:`StepCheckpoint`s, by
+    (epoch, step), as saved; a step file that lacks a part (another version's) is none."""
+    cfg = compose("scheme=cycles", *JOB)
+    for step in (3, 6):
+        state = checkpoint.StepCheckpoint(2, step, torch.ones(3) * step, {"state": {}}, 1.5, 9)
+        checkpoint.save_step(tmp_path, cfg, 1, state)
+    held = checkpoint.load_steps(tmp_path, cfg, 1)
+    assert sorted(held) == [(2, 3), (2, 6)] and held[(2, 6)].count == 9
+    assert torch.equal(held[(2, 6)].params, torch.full((3,), 6.0))
+    last, _ = checkpoint.step_files(tmp_path, 1)
+    older = torch.load(last, weights_only=False)
+    torch.save({k: v for k, v in older.items() if k != "loss_sum"}, last)
+    assert sorted(checkpoint.load_steps(tmp_path, cfg, 1)) == [(2, 3)]
+
+
 @pytest.mark.distributed
 def test_a_restarted_job_resumes_with_every_store_and_the_same_parameters(runs, tmp_path):
     """``dist.max_restarts=1``: the launcher restarts every process after a worker died in

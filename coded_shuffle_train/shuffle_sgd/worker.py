@@ -148,24 +148,24 @@ class Worker(Rank):
         self.step_saved = None
         batch = self.cs.resume_inside(start.done + 1)
         assert batch is not None
-        self.load_params(saved["params"])
-        self.opt.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
-        return StepState(start.step, float(saved["loss_sum"]), int(saved["count"]), batch)
+        self.load_params(saved.params)
+        self.opt.load_state_dict(saved.optimizer)
+        torch.set_rng_state(saved.rng)
+        return StepState(start.step, float(saved.loss_sum), int(saved.count), batch)
 
     def save_step(self, epoch: int, step: int, totals: tuple[float, int]) -> None:
         """This worker's training state after ``step`` of ``epoch`` (``job.checkpoint_steps``),
         once every worker got there (so the last checkpoint of one is the last or the one
         before of every other)."""
         dist.barrier(group=self.cs.workers_group)
-        state = {
-            "epoch": epoch,
-            "step": step,
-            "params": self.host_params().clone(),
-            "optimizer": self.host_optimizer(),  # its momentum, as torch saves it
-            "loss_sum": totals[0],
-            "count": totals[1],
-        }
+        state = checkpoint.StepCheckpoint(
+            epoch=epoch,
+            step=step,
+            params=self.host_params().clone(),
+            optimizer=self.host_optimizer(),  # its momentum, as torch saves it
+            loss_sum=totals[0],
+            count=totals[1],
+        )
         checkpoint.save_step(self.ctx.run_dir, self.cfg, self.k, state)
 
     def host_optimizer(self) -> dict[str, Any]:
