@@ -14,13 +14,12 @@ optimiser steps (:func:`save_step`: ``RUN_DIR/steps/worker-K.pt``, the one befor
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -72,8 +71,29 @@ def same_run(state: dict[str, Any], cfg: Config, any_workers: bool = False) -> b
     return all(state.get(k) == v for k, v in mine.items())
 
 
+class SavedParts:
+    """A dataclass saved as the dict of its fields (its ``state_dict()``) and read back by
+    name."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def lacking(cls, state: dict[str, Any]) -> list[str]:
+        """The parts without a default value that ``state`` lacks (written by another
+        version)."""
+        fields = dataclasses.fields(cls)
+        return [f.name for f in fields if f.default is dataclasses.MISSING and f.name not in state]
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Self:
+        """The parts ``state`` holds (see :meth:`lacking` first)."""
+        fields = dataclasses.fields(cls)
+        return cls(**{f.name: state[f.name] for f in fields if f.name in state})
+
+
 @dataclass
-class Checkpoint:
+class Checkpoint(SavedParts):
     """The master's state after an epoch, what a restart resumes from: the parts' own
     ``state_dict()``s (the coded shuffle's, the optimiser's) beside the model's parameters,
     built in one place (the master's epoch) and read by attribute."""
@@ -97,23 +117,6 @@ class Checkpoint:
     def first_epoch(self) -> int:  # the epoch of the run's last placement (> 1 after a resize)
         return int(self.shuffle["first_epoch"])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any], path: Path) -> Checkpoint:
-        """The checkpoint ``state`` holds; :class:`UsageError` naming a missing part (a
-        checkpoint written by another version)."""
-        fields = dataclasses.fields(cls)
-        missing = [
-            f.name for f in fields if f.default is dataclasses.MISSING and f.name not in state
-        ]
-        if missing:
-            raise UsageError(
-                f"{path} lacks {', '.join(missing)} (written by another version): delete it"
-            )
-        return cls(**{f.name: state[f.name] for f in fields if f.name in state})
-
 
 def load(run_dir: str | os.PathLike[str], cfg: Config) -> Checkpoint | None:
     """The checkpoint in ``run_dir``, or None; :class:`UsageError` if it is another run's."""
@@ -127,7 +130,12 @@ def load(run_dir: str | os.PathLike[str], cfg: Config) -> Checkpoint | None:
             f"{path} is the checkpoint of another run (it differs in {keys}): use another "
             "hydra.run.dir, or delete it"
         )
-    state = Checkpoint.from_state_dict(saved, path)
+    lacking = Checkpoint.lacking(saved)
+    if lacking:
+        raise UsageError(
+            f"{path} lacks {', '.join(lacking)} (written by another version): delete it"
+        )
+    state = Checkpoint.from_state_dict(saved)
     if state.epoch > int(cfg.epochs):
         raise UsageError(
             f"{path} holds epoch {state.epoch}, beyond epochs={cfg.epochs}: raise epochs"
@@ -154,7 +162,7 @@ def _write(path: Path, state: dict[str, Any]) -> None:
 
 
 @dataclass
-class StepCheckpoint:
+class StepCheckpoint(SavedParts):
     """A worker's training state after ``step`` optimiser steps of ``epoch``
     (``job.checkpoint_steps``): what a restart inside the epoch resumes from, built in one
     place (the worker's steps) and read by attribute."""
@@ -166,13 +174,6 @@ class StepCheckpoint:
     loss_sum: float  # the training loss summed over the epoch's steps so far
     count: int  # the points those steps saw
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> StepCheckpoint:
-        return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls)})
 
 
 def step_files(run_dir: str | os.PathLike[str], worker: int) -> tuple[Path, Path]:
@@ -201,11 +202,10 @@ def load_steps(
     found = {}
     for path in step_files(run_dir, worker):
         saved = _read(path)
-        if saved is None or not same_run(saved, cfg):
+        if saved is None or not same_run(saved, cfg) or StepCheckpoint.lacking(saved):
             continue
-        with contextlib.suppress(KeyError):
-            state = StepCheckpoint.from_state_dict(saved)
-            found[(state.epoch, state.step)] = state
+        state = StepCheckpoint.from_state_dict(saved)
+        found[(state.epoch, state.step)] = state
     return found
 
 
