@@ -171,18 +171,18 @@ class Round:
         short last datagram, debug drops."""
         head = headers(buffer, nbytes, segment)
         k = head.size
-        mine = head["job"] == self.job
-        self.counts.foreign += int(k - mine.sum())
+        ours = head["job"] == self.job
+        self.counts.foreign += int(k - ours.sum())
         if self.debug.slow:
             time.sleep(self.debug.slow * k)
         stream, flags = head["stream"], head["flags"]
         parity, end = (flags & FLAG_PARITY) != 0, (flags & FLAG_END) != 0
-        mine &= ~end  # an end carries no data
+        mine = ours & ~end  # an end carries no data
         self.late += int((mine & (stream < self.stream) & ~parity).sum())
         now = mine & (stream == self.stream)
         self.late += int((now & (head["round"] < self.rnd)).sum())
-        this_round = (head["job"] == self.job) & (stream == self.stream)
-        self._end(int((end & this_round & (head["round"] == self.rnd)).sum()))
+        this_round = ours & (stream == self.stream) & (head["round"] == self.rnd)
+        self._end(int((end & this_round).sum()))
         if self.debug.drop:
             now &= self.debug.rng.random(k) >= self.debug.drop
         sizes = np.full(k, segment)
