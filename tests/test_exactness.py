@@ -9,6 +9,8 @@ docs/testing.md lists the faults these tests were checked against.
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -224,3 +226,30 @@ def test_a_delivery_between_the_workers_is_timed_by_their_clocks():
     assert peers_seconds(reports) == pytest.approx(1.25)
     mine = worker_report(b"\0" * 32, 0.0, 0, HostBytes(), HostCpu.start())
     assert mine.dtype == REPORT and 0 <= mine["finished"][0] - mine["started"][0] < 1.0
+
+
+def test_a_delivery_behind_the_loop_counts_its_own_cpu_not_the_training_threads():
+    """Started on a thread while the main thread trains, a delivery's CPU is the other
+    threads' only: at least what its own thread spent (a short one came out at 0 s when the
+    main thread's clock, up to the moment, was taken off the process's totals, which lag a
+    running thread by up to a tick), and not the main thread's seconds meanwhile."""
+    trained, got = threading.Event(), []
+
+    def deliver() -> None:
+        cpu, mine = HostCpu.start(), time.thread_time()
+        while time.thread_time() - mine < 0.0002:  # 0.2 ms of this thread's own CPU
+            pass
+        trained.wait()
+        got.append(cpu.stop())
+
+    thread = threading.Thread(target=deliver)
+    thread.start()
+    spent, step = time.thread_time(), bytes(1 << 22)
+    while time.thread_time() - spent < 0.2:  # the main thread trains meanwhile, the GIL
+        hashlib.sha256(step)  # released as torch's steps release it
+    trained.set()
+    while not got:  # and goes on while the delivery ends
+        hashlib.sha256(step)
+    thread.join()
+    (cpu,) = got
+    assert 0.0002 <= cpu.total < 0.1 and 0 <= cpu.system <= cpu.total

@@ -51,12 +51,18 @@ class HostCpu:
     Started on another thread than the main one (a delivery in the background while the loop
     trains), the main thread's own CPU meanwhile is left out, from the user seconds: the
     training's steps are not the delivery's (what the loop's other threads spend, torch's
-    intra-op pool and gloo's, still counts: with one thread, as the job runs, there are few)."""
+    intra-op pool and gloo's, still counts: with one thread, as the job runs, there are few).
+    The subtraction reads the kernel's runtime clocks of the process and of the main thread;
+    the process's leaves out what another running thread spent since the last tick (4 ms
+    here), the main thread's own does not, so the difference is floored at what the thread
+    that started it spent itself (a short delivery came out at 0 s)."""
 
     user: float = 0.0
     system: float = 0.0
     started: float = 0.0
-    main: float | None = None  # the main thread's CPU at the start, where it is left out
+    process: float = 0.0  # the process's CPU clock at the start, where the main thread is left out
+    main: float | None = None  # the main thread's CPU clock at the start, where it is left out
+    own: float = 0.0  # this thread's CPU clock at the start
 
     @staticmethod
     def now() -> tuple[float, float]:
@@ -66,15 +72,18 @@ class HostCpu:
     @classmethod
     def start(cls) -> HostCpu:
         user, system = cls.now()
-        return cls(-user, -system, time.time(), _main_thread_cpu())
+        process = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)  # before the main thread's
+        return cls(-user, -system, time.time(), process, _main_thread_cpu(), time.thread_time())
 
     def stop(self) -> HostCpu:
-        user, system = self.now()
+        main = _main_thread_cpu()  # before the process's: what the main thread spent between
+        user, system = self.now()  # the two readings counts as the delivery's
         user, system = self.user + user, self.system + system
-        now = _main_thread_cpu()
-        if self.main is not None and now is not None:  # off the user seconds first
-            main = max(0.0, now - self.main)
-            user, system = max(0.0, user - main), max(0.0, system - max(0.0, main - user))
+        if self.main is not None and main is not None:
+            process = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID) - self.process
+            ours = max(process - (main - self.main), time.thread_time() - self.own)
+            system = min(max(0.0, system), ours)  # the main thread off the user seconds first
+            user = ours - system
         return HostCpu(user, system, self.started)
 
     @property
