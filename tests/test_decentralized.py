@@ -4,6 +4,8 @@ its terms, the loads against the converse and the uncoded exchange."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from itertools import combinations
 from math import comb
 
@@ -28,6 +30,7 @@ from coded_shuffle.math.schemes.decentralized import (
 )
 from coded_shuffle.math.shuffles import cycle_type_shuffle, cycle_types, cyclic_shuffle
 from coded_shuffle.tools.evaluate import Evaluation, run
+from tests.helpers import REPO
 
 
 def holder_sets_are_the_invariant(state, m: int) -> bool:
@@ -245,6 +248,37 @@ def test_clique_corners_decode_for_twenty_epochs(data):
     peer_epochs_decode(k, m, q, worst, data.draw(st.integers(0, 2**31), label="seed"))
 
 
+@given(data=st.data())
+@settings(max_examples=5, deadline=None)
+def test_the_large_storage_corner_decodes_what_the_program_splits(data):
+    """``T = K - 2`` (sections 2c and 2e: each group's demand split between the group and the
+    sets, by the integer program where the greedy splits are above the converse), ``K``
+    5..8, batches of 2..3 points, random shuffles."""
+    k = data.draw(st.integers(5, 8), label="K")
+    q = data.draw(st.integers(2, 3), label="q")
+    peer_epochs_decode(k, k - 2, q, False, data.draw(st.integers(0, 2**31), label="seed"))
+
+
+def test_the_program_brings_an_uneven_shuffle_to_the_converse():
+    """``K = 5, T = 3``, ten points, four groups with one member asking twice the others
+    (section 2e's example): the groups alone send 62 sub-pieces of 1/36 point, above the
+    converse's 60; the program's split, 58, decoded."""
+    k, m = 5, 3
+    moves = np.array(
+        [[0, 1, 0, 1, 0], [1, 0, 0, 0, 1], [0, 1, 0, 1, 0], [1, 0, 1, 0, 0], [0, 0, 1, 0, 1]]
+    )
+    old = np.repeat(np.arange(k), 2)
+    new = np.concatenate([np.repeat(np.arange(k), row) for row in moves])
+    assert np.array_equal(shuffle_matrix(old, new, k), moves)
+    scheme = get_scheme("decentralized")
+    plan = scheme.plan(scheme.initial_state(old, k, m), new)
+    decode_plan(plan)
+    assert sender_holds(plan)
+    assert groups_alone_load(moves, m) * 36 == pytest.approx(62)
+    assert float(decentralized_converse(k, 10, m)) * 36 == pytest.approx(60)
+    assert plan.load_points * 36 == pytest.approx(58)
+
+
 def test_cliques_and_paths_move_real_bytes_at_seven_fifths_of_the_converse():
     """``K = 8, T = 3``, the cyclic shift, 3 epochs: the groups' excess goes to cliques across
     groups (section 2c), paths across the symbols save more (section 2d): 1.4x the converse
@@ -289,11 +323,12 @@ def test_bad_sizes_are_refused_with_the_range(k, storage, match):
 
 def test_the_pieces_per_point_follow_the_construction():
     """``C(K-1, m-1)`` pieces of ``m`` sub-pieces (one sub-piece where no group codes; ``2 m``
-    at ``m = 3`` where cliques of two receivers code, from ``K = 6``)."""
+    at ``m = 3`` where cliques of two receivers code, from ``K = 5``)."""
     scheme = get_scheme("decentralized")
     splits = {c[0]: c[2] for c in scheme.corners(6)}
     assert splits == {1: 1, 2: 10, 3: 60, 4: 40, 5: 25, 6: 1}
-    assert {c[0]: c[2] for c in scheme.corners(5)}[3] == comb(4, 2) * 3
+    assert {c[0]: c[2] for c in scheme.corners(5)}[3] == comb(4, 2) * 6
+    assert {c[0]: c[2] for c in scheme.corners(4)}[2] == comb(3, 1) * 2
 
 
 @pytest.mark.parametrize(
@@ -356,3 +391,15 @@ def test_a_kept_batch_lets_its_worker_send_the_lone_pieces_along_a_path():
     )
     assert plan.breakdown["saved by paths"] == 2 * 12  # one per path of three half-pieces
     assert np.count_nonzero(np.concatenate(plan.senders) == 3) == 2 * 2 * 12  # two sums each
+
+
+def test_the_random_shuffle_table_script_prints_its_rows_and_refuses_a_bad_size():
+    """``scripts/decentralized_random.py`` (section 2e's table), small: one row per ``(K,
+    q)``; a ``K`` out of range in one line."""
+    script = [sys.executable, str(REPO / "scripts" / "decentralized_random.py")]
+    small = ["--workers", "5", "6", "--batches", "3", "--shuffles", "4"]
+    out = subprocess.run(script + small, capture_output=True, text=True, check=True)
+    rows = [line.split(" | ")[:3] for line in out.stdout.splitlines()[2:]]
+    assert rows == [["| 5", "15", "4"], ["| 6", "18", "4"]]
+    bad = subprocess.run([*script, "--workers", "4"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--workers must be in 5..16" in bad.stderr.splitlines()[-1]

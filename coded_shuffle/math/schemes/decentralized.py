@@ -16,9 +16,11 @@ sender ``s`` XORs, per symbol, one sub-piece needed by each other member, all of
 (eq. (1) of the docs; optimal for the group on its own). Every symbol carries its sender.
 At ``m = 2`` (from ``K = 6``) what a group would send uncoded goes into triples across two
 senders instead, three pieces for two symbols (section 2b, :mod:`.peer_alignment`); at
-``3 <= m <= K - 3`` a group keeps what it codes at a gain of ``m - 1`` or more and deals the
+``3 <= m <= K - 2`` a group keeps what it codes at a gain of ``m - 1`` or more and deals the
 rest to cliques of ``m`` workers across groups where that costs fewer symbols (section 2c,
-:mod:`.peer_cliques`). At every corner, symbols whose receivers each know another one whole
+:mod:`.peer_cliques`); at ``m = K - 2``, where those are every single-sender code, the best
+split between the two is an integer program where the greedy ones are above the converse
+(section 2e). At every corner, symbols whose receivers each know another one whole
 go as a path of sums from a worker that stores them all, one symbol fewer a path (section
 2d, :mod:`.peer_paths`).
 
@@ -66,7 +68,7 @@ def aligned(num_workers: int, m: int) -> bool:
 
 def cliqued(num_workers: int, m: int) -> bool:
     """Whether corner ``m`` may deal groups' excess to cliques across groups (section 2c)."""
-    return cliques.MIN_CORNER <= m <= num_workers - 3
+    return cliques.MIN_CORNER <= m <= num_workers - 2
 
 
 def sub_pieces(num_workers: int, m: int) -> int:
@@ -161,7 +163,7 @@ def demanded_pieces(state: CacheState, new: np.ndarray) -> tuple[np.ndarray, ...
 
 def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> DeliveryPlan:
     """Section 2: every group's symbols, each with the member that sends it; at ``m = 2`` the
-    lone pieces' triples (section 2b), at ``3 <= m <= K - 3`` the groups' excess in cliques
+    lone pieces' triples (section 2b), at ``3 <= m <= K - 2`` the groups' excess in cliques
     where they cost fewer symbols (section 2c); then the closed form's paths (section 2d)."""
     labels: PeerLabels = state.labels
     k, m = state.num_workers, labels.m
@@ -184,9 +186,11 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
         mine = [g_own[g_rcv == w] for w in members]
         if aligned(k, m):
             pieces = set_lone_apart(members, pieces, mine, lone)
-        elif deals:
-            pieces = set_excess_apart(int(mask), members, pieces, mine, excess, dealt, r)
-        rows.extend(cliques.clique_symbols(members, [cliques.sub_ids(p, r) for p in pieces]))
+        if deals:
+            subs = set_excess_apart(int(mask), members, pieces, mine, excess, dealt, r)
+        else:
+            subs = [cliques.sub_ids(p, r) for p in pieces]
+        rows.extend(cliques.clique_symbols(members, subs))
     breakdown = {f"m={m}": int(sum(r.shape[0] for _, r in rows))}
     if lone:
         aligned_rows = lone_rows(lone, k)
@@ -196,7 +200,7 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
     if excess:
         buckets = sorted(excess)
         assert tuple(buckets) == costs.buckets, "the plan's excess must be the closed form's"
-        dealt_rows = cliques.clique_rows(buckets, [excess[b] for b in buckets], costs.deal, r)
+        dealt_rows = cliques.clique_rows(buckets, [excess[b] for b in buckets], costs.deal)
         rows.extend(dealt_rows)
         breakdown["cliques"] = int(sum(r.shape[0] for _, r in dealt_rows))
     rows = with_paths(rows, labels, new, r, costs)
@@ -291,23 +295,21 @@ def set_excess_apart(
     dealt: dict[tuple[int, int, int], cliques.Bucket],
     r: int,
 ) -> list[np.ndarray]:
-    """A group's pieces less its excess (section 2c: what it codes at a gain below
-    ``m - 1``), which goes to ``excess``: as many of each receiver's pieces of each owner's
-    points as the closed form's bucket holds (``dealt``, by group, receiver and owner, in
-    sub-pieces of ``r`` a piece), the first by id."""
-    buckets = {
-        (u, o): dealt[(group, receiver, owner)]
-        for u, receiver in enumerate(members)
-        for o, owner in enumerate(members)
-        if (group, receiver, owner) in dealt
-    }
-    taken = np.zeros((len(members), len(members)), dtype=np.int64)
-    for (u, o), bucket in buckets.items():
-        taken[u, o] = bucket.units // r
-    rest, apart = set_apart(pieces, owners, members, taken)
-    for u, o, ids in apart:
-        assert ids.size * r == buckets[(u, o)].units, "a bucket's pieces must be the group's"
-        excess[buckets[(u, o)]] = ids
+    """A group's sub-pieces less its excess (section 2c: what it does not code itself), which
+    goes to ``excess``: as many of each receiver's sub-pieces of each owner's points as the
+    closed form's bucket holds (``dealt``, by group, receiver and owner), the first by id."""
+    rest = []
+    for receiver, ids, own in zip(members, pieces, owners, strict=True):
+        subs, sub_owners = cliques.sub_ids(ids, r), np.repeat(own, r)
+        keep = np.ones(subs.size, dtype=bool)
+        for owner in members:
+            bucket = dealt.get((group, receiver, owner))
+            if bucket is not None:
+                first = np.flatnonzero(sub_owners == owner)[: bucket.units]
+                assert first.size == bucket.units, "a bucket's sub-pieces must be the group's"
+                keep[first] = False
+                excess[bucket] = subs[first]
+        rest.append(subs[keep])
     return rest
 
 
@@ -375,12 +377,13 @@ def group_moves(moves: np.ndarray, m: int) -> list[tuple[tuple[int, ...], np.nda
 
 
 def excess_buckets(
-    group: int, members: tuple[int, ...], by_owner: np.ndarray, excess: np.ndarray, r: int
+    group: int, members: tuple[int, ...], by_owner: np.ndarray, excess: np.ndarray
 ) -> list[cliques.Bucket]:
-    """A group's excess (section 2c) by receiver and owner, in sub-pieces."""
+    """A group's excess (section 2c) by receiver and owner, in sub-pieces (``by_owner``,
+    ``excess``: in sub-pieces too)."""
     taken = cliques.taken_by_owner(excess, by_owner)
     return [
-        cliques.Bucket(group, members[u], members[o], int(taken[u, o]) * r)
+        cliques.Bucket(group, members[u], members[o], int(taken[u, o]))
         for u, o in np.argwhere(taken > 0)
     ]
 
@@ -436,10 +439,9 @@ class Unpathed:
 def _unpathed(moves_bytes: bytes, k: int, m: int) -> Unpathed:
     moves = np.frombuffer(moves_bytes, dtype=np.int64).reshape(k, k)
     r = sub_pieces(k, m)
-    plain, kept = 0, 0
-    buckets: list[cliques.Bucket] = []
+    plain = 0
     lone = np.zeros((k, k, k), dtype=np.int64)
-    plain_needs, kept_needs = [], []
+    plain_needs, groups = [], []
     for members, sub in group_moves(moves, m):
         needs = sub.sum(axis=0)
         if aligned(k, m):
@@ -449,27 +451,109 @@ def _unpathed(moves_bytes: bytes, k: int, m: int) -> Unpathed:
                 needs[u] -= taken[o]
         plain += int(group_shares(needs, m, r).sum())
         plain_needs.append((members, needs * r))
-        if cliqued(k, m):
-            keep = cliques.kept(needs, m)
-            kept += int(group_shares(keep, m, r).sum())
-            kept_needs.append((members, keep * r))
-            group = sum(1 << w for w in members)
-            buckets.extend(excess_buckets(group, members, sub.T, needs - keep, r))
+        groups.append((members, sub, needs))
     triples = alignment.match_triples(lone) if aligned(k, m) else None
     if triples is not None:
         plain += triples.symbols  # r = 2: the triples' halves
-    costs = GroupCosts(plain)
-    if cliqued(k, m):
-        ordered = tuple(sorted(buckets))
-        dealt = cliques.deal(list(ordered), m)
-        costs = GroupCosts(plain, kept + dealt.symbols, ordered, dealt)
-    return Unpathed(costs, plain_needs, kept_needs, triples)
+    if not cliqued(k, m):
+        return Unpathed(GroupCosts(plain), plain_needs, [], triples)
+    rules = KEEP_RULES if m == k - 2 else KEEP_RULES[:1]
+    tries = [kept_and_dealt(groups, m, r, rule) for rule in rules]
+    target = float(decentralized_converse(k, int(moves.sum()), m)) * corner_splits(k, m)
+    if m == k - 2 and min(plain, *(t[0] for t in tries)) > target + 1e-9:
+        tries += [x for x in [best_split_dealt(groups, m, r)] if x is not None]
+    symbols, kept_needs, buckets, deal = min(tries, key=lambda x: x[0])
+    return Unpathed(GroupCosts(plain, symbols, buckets, deal), plain_needs, kept_needs, triples)
+
+
+KEEP_RULES = ("gain", "cap")  # what a group keeps before its excess is dealt (cliques.kept)
+Dealt = tuple[int, list, tuple[cliques.Bucket, ...], cliques.Deal]
+GroupNeeds = list[tuple[tuple[int, ...], np.ndarray, np.ndarray]]  # members, moves, needs
+
+
+def kept_and_dealt(groups: GroupNeeds, m: int, r: int, rule: str) -> Dealt:
+    """Section 2c with keep rule ``rule`` (``gain`` keeps whole pieces, ``cap`` sub-pieces):
+    the symbols of the groups' kept pieces and the greedy deal of the rest, the kept needs,
+    the excess buckets (sorted) and the deal."""
+    kept, kept_needs, buckets = 0, [], []
+    for members, sub, needs in groups:
+        units = needs * r
+        keep = cliques.kept(needs, m, rule) * r if rule == "gain" else cliques.kept(units, m, rule)
+        kept += int(cliques.clique_shares(keep, m).sum())
+        kept_needs.append((members, keep))
+        group = sum(1 << w for w in members)
+        buckets.extend(excess_buckets(group, members, sub.T * r, units - keep))
+    ordered = tuple(sorted(buckets))
+    dealt = cliques.deal(list(ordered), m)
+    return kept + dealt.symbols, kept_needs, ordered, dealt
+
+
+def best_split_dealt(groups: GroupNeeds, m: int, r: int) -> Dealt | None:
+    """Section 2c as :func:`~.peer_cliques.best_split` solves it (None where it is too large
+    to ask): the kept needs, and every demand's excess in buckets by owner (the
+    lower-numbered owners first), each bucket's shares of the demand's in set order."""
+    demands, rows = [], []
+    for members, sub, needs in groups:
+        group = sum(1 << w for w in members)
+        for u in np.flatnonzero(needs):
+            demands.append((group, members[u], int(needs[u]) * r))
+            rows.append((members, sub.T[u] * r))
+    split = cliques.best_split(demands, m) if demands else None
+    if split is None:
+        return None
+    kept_needs, kept = [], 0
+    at = 0
+    for members, _, needs in groups:
+        keep = np.zeros(len(members), dtype=np.int64)
+        for u in np.flatnonzero(needs):
+            keep[u] = split.keep[at]
+            at += 1
+        kept += int(cliques.clique_shares(keep, m).sum())
+        kept_needs.append((members, keep))
+    shares: dict[cliques.Bucket, list[tuple[int, int]]] = {}
+    for (group, receiver, units), keep, (members, by_owner), dealt in zip(
+        demands, split.keep, rows, split.shares, strict=True
+    ):
+        taken = cliques.taken_by_owner(np.array([units - keep]), by_owner[None, :])[0]
+        owned = [(members[o], int(t)) for o, t in enumerate(taken) if t]
+        shares.update(owner_shares(group, receiver, owned, dealt))
+    ordered = tuple(sorted(shares))
+    deal = cliques.Deal([shares[b] for b in ordered], 0)
+    deal = cliques.Deal(deal.shares, cliques.deal_symbols(ordered, deal, m))
+    return kept + deal.symbols, kept_needs, ordered, deal
+
+
+def owner_shares(
+    group: int, receiver: int, owned: list[tuple[int, int]], dealt: list[tuple[int, int]]
+) -> dict[cliques.Bucket, list[tuple[int, int]]]:
+    """A demand's excess by owner (``owned``: ``(owner, sub-pieces)``), each owner's bucket
+    taking the demand's shares ``dealt`` (``(V, sub-pieces)``) in turn."""
+    out: dict[cliques.Bucket, list[tuple[int, int]]] = {}
+    queue = [list(x) for x in dealt]
+    for owner, units in owned:
+        bucket, left = cliques.Bucket(group, receiver, owner, units), units
+        while left:
+            v, n = queue[0]
+            take = min(n, left)
+            out.setdefault(bucket, []).append((v, take))
+            left -= take
+            queue[0][1] -= take
+            if queue[0][1] == 0:
+                queue.pop(0)
+    return out
 
 
 @lru_cache(maxsize=16)
 def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
     found = _unpathed(moves_bytes, k, m)
-    costs = found.costs
+    options = [found.costs]
+    if found.costs.cliques_pay and m == k - 2:  # the groups alone may save more by paths
+        options.append(GroupCosts(found.costs.plain))
+    return min((with_path_counts(costs, found) for costs in options), key=lambda c: c.symbols)
+
+
+def with_path_counts(costs: GroupCosts, found: Unpathed) -> GroupCosts:
+    """``costs`` with its symbols' types and the paths across them (section 2d)."""
     types = group_types(found.kept_needs if costs.cliques_pay else found.plain_needs)
     if costs.cliques_pay:
         assert costs.deal is not None

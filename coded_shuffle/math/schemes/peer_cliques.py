@@ -1,5 +1,5 @@
-"""Cliques across groups at corners ``3 <= m <= K - 3`` of the decentralized scheme
-(docs/decentralized.md, section 2c).
+"""Cliques across groups at corners ``3 <= m <= K - 2`` of the decentralized scheme
+(docs/decentralized.md, sections 2c and 2e).
 
 A group ``J`` of ``m + 1`` workers codes at the gain of its demanding members: with ``t`` of
 them balanced, each symbol serves ``t`` (eq. (1)). Under a shuffle that sends every batch to
@@ -71,16 +71,16 @@ def clique_symbols(members: list[int], subs: list[np.ndarray]) -> list[tuple[int
     return [(members[s], rows[s]) for s in range(len(members)) if rows[s].shape[0]]
 
 
-def kept(needs: np.ndarray, m: int) -> np.ndarray:
-    """Pieces a group of ``m + 1`` codes itself: all of them where eq. (1) serves ``m - 1``
-    receivers a symbol or more (``m sum d >= (m - 1) max(sum d, m max d)``), else each
-    member's up to the largest cap ``c`` at which the group serves ``m`` (``m c <= sum
-    min(d, c)``)."""
+def kept(needs: np.ndarray, m: int, rule: str = "gain") -> np.ndarray:
+    """What a group of ``m + 1`` codes itself. ``gain``: all of it where eq. (1) serves
+    ``m - 1`` receivers a symbol or more (``m sum d >= (m - 1) max(sum d, m max d)``), else
+    as ``cap``; ``cap``: each member's up to the largest cap ``c`` at which the group serves
+    ``m`` (``m c <= sum min(d, c)``)."""
     needs = np.asarray(needs, dtype=np.int64)
     total = max(int(needs.sum()), m * int(needs.max(initial=0)))
-    if m * int(needs.sum()) >= (m - 1) * total:
+    if rule == "gain" and m * int(needs.sum()) >= (m - 1) * total:
         return needs.copy()
-    lo, hi = 0, int(needs.max())
+    lo, hi = 0, int(needs.max(initial=0))
     while lo < hi:  # {c : m c <= sum min(d, c)} is an interval from 0 (a concave function)
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if m * mid <= int(np.minimum(needs, mid).sum()) else (lo, mid - 1)
@@ -129,6 +129,86 @@ def set_options(bucket: Bucket) -> list[int]:
     return [(holders & ~(1 << y)) | (1 << bucket.receiver) for y in ys if (holders >> y) & 1]
 
 
+@dataclass(frozen=True)
+class Split:
+    """:func:`best_split`'s answer, per demand ``(group, receiver, units)``: the sub-pieces
+    its group keeps, and ``[(V, sub-pieces)]`` dealt to the sets."""
+
+    keep: list[int]
+    shares: list[list[tuple[int, int]]]
+
+
+MAX_SPLIT_SHARES = 3000  # the most (demand, set) pairs :func:`best_split` is asked to solve
+
+
+def best_split(demands: list[tuple[int, int, int]], m: int) -> Split | None:
+    """Sections 2 and 2c at once, the fewest symbols: an integer program (scipy's HiGHS) over
+    what every group keeps and where the rest goes. Variables, in sub-pieces: ``k[J, u]``
+    kept by group ``J`` for member ``u``, ``x[J, u, V]`` dealt to each set ``V = J - u - y
+    + u``, ``S[J]`` and ``c[V]`` the symbols of each group and set. Minimise ``sum S + sum
+    c`` subject to ``k + sum_V x = d`` (every demand met), ``m S[J] >= sum_u k``, ``S[J] >=
+    k[J, u]`` (eq. (1) of the group), ``(m - 1) c[V] >= sum x[., ., V]`` and ``c[V] >= sum_J
+    x[J, w, V]`` for each receiver ``w`` (eq. (1) of the set). None where it has more than
+    ``MAX_SPLIT_SHARES`` pairs."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    options = [
+        [((group & ~(1 << u)) & ~(1 << y)) | (1 << u) for y in bits(group & ~(1 << u))]
+        for group, u, _ in demands
+    ]
+    pairs = [(d, v) for d, sets in enumerate(options) for v in sets]
+    if len(pairs) > MAX_SPLIT_SHARES:
+        return None
+    groups = sorted({g for g, _, _ in demands})
+    sets = sorted({v for _, v in pairs})
+    nd, nx = len(demands), len(pairs)
+    at_s = {g: nd + nx + i for i, g in enumerate(groups)}  # columns: k, x, S, c
+    at_c = {v: nd + nx + len(groups) + i for i, v in enumerate(sets)}
+    rows: list[dict[int, float]] = []
+    low: list[float] = []
+    high: list[float] = []
+    for d, (_, _, units) in enumerate(demands):  # k + sum x = d
+        rows.append({d: 1.0, **{nd + i: 1.0 for i, (dd, _) in enumerate(pairs) if dd == d}})
+        low.append(units)
+        high.append(units)
+    for g in groups:
+        mine = [d for d, (gg, _, _) in enumerate(demands) if gg == g]
+        rows.append({at_s[g]: float(m), **{d: -1.0 for d in mine}})
+        rows += [{at_s[g]: 1.0, d: -1.0} for d in mine]
+        low += [0.0] * (1 + len(mine))
+        high += [np.inf] * (1 + len(mine))
+    for v in sets:
+        into = [i for i, (_, vv) in enumerate(pairs) if vv == v]
+        rows.append({at_c[v]: float(m - 1), **{nd + i: -1.0 for i in into}})
+        for w in bits(v):
+            theirs = [i for i in into if demands[pairs[i][0]][1] == w]
+            rows.append({at_c[v]: 1.0, **{nd + i: -1.0 for i in theirs}})
+        low += [0.0] * (1 + v.bit_count())
+        high += [np.inf] * (1 + v.bit_count())
+    size = nd + nx + len(groups) + len(sets)
+    r_idx = [r for r, row in enumerate(rows) for _ in row]
+    c_idx = [c for row in rows for c in row]
+    values = [x for row in rows for x in row.values()]
+    matrix = coo_matrix((values, (r_idx, c_idx)), shape=(len(rows), size))
+    cost = np.zeros(size)
+    cost[nd + nx :] = 1.0
+    upper = np.full(size, np.inf)
+    upper[:nd] = [units for _, _, units in demands]
+    found = milp(
+        cost,
+        constraints=LinearConstraint(matrix, low, high),
+        integrality=np.ones(size),
+        bounds=Bounds(0, upper),
+    )
+    x = np.rint(found.x).astype(np.int64)
+    shares: list[list[tuple[int, int]]] = [[] for _ in demands]
+    for i, (d, v) in enumerate(pairs):
+        if x[nd + i]:
+            shares[d].append((v, int(x[nd + i])))
+    return Split([int(k) for k in x[:nd]], shares)
+
+
 def cheapest(
     options: list[int],
     receiver: int,
@@ -174,18 +254,31 @@ def deal(buckets: list[Bucket], m: int) -> Deal:
                 mine = need[(v, bucket.receiver)] = need.get((v, bucket.receiver), 0) + x
                 top[v] = max(top.get(v, 0), mine)
                 shares[b][v] = shares[b].get(v, 0) + x
-    total = sum(max(-(-units[v] // width), top[v]) for v in units)
-    return Deal([list(s.items()) for s in shares], total)
+    found = [list(s.items()) for s in shares]
+    return Deal(found, deal_symbols(buckets, Deal(found, 0), m))
+
+
+def deal_symbols(buckets: tuple[Bucket, ...] | list[Bucket], dealt: Deal, m: int) -> int:
+    """The symbols of every set ``V`` of a deal: ``max(ceil(sum / (m - 1)), max need)``."""
+    units: dict[int, int] = {}
+    need: dict[tuple[int, int], int] = {}
+    for bucket, shares in zip(buckets, dealt.shares, strict=True):
+        for v, count in shares:
+            units[v] = units.get(v, 0) + count
+            need[(v, bucket.receiver)] = need.get((v, bucket.receiver), 0) + count
+    top: dict[int, int] = {}
+    for (v, _), n in need.items():
+        top[v] = max(top.get(v, 0), n)
+    return sum(max(-(-units[v] // (m - 1)), top[v]) for v in units)
 
 
 def clique_rows(
-    buckets: list[Bucket], pieces: list[np.ndarray], dealt: Deal, r: int
+    buckets: list[Bucket], excess: list[np.ndarray], dealt: Deal
 ) -> list[tuple[int, np.ndarray]]:
-    """``[(sender, rows)]`` of every set ``V``: each bucket's sub-pieces (``pieces[b]``, piece
-    ids, ``r`` sub-pieces each) taken from the front, share by share."""
+    """``[(sender, rows)]`` of every set ``V``: each bucket's sub-pieces (``excess[b]``)
+    taken from the front, share by share."""
     needs: dict[int, dict[int, list[np.ndarray]]] = {}
-    for bucket, ids, shares in zip(buckets, pieces, dealt.shares, strict=True):
-        subs = sub_ids(ids, r)
+    for bucket, subs, shares in zip(buckets, excess, dealt.shares, strict=True):
         start = 0
         for v, count in shares:
             needs.setdefault(v, {}).setdefault(bucket.receiver, []).append(
