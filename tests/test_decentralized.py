@@ -26,6 +26,7 @@ from coded_shuffle.math.schemes import get_scheme
 from coded_shuffle.math.schemes.decentralized import (
     decentralized_load,
     group_shares,
+    load_before_paths,
     sender_holds,
 )
 from coded_shuffle.math.shuffles import cycle_type_shuffle, cycle_types, cyclic_shuffle
@@ -277,6 +278,24 @@ def test_the_program_brings_an_uneven_shuffle_to_the_converse():
     assert groups_alone_load(moves, m) * 36 == pytest.approx(62)
     assert float(decentralized_converse(k, 10, m)) * 36 == pytest.approx(60)
     assert plan.load_points * 36 == pytest.approx(58)
+
+
+def test_another_split_of_the_fewest_symbols_lets_paths_reach_the_converse():
+    """``K = 5, T = 3``, ten points (section 2e's tries): the program's first split sends 61
+    sub-pieces of 1/36 point, paths saving none, above the converse's 60; a tilted one of
+    the same count lets paths save two: 59, decoded."""
+    k, m = 5, 3
+    moves = np.array(
+        [[0, 2, 0, 0, 0], [0, 0, 1, 1, 0], [1, 0, 1, 0, 0], [0, 0, 0, 0, 2], [1, 0, 0, 1, 0]]
+    )
+    old = np.repeat(np.arange(k), 2)
+    new = np.concatenate([np.repeat(np.arange(k), row) for row in moves])
+    scheme = get_scheme("decentralized")
+    plan = scheme.plan(scheme.initial_state(old, k, m), new)
+    decode_plan(plan)
+    assert sender_holds(plan)
+    assert load_before_paths(moves, m) * 36 == pytest.approx(61)
+    assert plan.load_points * 36 == pytest.approx(59)
 
 
 def test_cliques_and_paths_move_real_bytes_at_seven_fifths_of_the_converse():

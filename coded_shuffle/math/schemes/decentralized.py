@@ -488,17 +488,18 @@ def kept_and_dealt(groups: GroupNeeds, m: int, r: int, rule: str) -> Dealt:
     return kept + dealt.symbols, kept_needs, ordered, dealt
 
 
-def best_split_dealt(groups: GroupNeeds, m: int, r: int) -> Dealt | None:
+def best_split_dealt(groups: GroupNeeds, m: int, r: int, tilt: int = 0) -> Dealt | None:
     """Section 2c as :func:`~.peer_cliques.best_split` solves it (None where it is too large
-    to ask): the kept needs, and every demand's excess in buckets by owner (the
-    lower-numbered owners first), each bucket's shares of the demand's in set order."""
+    to ask; ``tilt``: its tie-break among the fewest symbols): the kept needs, and every
+    demand's excess in buckets by owner (the lower-numbered owners first), each bucket's
+    shares of the demand's in set order."""
     demands, rows = [], []
     for members, sub, needs in groups:
         group = sum(1 << w for w in members)
         for u in np.flatnonzero(needs):
             demands.append((group, members[u], int(needs[u]) * r))
             rows.append((members, sub.T[u] * r))
-    split = cliques.best_split(demands, m) if demands else None
+    split = cliques.best_split(demands, m, tilt) if demands else None
     if split is None:
         return None
     kept_needs, kept = [], 0
@@ -543,13 +544,48 @@ def owner_shares(
     return out
 
 
+SPLIT_TILTS = 64  # other splits of the fewest symbols tried for their paths (section 2e) ...
+TILTED_PAIRS = 4096  # ... fewer where the program is larger: at most this many pairs in all
+
+
 @lru_cache(maxsize=16)
 def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
     found = _unpathed(moves_bytes, k, m)
     options = [found.costs]
     if found.costs.cliques_pay and m == k - 2:  # the groups alone may save more by paths
         options.append(GroupCosts(found.costs.plain))
-    return min((with_path_counts(costs, found) for costs in options), key=lambda c: c.symbols)
+    best = min((with_path_counts(costs, found) for costs in options), key=lambda c: c.symbols)
+    if m != k - 2 or not cliqued(k, m):
+        return best
+    moves = np.frombuffer(moves_bytes, dtype=np.int64).reshape(k, k)
+    target = float(decentralized_converse(k, int(moves.sum()), m)) * corner_splits(k, m)
+    if best.symbols <= target + 1e-9:
+        return best
+    groups = [(members, sub, sub.sum(axis=0)) for members, sub in group_moves(moves, m)]
+    pairs = m * sum(int(np.count_nonzero(needs)) for _, _, needs in groups)
+    for tilt in range(1, min(SPLIT_TILTS, TILTED_PAIRS // max(pairs, 1)) + 1):
+        other = tilted_split(groups, found, k, m, tilt)
+        if other is not None and other.symbols < best.symbols:
+            best = other
+        if best.symbols <= target + 1e-9:
+            break
+    return best
+
+
+def tilted_split(
+    groups: GroupNeeds, found: Unpathed, k: int, m: int, tilt: int
+) -> GroupCosts | None:
+    """Section 2e's program tie-broken by ``tilt``, with its paths (section 2d): another split
+    of the fewest symbols before paths, which may save more by them (None where the program is
+    not asked or the split is not below the groups alone)."""
+    split = best_split_dealt(groups, m, sub_pieces(k, m), tilt)
+    if split is None:
+        return None
+    symbols, kept_needs, buckets, deal = split
+    costs = GroupCosts(found.costs.plain, symbols, buckets, deal)
+    if not costs.cliques_pay:
+        return None
+    return with_path_counts(costs, replace(found, costs=costs, kept_needs=kept_needs))
 
 
 def with_path_counts(costs: GroupCosts, found: Unpathed) -> GroupCosts:

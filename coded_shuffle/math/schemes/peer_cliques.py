@@ -141,7 +141,7 @@ class Split:
 MAX_SPLIT_SHARES = 3000  # the most (demand, set) pairs :func:`best_split` is asked to solve
 
 
-def best_split(demands: list[tuple[int, int, int]], m: int) -> Split | None:
+def best_split(demands: list[tuple[int, int, int]], m: int, tilt: int = 0) -> Split | None:
     """Sections 2 and 2c at once, the fewest symbols: an integer program (scipy's HiGHS) over
     what every group keeps and where the rest goes. Variables, in sub-pieces: ``k[J, u]``
     kept by group ``J`` for member ``u``, ``x[J, u, V]`` dealt to each set ``V = J - u - y
@@ -149,7 +149,10 @@ def best_split(demands: list[tuple[int, int, int]], m: int) -> Split | None:
     c`` subject to ``k + sum_V x = d`` (every demand met), ``m S[J] >= sum_u k``, ``S[J] >=
     k[J, u]`` (eq. (1) of the group), ``(m - 1) c[V] >= sum x[., ., V]`` and ``c[V] >= sum_J
     x[J, w, V]`` for each receiver ``w`` (eq. (1) of the set). None where it has more than
-    ``MAX_SPLIT_SHARES`` pairs."""
+    ``MAX_SPLIT_SHARES`` pairs. ``tilt`` (from 1): every variable's cost raised by a share of
+    a symbol drawn from ``tilt`` (all of them together less than half a symbol), which picks
+    another of the splits with the fewest symbols, if there is one: paths (section 2d) may
+    save more across its symbols."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -193,6 +196,8 @@ def best_split(demands: list[tuple[int, int, int]], m: int) -> Split | None:
     matrix = coo_matrix((values, (r_idx, c_idx)), shape=(len(rows), size))
     cost = np.zeros(size)
     cost[nd + nx :] = 1.0
+    if tilt:
+        cost += np.random.default_rng(tilt).random(size) / (2 * size)
     upper = np.full(size, np.inf)
     upper[:nd] = [units for _, _, units in demands]
     found = milp(
