@@ -296,17 +296,19 @@ def test_multicast_is_paced_as_the_cluster_command_paces_it(overrides, paced):
 def test_multicast_on_uneven_workers_is_paced_per_receiver():
     """One worker at half the others' NIC: the master's stream at the fast workers' rate, each
     worker's own pace beside it (the slow one hears only what it keeps); peer-multicast, whose
-    workers send, at the slowest's; a pricing without the receivers' list."""
-    from coded_shuffle.tools.cluster.run import pacing_overrides
+    workers send, at the slowest's; the stream's pace alone, as a pricing takes it."""
+    from coded_shuffle.tools.cluster.run import multicast_pace, pacing_overrides
 
     rates = [400_000_000, 200_000_000, 400_000_000]
     assert pacing_overrides(["dist.transport=multicast"], rates, 400_000_000) == [
         "dist.multicast.rate=396mbit",
         "dist.multicast.receiver_rates=[396mbit,198mbit,396mbit]",
     ]
-    assert pacing_overrides(["dist.transport=multicast"], rates, 400_000_000, False) == [
-        "dist.multicast.rate=396mbit"
-    ]
+    assert multicast_pace(["dist.transport=multicast"], rates, 400_000_000) == 396_000_000
+    assert multicast_pace(["dist.transport=peer-multicast"], rates, 400_000_000) == 198_000_000
+    given = ["dist.transport=multicast", "dist.multicast.rate=30mbit"]
+    assert multicast_pace(given, rates, 400_000_000) is None
+    assert multicast_pace(["dist.transport=unicast"], rates, 400_000_000) is None
     assert pacing_overrides(["dist.transport=peer-multicast"], rates, 400_000_000) == [
         "dist.multicast.rate=198mbit",
         "dist.multicast.master_rate=198mbit",

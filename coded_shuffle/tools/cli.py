@@ -371,7 +371,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_predict_job(args: argparse.Namespace) -> int:
     """``predict --job -- OVERRIDES``: the run's seconds and its alternatives'."""
-    from coded_shuffle.tools.cluster.run import pacing_overrides
+    from coded_shuffle.costs.rates import format_rate
+    from coded_shuffle.tools.cluster.run import multicast_pace, pacing_overrides
     from coded_shuffle.tools.predict_job import (
         as_json,
         check_cluster,
@@ -395,9 +396,8 @@ def cmd_predict_job(args: argparse.Namespace) -> int:
     job = profile_job([*overrides, *pacing_overrides(overrides, [int(cluster.rate)], master)])
     given = worker_rates(args.host_rate, job.workers, cluster.rate)
     nics = [int(r) for r in given] or [int(cluster.rate)]
-    pacing = pacing_overrides(overrides, nics, master, False)
-    pace = dict(o.split("=", 1) for o in pacing).get("dist.multicast.rate")
-    job = dataclasses.replace(job, multicast_rate=pace) if pace else job
+    pace = multicast_pace(overrides, nics, master)
+    job = dataclasses.replace(job, multicast_rate=format_rate(pace)) if pace else job
     net = paced(dataclasses.replace(cluster, worker_rates=given), job)
     runs = predict_job(job, net)
     if args.json:

@@ -111,9 +111,20 @@ def relay_overrides(overrides: Sequence[str], rates: dict[int, int]) -> list[str
     return [f"{key}=[{','.join(map(str, fastest_first(rates)))}]"]
 
 
-def pacing_overrides(
-    overrides: Sequence[str], rates: Sequence[int], master_rate: int, receivers: bool = True
-) -> list[str]:
+def multicast_pace(overrides: Sequence[str], rates: Sequence[int], master_rate: int) -> int | None:
+    """The pace (bits/s) of a paced transport's stream where the overrides do not set it
+    (None where they do, or where the transport does not pace): :data:`MULTICAST_SHARE` of
+    the slowest worker's NIC where the workers send, else of the slower of the master's and
+    the fastest worker's (``rates``: every worker's)."""
+    cls = _transport(overrides)
+    key = f"dist.{cls.options_key or cls.name}.rate"
+    if not cls.cost.paced or _override(overrides, key) is not None:
+        return None
+    pace = min(rates) if cls.routing == "peers" else min(max(rates), master_rate)
+    return int(pace * MULTICAST_SHARE)
+
+
+def pacing_overrides(overrides: Sequence[str], rates: Sequence[int], master_rate: int) -> list[str]:
     """A paced transport's pacing where the overrides do not set it (its cost says it paces:
     multicast's mechanism), at :data:`MULTICAST_SHARE` of the NICs a stream crosses (``rates``:
     every worker's, in role order; the master's ``master_rate``).
@@ -121,23 +132,23 @@ def pacing_overrides(
     The master's multicast: ``dist.<options>.rate`` for the slower of the master and the
     fastest worker, and where the workers' NICs differ, ``receiver_rates`` for each worker's
     (a slow worker hears only what it keeps, at its rate: :mod:`~coded_shuffle.distributed.
-    transports.multicast.lanes`; not where ``receivers`` is False: a pricing that needs the
-    rate alone). Where the workers send (``peer-multicast``): ``rate`` for the slowest worker,
-    and the master's placement at ``master_rate``'s share."""
+    transports.multicast.lanes`). Where the workers send (``peer-multicast``): ``rate`` for
+    the slowest worker, and the master's placement at ``master_rate``'s share; ``rate`` is
+    :func:`multicast_pace`."""
     cls = _transport(overrides)
     if not cls.cost.paced:
         return []
     out, key = [], f"dist.{cls.options_key or cls.name}"
     peers = cls.routing == "peers"
     uneven = not peers and len(set(rates)) > 1
-    pace = min(rates) if peers else min(max(rates), master_rate)
-    if _override(overrides, f"{key}.rate") is None:
-        out.append(f"{key}.rate={format_rate(int(pace * MULTICAST_SHARE))}")
-    if uneven and receivers and _override(overrides, f"{key}.receiver_rates") is None:
+    stream = multicast_pace(overrides, rates, master_rate)
+    if stream is not None:
+        out.append(f"{key}.rate={format_rate(stream)}")
+    if uneven and _override(overrides, f"{key}.receiver_rates") is None:
         each = ",".join(format_rate(int(r * MULTICAST_SHARE)) for r in rates)
         out.append(f"{key}.receiver_rates=[{each}]")
     if peers and _override(overrides, f"{key}.master_rate") is None:
-        master = int(min(master_rate, pace) * MULTICAST_SHARE)
+        master = int(min(master_rate, *rates) * MULTICAST_SHARE)  # the slowest sender's
         out.append(f"{key}.master_rate={format_rate(master)}")
     return out
 
