@@ -19,9 +19,9 @@ senders instead, three pieces for two symbols (section 2b, :mod:`.peer_alignment
 ``3 <= m <= K - 2`` a group keeps what it codes at a gain of ``m - 1`` or more and deals the
 rest to cliques of ``m`` workers across groups where that costs fewer symbols (section 2c,
 :mod:`.peer_cliques`); at ``m = K - 2``, where those are every single-sender code, the best
-split between the two is an integer program where the greedy ones are above the converse
-(section 2e). At every corner, symbols whose receivers each know another one whole
-go as a path of sums from a worker that stores them all, one symbol fewer a path (section
+split between the two is an integer program where the greedy ones, paths and all, are above
+the converse (section 2e). At every corner, symbols whose receivers each know another one
+whole go as a path of sums from a worker that stores them all, one symbol fewer a path (section
 2d, :mod:`.peer_paths`).
 
 Update (section 3): the new owner keeps the point whole; a piece whose holders missed it is
@@ -455,13 +455,11 @@ def _unpathed(moves_bytes: bytes, k: int, m: int) -> Unpathed:
     triples = alignment.match_triples(lone) if aligned(k, m) else None
     if triples is not None:
         plain += triples.symbols  # r = 2: the triples' halves
-    if not cliqued(k, m):
+    target = float(decentralized_converse(k, int(moves.sum()), m)) * corner_splits(k, m)
+    if not cliqued(k, m) or (m == k - 2 and plain <= target + 1e-9):  # section 2e: only above
         return Unpathed(GroupCosts(plain), plain_needs, [], triples)
     rules = KEEP_RULES if m == k - 2 else KEEP_RULES[:1]
     tries = [kept_and_dealt(groups, m, r, rule) for rule in rules]
-    target = float(decentralized_converse(k, int(moves.sum()), m)) * corner_splits(k, m)
-    if m == k - 2 and min(plain, *(t[0] for t in tries)) > target + 1e-9:
-        tries += [x for x in [best_split_dealt(groups, m, r)] if x is not None]
     symbols, kept_needs, buckets, deal = min(tries, key=lambda x: x[0])
     return Unpathed(GroupCosts(plain, symbols, buckets, deal), plain_needs, kept_needs, triples)
 
@@ -544,7 +542,7 @@ def owner_shares(
     return out
 
 
-SPLIT_TILTS = 64  # other splits of the fewest symbols tried for their paths (section 2e) ...
+SPLIT_TILTS = 64  # the program's splits tried after its first, for their paths (section 2e) ...
 TILTED_PAIRS = 4096  # ... fewer where the program is larger: at most this many pairs in all
 
 
@@ -563,7 +561,7 @@ def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
         return best
     groups = [(members, sub, sub.sum(axis=0)) for members, sub in group_moves(moves, m)]
     pairs = m * sum(int(np.count_nonzero(needs)) for _, _, needs in groups)
-    for tilt in range(1, min(SPLIT_TILTS, TILTED_PAIRS // max(pairs, 1)) + 1):
+    for tilt in range(min(SPLIT_TILTS, TILTED_PAIRS // max(pairs, 1)) + 1):
         other = tilted_split(groups, found, k, m, tilt)
         if other is not None and other.symbols < best.symbols:
             best = other
@@ -575,9 +573,9 @@ def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
 def tilted_split(
     groups: GroupNeeds, found: Unpathed, k: int, m: int, tilt: int
 ) -> GroupCosts | None:
-    """Section 2e's program tie-broken by ``tilt``, with its paths (section 2d): another split
-    of the fewest symbols before paths, which may save more by them (None where the program is
-    not asked or the split is not below the groups alone)."""
+    """Section 2e's program (``tilt`` from 1: tie-broken by it), with its paths (section 2d):
+    a split of the fewest symbols before paths, another for each ``tilt``, which may save more
+    by them (None where the program is not asked or the split is not below the groups alone)."""
     split = best_split_dealt(groups, m, sub_pieces(k, m), tilt)
     if split is None:
         return None
