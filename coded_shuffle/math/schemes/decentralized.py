@@ -433,6 +433,8 @@ class Unpathed:
     plain_needs: list[tuple[tuple[int, ...], np.ndarray]]
     kept_needs: list[tuple[tuple[int, ...], np.ndarray]]
     triples: alignment.Triples | None
+    groups: GroupNeeds  # each group's members, the moves among them and their needs
+    target: float  # the converse in sub-pieces (section 2e asks for more only above it)
 
 
 @lru_cache(maxsize=16)
@@ -457,11 +459,12 @@ def _unpathed(moves_bytes: bytes, k: int, m: int) -> Unpathed:
         plain += triples.symbols  # r = 2: the triples' halves
     target = float(decentralized_converse(k, int(moves.sum()), m)) * corner_splits(k, m)
     if not cliqued(k, m) or (m == k - 2 and plain <= target + 1e-9):  # section 2e: only above
-        return Unpathed(GroupCosts(plain), plain_needs, [], triples)
+        return Unpathed(GroupCosts(plain), plain_needs, [], triples, groups, target)
     rules = KEEP_RULES if m == k - 2 else KEEP_RULES[:1]
     tries = [kept_and_dealt(groups, m, r, rule) for rule in rules]
     symbols, kept_needs, buckets, deal = min(tries, key=lambda x: x[0])
-    return Unpathed(GroupCosts(plain, symbols, buckets, deal), plain_needs, kept_needs, triples)
+    costs = GroupCosts(plain, symbols, buckets, deal)
+    return Unpathed(costs, plain_needs, kept_needs, triples, groups, target)
 
 
 KEEP_RULES = ("gain", "cap")  # what a group keeps before its excess is dealt (cliques.kept)
@@ -553,30 +556,23 @@ def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
     if found.costs.cliques_pay and m == k - 2:  # the groups alone may save more by paths
         options.append(GroupCosts(found.costs.plain))
     best = min((with_path_counts(costs, found) for costs in options), key=lambda c: c.symbols)
-    if m != k - 2 or not cliqued(k, m):
+    if m != k - 2 or not cliqued(k, m) or best.symbols <= found.target + 1e-9:
         return best
-    moves = np.frombuffer(moves_bytes, dtype=np.int64).reshape(k, k)
-    target = float(decentralized_converse(k, int(moves.sum()), m)) * corner_splits(k, m)
-    if best.symbols <= target + 1e-9:
-        return best
-    groups = [(members, sub, sub.sum(axis=0)) for members, sub in group_moves(moves, m)]
-    pairs = m * sum(int(np.count_nonzero(needs)) for _, _, needs in groups)
+    pairs = m * sum(int(np.count_nonzero(needs)) for _, _, needs in found.groups)
     for tilt in range(min(SPLIT_TILTS, TILTED_PAIRS // max(pairs, 1)) + 1):
-        other = tilted_split(groups, found, k, m, tilt)
+        other = tilted_split(found, k, m, tilt)
         if other is not None and other.symbols < best.symbols:
             best = other
-        if best.symbols <= target + 1e-9:
+        if best.symbols <= found.target + 1e-9:
             break
     return best
 
 
-def tilted_split(
-    groups: GroupNeeds, found: Unpathed, k: int, m: int, tilt: int
-) -> GroupCosts | None:
+def tilted_split(found: Unpathed, k: int, m: int, tilt: int) -> GroupCosts | None:
     """Section 2e's program (``tilt`` from 1: tie-broken by it), with its paths (section 2d):
     a split of the fewest symbols before paths, another for each ``tilt``, which may save more
     by them (None where the program is not asked or the split is not below the groups alone)."""
-    split = best_split_dealt(groups, m, sub_pieces(k, m), tilt)
+    split = best_split_dealt(found.groups, m, sub_pieces(k, m), tilt)
     if split is None:
         return None
     symbols, kept_needs, buckets, deal = split

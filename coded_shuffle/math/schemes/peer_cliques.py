@@ -259,12 +259,13 @@ def deal(buckets: list[Bucket], m: int) -> Deal:
                 mine = need[(v, bucket.receiver)] = need.get((v, bucket.receiver), 0) + x
                 top[v] = max(top.get(v, 0), mine)
                 shares[b][v] = shares[b].get(v, 0) + x
-    found = [list(s.items()) for s in shares]
-    return Deal(found, deal_symbols(buckets, Deal(found, 0), m))
+    total = sum(max(-(-units[v] // width), top[v]) for v in units)
+    return Deal([list(s.items()) for s in shares], total)
 
 
 def deal_symbols(buckets: tuple[Bucket, ...] | list[Bucket], dealt: Deal, m: int) -> int:
-    """The symbols of every set ``V`` of a deal: ``max(ceil(sum / (m - 1)), max need)``."""
+    """The symbols of every set ``V`` of a deal made elsewhere (:func:`deal` counts its own as it
+    deals): ``max(ceil(sum / (m - 1)), max need)``."""
     units: dict[int, int] = {}
     need: dict[tuple[int, int], int] = {}
     for bucket, shares in zip(buckets, dealt.shares, strict=True):
