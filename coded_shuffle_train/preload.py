@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import importlib
 
+import scipy.optimize  # noqa: F401  (every rank's plan may solve a program: 0.3 s of CPU a rank)
 import torch._inductor.config  # noqa: F401  (imported by torch.distributed on first use)
 
 from coded_shuffle.codec import kernel
