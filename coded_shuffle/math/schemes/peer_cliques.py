@@ -20,6 +20,8 @@ share to the set where it adds the fewest symbols, the set that drops the piece'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -141,19 +143,24 @@ class Split:
 MAX_SPLIT_SHARES = 3000  # the most (demand, set) pairs :func:`best_split` is asked to solve
 
 
-def best_split(demands: list[tuple[int, int, int]], m: int, tilt: int = 0) -> Split | None:
-    """Sections 2 and 2c at once, the fewest symbols: an integer program (scipy's HiGHS) over
-    what every group keeps and where the rest goes. Variables, in sub-pieces: ``k[J, u]``
-    kept by group ``J`` for member ``u``, ``x[J, u, V]`` dealt to each set ``V = J - u - y
-    + u``, ``S[J]`` and ``c[V]`` the symbols of each group and set. Minimise ``sum S + sum
-    c`` subject to ``k + sum_V x = d`` (every demand met), ``m S[J] >= sum_u k``, ``S[J] >=
-    k[J, u]`` (eq. (1) of the group), ``(m - 1) c[V] >= sum x[., ., V]`` and ``c[V] >= sum_J
-    x[J, w, V]`` for each receiver ``w`` (eq. (1) of the set). None where it has more than
-    ``MAX_SPLIT_SHARES`` pairs. ``tilt`` (from 1): every variable's cost raised by a share of
-    a symbol drawn from ``tilt`` (all of them together less than half a symbol), which picks
-    another of the splits with the fewest symbols, if there is one: paths (section 2d) may
-    save more across its symbols."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+@dataclass(frozen=True)
+class SplitProgram:
+    """:func:`best_split`'s integer program for one set of demands, built once: its
+    constraint rows (sparse), their bounds, each variable's upper bound, and the ``(demand,
+    set)`` pairs of its ``x`` columns (columns: ``k``, ``x``, ``S``, ``c``)."""
+
+    matrix: Any
+    low: np.ndarray
+    high: np.ndarray
+    upper: np.ndarray
+    pairs: tuple[tuple[int, int], ...]
+    symbols_from: int  # the first column of ``S`` and ``c``
+
+
+@lru_cache(maxsize=8)
+def split_program(demands: tuple[tuple[int, int, int], ...], m: int) -> SplitProgram | None:
+    """:func:`best_split`'s program for ``demands`` (None past ``MAX_SPLIT_SHARES`` pairs):
+    built once, solved once per tilt (only the costs change)."""
     from scipy.sparse import coo_matrix
 
     options = [
@@ -193,22 +200,47 @@ def best_split(demands: list[tuple[int, int, int]], m: int, tilt: int = 0) -> Sp
     r_idx = [r for r, row in enumerate(rows) for _ in row]
     c_idx = [c for row in rows for c in row]
     values = [x for row in rows for x in row.values()]
-    matrix = coo_matrix((values, (r_idx, c_idx)), shape=(len(rows), size))
-    cost = np.zeros(size)
-    cost[nd + nx :] = 1.0
-    if tilt:
-        cost += np.random.default_rng(tilt).random(size) / (2 * size)
+    matrix = coo_matrix((values, (r_idx, c_idx)), shape=(len(rows), size)).tocsr()
     upper = np.full(size, np.inf)
     upper[:nd] = [units for _, _, units in demands]
+    return SplitProgram(matrix, np.array(low), np.array(high), upper, tuple(pairs), nd + nx)
+
+
+def best_split(demands: list[tuple[int, int, int]], m: int, tilt: int = 0) -> Split | None:
+    """Sections 2 and 2c at once, the fewest symbols: an integer program (scipy's HiGHS) over
+    what every group keeps and where the rest goes. Variables, in sub-pieces: ``k[J, u]``
+    kept by group ``J`` for member ``u``, ``x[J, u, V]`` dealt to each set ``V = J - u - y
+    + u``, ``S[J]`` and ``c[V]`` the symbols of each group and set. Minimise ``sum S + sum
+    c`` subject to ``k + sum_V x = d`` (every demand met), ``m S[J] >= sum_u k``, ``S[J] >=
+    k[J, u]`` (eq. (1) of the group), ``(m - 1) c[V] >= sum x[., ., V]`` and ``c[V] >= sum_J
+    x[J, w, V]`` for each receiver ``w`` (eq. (1) of the set). None where it has more than
+    ``MAX_SPLIT_SHARES`` pairs, or where HiGHS returns no split (the program is always
+    feasible: everything kept). ``tilt`` (from 1): every variable's cost raised by a share of
+    a symbol drawn from ``tilt`` (all of them together less than half a symbol), which picks
+    another of the splits with the fewest symbols, if there is one: paths (section 2d) may
+    save more across its symbols."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    program = split_program(tuple(demands), m)
+    if program is None:
+        return None
+    size = program.upper.size
+    cost = np.zeros(size)
+    cost[program.symbols_from :] = 1.0
+    if tilt:
+        cost += np.random.default_rng(tilt).random(size) / (2 * size)
     found = milp(
         cost,
-        constraints=LinearConstraint(matrix, low, high),
+        constraints=LinearConstraint(program.matrix, program.low, program.high),
         integrality=np.ones(size),
-        bounds=Bounds(0, upper),
+        bounds=Bounds(0, program.upper),
     )
+    if found.x is None:
+        return None
     x = np.rint(found.x).astype(np.int64)
+    nd = len(demands)
     shares: list[list[tuple[int, int]]] = [[] for _ in demands]
-    for i, (d, v) in enumerate(pairs):
+    for i, (d, v) in enumerate(program.pairs):
         if x[nd + i]:
             shares[d].append((v, int(x[nd + i])))
     return Split([int(k) for k in x[:nd]], shares)
