@@ -533,3 +533,28 @@ def test_streamed_encoding_delivers_the_same_bytes():
             assert mine["verified"] is True
             assert mine["broadcast_bytes"] == theirs["broadcast_bytes"]
             assert mine["network_bytes"] == theirs["network_bytes"]
+
+
+def test_a_report_is_typed_and_reads_as_the_mapping_of_its_keys():
+    """``cs.report`` (coded_shuffle/distributed/report.py): typed fields, read as a mapping
+    of the record's keys; a field that is None is left out, what handing out adds comes last,
+    and it equals a dict of the same keys, pickles (across ranks) and stays frozen."""
+    import dataclasses
+    import pickle
+
+    from coded_shuffle.distributed.report import Restored, WorkerReport
+    from coded_shuffle.distributed.transports import HostBytes
+
+    restored = Restored(resumed_after_epoch=2, replaced_workers=[1], replacement_bytes=10)
+    assert restored == {"resumed_after_epoch": 2, "replaced_workers": [1], "replacement_bytes": 10}
+    assert "rebatch_bytes" not in restored and restored.rebatch_bytes is None
+    counts = HostBytes(egress=5, ingress=7)
+    worker = WorkerReport.of("ab", 0.25, 100, 0.5, 0.75, counts)
+    handed = dataclasses.replace(worker, wait_seconds=0.125, prefetched=True)
+    assert list(handed)[:2] == ["batch_sha256", "decode_seconds"]
+    assert list(handed)[-2:] == ["wait_seconds", "prefetched"] and "wait_seconds" not in worker
+    assert handed["egress"] == 5 and handed.ingress == 7 and {**handed}["prefetched"] is True
+    assert pickle.loads(pickle.dumps(handed)) == handed != worker
+    assert json.loads(json.dumps(dict(handed))) == dict(handed)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        handed.decode_seconds = 1.0  # type: ignore[misc]

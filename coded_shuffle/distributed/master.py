@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,11 +16,11 @@ from coded_shuffle.costs.wire import framed_bytes
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery
 from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
+from coded_shuffle.distributed.report import DeliveryReport, HostTraffic
 from coded_shuffle.distributed.reports import (
     REPORT,
     HostCpu,
     gather_reports,
-    host_metrics,
     peers_seconds,
     verify_digests,
 )
@@ -73,8 +72,8 @@ class MasterSide:
     def scheme(self) -> Scheme:
         return self.ctx.scheme
 
-    def epoch(self, epoch: int) -> dict[str, Any]:
-        """Delivers ``epoch`` and returns its metrics; then prepares the next one (if known)."""
+    def epoch(self, epoch: int) -> DeliveryReport:
+        """Delivers ``epoch`` and returns its report; then prepares the next one (if known)."""
         if epoch == self.ctx.chain.first_epoch:
             row = self.placement(epoch)
             self.assignment = self.ctx.chain.first
@@ -102,7 +101,7 @@ class MasterSide:
         ]
         link.carrier(KIND_SYMBOLS).buffers.prime(shapes)
 
-    def placement(self, epoch: int) -> dict[str, Any]:
+    def placement(self, epoch: int) -> DeliveryReport:
         """The first epoch: every point sent uncoded; each worker gets (or keeps) what it
         stores. After a change in the number of workers, only what each worker does not hold
         yet: the stream is those points; the record's ``reused_points`` says what was held,
@@ -136,7 +135,7 @@ class MasterSide:
         reports, cpu = self.reports(), cpu.stop()
         verified = verify_digests(epoch, [bytes(r) for r in reports["digest"]], expected)
         fresh = framed_bytes(n, b, chunk)
-        row = self.epoch_metrics(
+        return self.epoch_metrics(
             epoch=epoch,
             phase="placement",
             reports=reports,
@@ -150,11 +149,9 @@ class MasterSide:
             stored=self.scheme.stored_points_max(ctx.chain.initial),
             breakdown={"placement": float(n)},
             cpu=cpu,
+            reused_points=None if held is None else reused,
+            placement_transport=ctx.link.carrier(KIND_PLACEMENT).name,
         )
-        if held is not None:
-            row["reused_points"] = reused
-        row["placement_transport"] = ctx.link.carrier(KIND_PLACEMENT).name
-        return row
 
     def prepare(self, tr: Transition, stream: bool = False) -> ReadyEpoch:
         """Everything an epoch's delivery needs before its first byte: the proved delivery,
@@ -185,7 +182,7 @@ class MasterSide:
         the workers train, and while the epoch's bytes move), not before the delivery."""
         return [self.records.digest(p) for p in batches]
 
-    def deliver(self, ready: ReadyEpoch) -> dict[str, Any]:
+    def deliver(self, ready: ReadyEpoch) -> DeliveryReport:
         """A coded epoch: send every part's symbols, compare the workers' batch digests."""
         tr, delivery, symbols, link = ready.tr, ready.delivery, ready.symbols, self.ctx.link
         sizes = delivery.symbol_bytes()
@@ -250,49 +247,52 @@ class MasterSide:
         stored: float,
         breakdown: dict[str, float],
         cpu: HostCpu,
-    ) -> dict[str, Any]:
-        """The epoch's delivery metrics (docs/training.md, "Outputs")."""
+        reused_points: int | None = None,
+        placement_transport: str | None = None,
+    ) -> DeliveryReport:
+        """The epoch's :class:`~.report.DeliveryReport` (docs/training.md, "Outputs")."""
         ctx = self.ctx
         counts, link_seconds = ctx.link.take_counts()
-        modelled = ctx.link.take_modelled()
         shared, payload = link_bytes
         b = ctx.record_bytes
-        return {
-            "epoch": epoch,
-            "phase": phase,
-            "scheme": self.scheme.name,
-            "workers": ctx.workers,
-            "storage": ctx.settings.storage,
-            "storage_used": ctx.storage_used,
-            "shuffle": ctx.chain.policy.name,
-            "fraction": ctx.chain.policy.fraction,
-            "points": ctx.shape.num_points,
-            "point_bytes": b,
-            "dropped_points": ctx.shape.dropped,
-            "broadcast_bytes": shared,
-            "payload_bytes": payload,
-            "header_bytes": shared - payload,
-            "messages": (shared - payload) // HEADER_BYTES,
-            "uncoded_bytes": int(uncoded_bytes),
-            "lower_bound_points": bound[0],
-            "lower_bound_exact": bound[1],
-            "lower_bound_bytes": round(bound[0] * b),
-            "load_points": float(load_points),
-            "uncoded_points": float(uncoded_points),
-            "saved_percent": 100.0 * (1 - shared / uncoded_bytes) if uncoded_bytes else 0.0,
-            **host_metrics(ctx.link.transport.name, counts, reports, cpu),
-            **({} if modelled is None else {"network_bytes_model": modelled}),
-            "transport_settings": ctx.link.transport.settings(),
-            "link_seconds": link_seconds,
-            "delivery_seconds": seconds["delivery"],
-            "plan_seconds": seconds["plan"],
-            "encode_seconds": seconds["encode"],
-            "decode_seconds": float(reports["decode_seconds"].max()),
-            "verified": verified,
-            "stored_points_max": float(stored),
-            "worker_stored_bytes_max": int(reports["stored_bytes"].max()),
-            "breakdown": breakdown,
-        }
+        return DeliveryReport(
+            epoch=epoch,
+            phase=phase,
+            scheme=self.scheme.name,
+            workers=ctx.workers,
+            storage=ctx.settings.storage,
+            storage_used=ctx.storage_used,
+            shuffle=ctx.chain.policy.name,
+            fraction=ctx.chain.policy.fraction,
+            points=ctx.shape.num_points,
+            point_bytes=b,
+            dropped_points=ctx.shape.dropped,
+            broadcast_bytes=shared,
+            payload_bytes=payload,
+            header_bytes=shared - payload,
+            messages=(shared - payload) // HEADER_BYTES,
+            uncoded_bytes=int(uncoded_bytes),
+            lower_bound_points=bound[0],
+            lower_bound_exact=bound[1],
+            lower_bound_bytes=round(bound[0] * b),
+            load_points=float(load_points),
+            uncoded_points=float(uncoded_points),
+            saved_percent=100.0 * (1 - shared / uncoded_bytes) if uncoded_bytes else 0.0,
+            hosts=HostTraffic.of(ctx.link.transport.name, counts, reports, cpu),
+            network_bytes_model=ctx.link.take_modelled(),
+            transport_settings=ctx.link.transport.settings(),
+            link_seconds=link_seconds,
+            delivery_seconds=seconds["delivery"],
+            plan_seconds=seconds["plan"],
+            encode_seconds=seconds["encode"],
+            decode_seconds=float(reports["decode_seconds"].max()),
+            verified=verified,
+            stored_points_max=float(stored),
+            worker_stored_bytes_max=int(reports["stored_bytes"].max()),
+            breakdown=breakdown,
+            reused_points=reused_points,
+            placement_transport=placement_transport,
+        )
 
     # -- resuming ------------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -133,34 +132,6 @@ def verify_digests(epoch: int, reported: Sequence[bytes], expected: Sequence[byt
                 f"the master's is {theirs.hex()[:16]}"
             )
     return True
-
-
-def host_metrics(name: str, master: HostBytes, reports: np.ndarray, cpu: HostCpu) -> dict[str, Any]:
-    """Per-host byte counts and CPU seconds of one epoch (rank 0 first) and their summaries."""
-    egress = [master.egress, *(int(v) for v in reports["egress"])]
-    ingress = [master.ingress, *(int(v) for v in reports["ingress"])]
-    user = [cpu.user, *(float(v) for v in reports["cpu_user_seconds"])]
-    system = [cpu.system, *(float(v) for v in reports["cpu_system_seconds"])]
-    busy = [u + s for u, s in zip(user, system, strict=True)]
-    anon = [anon_bytes(), *(int(v) for v in reports["anon_bytes"])]
-    return {
-        "transport": name,
-        "master_egress_bytes": egress[0],
-        "host_egress_bytes_max": max(egress),
-        "host_ingress_bytes_max": max(ingress),
-        "network_bytes": sum(egress),
-        "repair_bytes": master.repairs + int(reports["repairs"].sum()),
-        "control_bytes": master.control + int(reports["control"].sum()),
-        "parity_bytes": master.parity + int(reports["parity"].sum()),
-        "foreign_datagrams": master.foreign + int(reports["foreign"].sum()),
-        "refused_connections": master.refused + int(reports["refused"].sum()),
-        "host_egress_bytes": egress,
-        "host_ingress_bytes": ingress,
-        "host_cpu_seconds": busy,
-        "host_cpu_system_seconds": system,
-        "cpu_seconds_per_gb_max": cpu_per_gb(busy, egress, ingress),
-        "host_anon_bytes": anon,
-    }
 
 
 def cpu_per_gb(busy: Sequence[float], egress: Sequence[int], ingress: Sequence[int]) -> float:

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ from coded_shuffle.distributed.liveness import (
 from coded_shuffle.distributed.master import MasterSide
 from coded_shuffle.distributed.persistence import StorePersistence, rank_folder
 from coded_shuffle.distributed.prefetch import Ahead
+from coded_shuffle.distributed.report import Report, Restored
 from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.distributed.transports import Link, Peer, build_transport
@@ -89,7 +90,7 @@ class Delivered:
     """One epoch's delivery, as this rank's side made it (on the thread that made it)."""
 
     epoch: int
-    report: dict[str, Any]
+    report: Report
     assignment: np.ndarray
     rows: torch.Tensor | None  # a worker's new batch (records); None on the master
 
@@ -116,9 +117,11 @@ class CodedShuffle:
     shape : what every rank agreed on: record layout, points, dropped points, workers.
     roles : which rank is the master (:class:`~coded_shuffle.distributed.roles.Roles`).
     is_master, worker : whether this rank is the master; else its worker index (0-based).
-    report : the last epoch's delivery metrics (the ``metrics.jsonl`` keys of a delivery; on
-        a worker: its own digest, decode time, stored bytes and host bytes), with
-        ``wait_seconds``: how long this rank waited for it when it asked.
+    report : the last epoch's :mod:`~coded_shuffle.distributed.report`, a mapping of its keys:
+        on the master a ``DeliveryReport`` (the ``metrics.jsonl`` keys of a delivery), on a
+        worker a ``WorkerReport`` (its own digest, decode time, stored bytes and host bytes),
+        with ``wait_seconds``: how long this rank waited for it when it asked; after a
+        restart, a ``Restored`` (what it sent again).
     indices : (worker) the data set indices of the last batch, in order.
     assignment : every point's worker (0-based) in the last delivered or resumed epoch.
     workers_group : the workers' process group (gradient all-reduce, DDP: :meth:`ddp`).
@@ -245,7 +248,7 @@ class CodedShuffle:
             transitions,
             self.storage_used,
         )
-        self.report: dict[str, Any] = {}
+        self.report: Report = Report()
         self.indices = np.zeros(0, dtype=np.int64)
         self.assignment = chain.first  # the last delivered (or resumed) epoch's
         self._next = s.first_epoch
@@ -341,11 +344,12 @@ class CodedShuffle:
             return Delivered(epoch, report, self._master.assignment, None)
         assert self._worker is not None
         rows, assignment = self._worker.epoch(epoch)
-        return Delivered(epoch, dict(self._worker.report), assignment, rows)
+        assert self._worker.report is not None
+        return Delivered(epoch, self._worker.report, assignment, rows)
 
     def _hand_out(self, got: Delivered, waited: float, prefetched: bool) -> LocalBatch | None:
         """The delivered epoch becomes the current one: its report, assignment, batch."""
-        self.report = {**got.report, "wait_seconds": waited, "prefetched": prefetched}
+        self.report = replace(got.report, wait_seconds=waited, prefetched=prefetched)
         self.assignment = got.assignment
         self._epoch = got.epoch
         batch = None
@@ -504,7 +508,7 @@ class CodedShuffle:
         if epoch >= self.settings.first_epoch:
             self.restore(epoch)
 
-    def restore(self, completed: int) -> dict[str, Any]:
+    def restore(self, completed: int) -> Restored:
         """Resumes after epoch ``completed`` (call on every rank, before any :meth:`epoch`).
 
         Every worker reloads its store of that epoch from ``store_dir`` and checks its digest;
@@ -516,7 +520,7 @@ class CodedShuffle:
         self.report, _ = self._restore(completed, "restore")
         return self.report
 
-    def _restore(self, completed: int, name: str) -> tuple[dict[str, Any], CacheState]:
+    def _restore(self, completed: int, name: str) -> tuple[Restored, CacheState]:
         """:meth:`restore`'s work; also the state after ``completed``."""
         first = self.settings.first_epoch
         if self._next != first or self._ahead is not None:
@@ -535,11 +539,11 @@ class CodedShuffle:
             side.replace(completed, needs, np.unique(np.concatenate(list(needs.values()))))
         counts, _ = self.link.take_counts()
         self._next = completed + 1
-        report = {
-            "resumed_after_epoch": completed,
-            "replaced_workers": broken,
-            "replacement_bytes": counts.egress if self.is_master else 0,
-        }
+        report = Restored(
+            resumed_after_epoch=completed,
+            replaced_workers=broken,
+            replacement_bytes=counts.egress if self.is_master else 0,
+        )
         return report, state
 
     def _every_worker_lacking(self, lacking: bool) -> list[int]:
@@ -564,8 +568,7 @@ class CodedShuffle:
         """
         if not self.settings.keep_batch:
             raise UsageError(f"resume_inside({epoch}) needs keep_batch=True (and a store_dir)")
-        report, state = self._restore(epoch, "resume_inside")
-        report["resumed_inside_epoch"] = report.pop("resumed_after_epoch")
+        restored, state = self._restore(epoch, "resume_inside")
         rows = self._worker.kept_batch(epoch) if self._worker is not None else None
         missing = self._every_worker_lacking(rows is None)
         mine = batches(state.assignment, self.workers)
@@ -578,11 +581,13 @@ class CodedShuffle:
                 got = self._worker.receive_again(epoch, needs, union, store=False)
                 rows = got if self.worker in needs else rows
         counts, _ = self.link.take_counts()
-        report = {
-            **report,
-            "rebatched_workers": missing,
-            "rebatch_bytes": counts.egress if self.is_master else 0,
-        }
+        report = replace(
+            restored,
+            resumed_after_epoch=None,
+            resumed_inside_epoch=epoch,
+            rebatched_workers=missing,
+            rebatch_bytes=counts.egress if self.is_master else 0,
+        )
         got = Delivered(epoch, report, state.assignment, rows)
         batch = self._hand_out(got, 0.0, False)
         self.report = report

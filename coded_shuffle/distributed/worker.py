@@ -30,7 +30,8 @@ from coded_shuffle.distributed.epochs import (
     symbol_routes,
 )
 from coded_shuffle.distributed.persistence import StorePersistence
-from coded_shuffle.distributed.reports import COUNTS, HostCpu, gather_reports, worker_report
+from coded_shuffle.distributed.report import WorkerReport
+from coded_shuffle.distributed.reports import HostCpu, gather_reports, worker_report
 from coded_shuffle.distributed.resize import (
     EMPTY,
     exchange_held,
@@ -56,7 +57,7 @@ class WorkerSide:
         self.upcoming: Transition | None = next(ctx.transitions, None)
         self.delivery: Delivery | None = None
         self.store: WorkerStore | None = None
-        self.report: dict[str, Any] = {}
+        self.report: WorkerReport | None = None  # the last delivery's
         # the next epoch's routes and the rows this worker sends, per part, made ready while
         # it trains (peers routing), with the store they were cut from
         self.sends: tuple[WorkerStore, list[tuple[Routes, Any, Any]]] | None = None
@@ -339,14 +340,15 @@ class WorkerSide:
         counts, link_seconds = self.ctx.link.take_counts()
         mine = worker_report(batch_digest, decode_seconds, stored_bytes, counts, cpu)
         gather_reports(mine, self.ctx.peer)
-        self.report = {
-            "batch_sha256": bytes(mine["digest"][0]).hex(),
-            "decode_seconds": decode_seconds,
-            "stored_bytes": stored_bytes,
-            "link_seconds": link_seconds,
-            "cpu_seconds": float(mine["cpu_user_seconds"][0] + mine["cpu_system_seconds"][0]),
-            **dict(zip(COUNTS, counts.as_list(), strict=True)),
-        }
+        cpu_seconds = float(mine["cpu_user_seconds"][0] + mine["cpu_system_seconds"][0])
+        self.report = WorkerReport.of(
+            bytes(mine["digest"][0]).hex(),
+            decode_seconds,
+            stored_bytes,
+            link_seconds,
+            cpu_seconds,
+            counts,
+        )
 
     # -- the store on disk, and resuming -------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ log = logging.getLogger("train")
 DIGEST_BYTES = 32
 
 
-def restored(start: AfterEpoch | Resized, report: dict[str, Any], workers: int) -> str:
+def restored(start: AfterEpoch | Resized, report: Mapping[str, Any], workers: int) -> str:
     """What a restart after an epoch kept and sent again (the console line's tail)."""
     if isinstance(start, Resized):
         return (
@@ -81,10 +82,10 @@ class Resumed:
     record of the delivery made before the restart, which is not made again."""
 
     start: RunStart
-    report: dict[str, Any]  # the coded shuffle's report of the restore
-    delivery: dict[str, Any] | None = None
+    report: Mapping[str, Any]  # the coded shuffle's report of the restore (Restored)
+    delivery: Mapping[str, Any] | None = None
 
-    def record(self, delivery: dict[str, Any]) -> dict[str, Any]:
+    def record(self, delivery: Mapping[str, Any]) -> dict[str, Any]:
         """The record's keys that say what the restart cost (``delivery``: this epoch's)."""
         extra = {**self.report, **self.start.record()}  # the attempt: every row's own
         if isinstance(self.start, Resized):  # the placement for the new number of workers
@@ -208,7 +209,7 @@ class Master(Rank):
             self.cs.epoch(epoch)  # then prepares the next while the workers train
             delivery = self.cs.report
             if self.step_every:  # the delivery's record, for a restart inside the epoch
-                checkpoint.save_delivery(self.ctx.run_dir, self.cfg, epoch, delivery)
+                checkpoint.save_delivery(self.ctx.run_dir, self.cfg, epoch, dict(delivery))
         mark(f"epoch {epoch} delivered")
         row = {**delivery, "attempt": attempt()}
         row.update(self.mixing.add(self.cs.assignment))
@@ -238,7 +239,7 @@ class Master(Rank):
         if isinstance(start, InsideEpoch):
             return self.resume_inside(saved, start)
         assert saved is not None
-        report = {}
+        report: Mapping[str, Any] = {}
         if isinstance(start, AfterEpoch):
             self.cs.load_state_dict(saved.shuffle)  # its stores, after saved.epoch
             report = self.cs.report

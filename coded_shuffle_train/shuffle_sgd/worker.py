@@ -50,7 +50,7 @@ class Worker(Rank):
                 self.begin(epoch)
                 state = inside if epoch == self.start.done + 1 else None
                 batch = self.cs.epoch(epoch) if state is None else state.batch
-                waited = self.cs.report.get("wait_seconds", 0.0) if state is None else 0.0
+                waited = (self.cs.report.wait_seconds or 0.0) if state is None else 0.0
                 mark(f"epoch {epoch} delivered")
                 assert batch is not None
                 self.train(epoch, batch, state, waited)
