@@ -69,3 +69,46 @@ def test_one_home_for_the_watched_wait_the_restart_count_and_torchs_private_sett
     assert homes(r"timedelta\(days=") == ["coded_shuffle/distributed/liveness.py"]
     assert homes(r"TORCHELASTIC_RESTART_COUNT") == ["coded_shuffle/distributed/launcher_env.py"]
     assert homes(r"_set_pg_timeout") == ["coded_shuffle/distributed/liveness.py"]
+
+
+def test_an_epochs_record_is_its_parts_keys_in_order_the_workers_wait_in_the_deliverys_place():
+    """``EpochRecord`` (shuffle_sgd/record.py): the delivery's keys first (a saved report of an
+    epoch resumed inside is a plain dict), then the attempt, the mixing, the restart's and
+    the training's keys, the clocks; the slowest worker's ``wait_seconds`` replaces the
+    master's in its place, and ``prefetched`` stays the delivery's."""
+    from coded_shuffle_train.shuffle_sgd.record import EpochRecord, Trained
+
+    delivery = {"epoch": 3, "broadcast_bytes": 10, "wait_seconds": 0.5, "prefetched": True}
+    trained = Trained(
+        train_seconds=2.0,
+        wait_seconds=0.25,
+        test_loss=1.0,
+        test_accuracy=0.5,
+        train_loss=1.5,
+        param_bytes=16,
+        allreduce_payload_bytes=32,
+    )
+    record = EpochRecord(
+        delivery=delivery,
+        attempt=1,
+        mixing={"coverage_min": 0.75},
+        restart={"resumed_at_step": 4},
+        trained=trained,
+        epoch_seconds=3.0,
+        elapsed_seconds=9.0,
+        time=1.0,
+    )
+    assert list(record)[:6] == [*delivery, "attempt", "coverage_min"]
+    assert record["wait_seconds"] == 0.25 and record["prefetched"] is True
+    assert list(record)[6:] == [
+        "resumed_at_step",
+        "train_seconds",
+        "test_loss",
+        "test_accuracy",
+        "train_loss",
+        "param_bytes",
+        "allreduce_payload_bytes",
+        "epoch_seconds",
+        "elapsed_seconds",
+        "time",
+    ]

@@ -7,7 +7,7 @@ one place and reads as the mapping of its keys (``report["broadcast_bytes"]``, `
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -19,11 +19,18 @@ from coded_shuffle.distributed.transports import HostBytes
 HANDED = ("wait_seconds", "prefetched")  # what handing an epoch out adds, the row's last keys
 
 
+def flat() -> Any:
+    """A field of a :class:`Report` that is a mapping whose keys stand in its place (as a
+    nested report's do), not under the field's name."""
+    return field(metadata={"flat": True})
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Report(Mapping[str, Any]):
     """A typed report read as the mapping of its keys: each field under its name, a nested
-    report's keys in its place, a field that is ``None`` left out, :data:`HANDED` last.
-    Equal to any mapping with the same keys and values (a ``dict`` included)."""
+    report's keys (or a :func:`flat` field's) in its place, a field that is ``None`` left
+    out, :data:`HANDED` last (a key already there keeps its place and takes the later
+    value). Equal to any mapping with the same keys and values (a ``dict`` included)."""
 
     wait_seconds: float | None = None  # how long the loop waited for the epoch when it asked
     prefetched: bool | None = None  # whether its delivery ran behind the loop
@@ -32,13 +39,14 @@ class Report(Mapping[str, Any]):
     def row(self) -> dict[str, Any]:
         """The report's keys and values, in order (computed once: the report is frozen)."""
         out: dict[str, Any] = {}
-        names = [f.name for f in fields(self) if f.name not in HANDED] + list(HANDED)
-        for name in names:
-            value = getattr(self, name)
-            if isinstance(value, Report):
-                out.update(value.row)
+        ordered = [f for f in fields(self) if f.name not in HANDED]
+        ordered += [f for f in fields(self) if f.name in HANDED]
+        for f in ordered:
+            value = getattr(self, f.name)
+            if isinstance(value, Report) or f.metadata.get("flat"):
+                out.update(value)
             elif value is not None:
-                out[name] = value
+                out[f.name] = value
         return out
 
     def __getitem__(self, key: str) -> Any:
@@ -127,7 +135,7 @@ class DeliveryReport(Report):
     load_points: float
     uncoded_points: float
     saved_percent: float
-    hosts: HostTraffic
+    hosts: HostTraffic  # its keys in its place
     network_bytes_model: int | None = None  # where the transport models its network bytes
     transport_settings: dict[str, Any]
     link_seconds: float

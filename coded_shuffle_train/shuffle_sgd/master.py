@@ -26,6 +26,7 @@ from ..dist import mark
 from ..faults import corrupt_if_asked
 from ..metrics import MetricsWriter, human_bytes
 from .rank import Rank, recv
+from .record import EpochRecord, Trained
 from .start import (
     AfterEpoch,
     Complete,
@@ -211,11 +212,22 @@ class Master(Rank):
             if self.step_every:  # the delivery's record, for a restart inside the epoch
                 checkpoint.save_delivery(self.ctx.run_dir, self.cfg, epoch, dict(delivery))
         mark(f"epoch {epoch} delivered")
-        row = {**delivery, "attempt": attempt()}
-        row.update(self.mixing.add(self.cs.assignment))
-        if resumed is not None:
-            row.update(resumed.record(delivery))
-        row = self.finish_epoch(row, (began, *clock))
+        mixing = self.mixing.add(self.cs.assignment)
+        restart = resumed.record(delivery) if resumed is not None else {}
+        trained = self.finish_epoch(epoch)
+        now = time.perf_counter()
+        first, before = clock
+        record = EpochRecord(
+            delivery=delivery,
+            attempt=attempt(),
+            mixing=mixing,
+            restart=restart,
+            trained=trained,
+            epoch_seconds=now - began,  # delivery, training, evaluation: the wall clock
+            elapsed_seconds=before + now - first,
+            time=time.time(),
+        )
+        row = dict(record)
         if self.checkpointing:  # before the record: a recorded epoch is a resumable one
             state = checkpoint.Checkpoint(
                 shuffle=self.cs.state_dict(),
@@ -275,37 +287,31 @@ class Master(Rank):
         )
         return Resumed(start, report, self.delivered)
 
-    def finish_epoch(
-        self, row: dict[str, Any], clock: tuple[float, float, float]
-    ) -> dict[str, Any]:
-        """Waits for the workers' parameters, evaluates them, completes the epoch's record.
-
-        ``clock``: when this epoch and the first epoch of this attempt began (perf_counter),
-        and the seconds elapsed before this attempt (``elapsed_seconds`` of the last record).
-        """
+    def finish_epoch(self, epoch: int) -> Trained:
+        """Waits for the workers' parameters, evaluates them: what the training adds to the
+        epoch's record."""
         flat = self.host_params().clone()
         recv(flat, self.model_sender)
         totals = torch.zeros(4, dtype=torch.float64)  # loss sum, count; steps' s, wait s
         recv(totals, self.model_sender)
-        loss = totals[:2]
-        row["train_seconds"], row["wait_seconds"] = float(totals[2]), float(totals[3])
-        mark(f"epoch {row['epoch']} trained")
+        mark(f"epoch {epoch} trained")
         self.load_params(flat)
         self.model.eval()
-        row["test_loss"], row["test_accuracy"] = self.evaluate()
+        test_loss, test_accuracy = self.evaluate()
         if self.checkpointing:
             box: list[Any] = [None]
             dist.recv_object_list(box, src=self.model_sender)
             self.optimizer = box[0]
-        row["train_loss"] = float(loss[0] / loss[1])
-        row["param_bytes"] = flat.numel() * flat.element_size() + loss.numel() * 8
-        row["allreduce_payload_bytes"] = self.allreduce_bytes(flat.numel() * flat.element_size())
-        now = time.perf_counter()
-        began, first, before = clock
-        row["epoch_seconds"] = now - began  # delivery, training, evaluation: the wall clock
-        row["elapsed_seconds"] = before + now - first
-        row["time"] = time.time()  # when the record was written (Unix time)
-        return row
+        model_bytes = flat.numel() * flat.element_size()
+        return Trained(
+            train_seconds=float(totals[2]),
+            wait_seconds=float(totals[3]),
+            test_loss=test_loss,
+            test_accuracy=test_accuracy,
+            train_loss=float(totals[0] / totals[1]),
+            param_bytes=model_bytes + 2 * 8,  # the parameters, the loss's sum and count
+            allreduce_payload_bytes=self.allreduce_bytes(model_bytes),
+        )
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
