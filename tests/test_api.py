@@ -536,13 +536,13 @@ def test_streamed_encoding_delivers_the_same_bytes():
 
 
 def test_a_report_is_typed_and_reads_as_the_mapping_of_its_keys():
-    """``cs.report`` (coded_shuffle/distributed/report.py): typed fields, read as a mapping
+    """``cs.report`` (coded_shuffle/distributed/delivery_report.py): typed fields, read as a mapping
     of the record's keys; a field that is None is left out, what handing out adds comes last,
     and it equals a dict of the same keys, pickles (across ranks) and stays frozen."""
     import dataclasses
     import pickle
 
-    from coded_shuffle.distributed.report import Restored, WorkerReport
+    from coded_shuffle.distributed.delivery_report import Restored, WorkerReport
     from coded_shuffle.distributed.transports import HostBytes
 
     restored = Restored(resumed_after_epoch=2, replaced_workers=[1], replacement_bytes=10)

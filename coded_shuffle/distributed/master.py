@@ -15,8 +15,8 @@ from coded_shuffle.codec.records import Records
 from coded_shuffle.costs.wire import framed_bytes
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery
+from coded_shuffle.distributed.delivery_report import DeliveryReport, HostTraffic
 from coded_shuffle.distributed.epochs import Transition, placement_points, symbol_routes
-from coded_shuffle.distributed.report import DeliveryReport, HostTraffic
 from coded_shuffle.distributed.reports import (
     REPORT,
     HostCpu,
@@ -250,7 +250,7 @@ class MasterSide:
         reused_points: int | None = None,
         placement_transport: str | None = None,
     ) -> DeliveryReport:
-        """The epoch's :class:`~.report.DeliveryReport` (docs/training.md, "Outputs")."""
+        """The epoch's :class:`~.delivery_report.DeliveryReport` (docs/training.md, "Outputs")."""
         ctx = self.ctx
         counts, link_seconds = ctx.link.take_counts()
         shared, payload = link_bytes

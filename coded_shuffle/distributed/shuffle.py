@@ -38,6 +38,7 @@ from coded_shuffle.codec.records import LocalBatch
 from coded_shuffle.distributed.context import DataShape, EpochContext
 from coded_shuffle.distributed.dataset import EpochDataset, EpochSampler
 from coded_shuffle.distributed.ddp import data_parallel, minibatch_order
+from coded_shuffle.distributed.delivery_report import Report, Restored
 from coded_shuffle.distributed.describe import describe, first_assignment
 from coded_shuffle.distributed.epochs import EpochChain, placement_points
 from coded_shuffle.distributed.launcher_env import attempt
@@ -52,7 +53,6 @@ from coded_shuffle.distributed.liveness import (
 from coded_shuffle.distributed.master import MasterSide
 from coded_shuffle.distributed.persistence import StorePersistence, rank_folder
 from coded_shuffle.distributed.prefetch import Ahead
-from coded_shuffle.distributed.report import Report, Restored
 from coded_shuffle.distributed.roles import Roles
 from coded_shuffle.distributed.settings import ShuffleSettings
 from coded_shuffle.distributed.transports import Link, Peer, build_transport
@@ -117,11 +117,11 @@ class CodedShuffle:
     shape : what every rank agreed on: record layout, points, dropped points, workers.
     roles : which rank is the master (:class:`~coded_shuffle.distributed.roles.Roles`).
     is_master, worker : whether this rank is the master; else its worker index (0-based).
-    report : the last epoch's :mod:`~coded_shuffle.distributed.report`, a mapping of its keys:
-        on the master a ``DeliveryReport`` (the ``metrics.jsonl`` keys of a delivery), on a
-        worker a ``WorkerReport`` (its own digest, decode time, stored bytes and host bytes),
-        with ``wait_seconds``: how long this rank waited for it when it asked; after a
-        restart, a ``Restored`` (what it sent again).
+    report : the last epoch's report (:mod:`~coded_shuffle.distributed.delivery_report`), a
+        mapping of its keys: on the master a ``DeliveryReport`` (the ``metrics.jsonl`` keys
+        of a delivery), on a worker a ``WorkerReport`` (its own digest, decode time, stored
+        bytes and host bytes), with ``wait_seconds``: how long this rank waited for it when
+        it asked; after a restart, a ``Restored`` (what it sent again).
     indices : (worker) the data set indices of the last batch, in order.
     assignment : every point's worker (0-based) in the last delivered or resumed epoch.
     workers_group : the workers' process group (gradient all-reduce, DDP: :meth:`ddp`).

@@ -22,6 +22,7 @@ from coded_shuffle.codec.digest import digest
 from coded_shuffle.codec.ops import gather_rows
 from coded_shuffle.distributed.context import EpochContext
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
+from coded_shuffle.distributed.delivery_report import WorkerReport
 from coded_shuffle.distributed.epochs import (
     Transition,
     outgoing_rows,
@@ -30,7 +31,6 @@ from coded_shuffle.distributed.epochs import (
     symbol_routes,
 )
 from coded_shuffle.distributed.persistence import StorePersistence
-from coded_shuffle.distributed.report import WorkerReport
 from coded_shuffle.distributed.reports import HostCpu, gather_reports, worker_report
 from coded_shuffle.distributed.resize import (
     EMPTY,

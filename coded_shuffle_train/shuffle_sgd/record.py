@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coded_shuffle.distributed.report import Report, flat
+from coded_shuffle.distributed.delivery_report import Report, flat
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
