@@ -50,7 +50,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +218,7 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     topology = "uplink" if args.medium == "switch" and master < rate else args.medium
     workers = worker_rates(args.host_rate, res.workers, rate)
     net = Network(topology, rate, master, args.mtu, ETHERNET_HEADER_BYTES, worker_rates=workers)
+    net = replace(net, pace_share=net.pace_share * background_share(args, res))
     if key not in _LOADS:
         points = args.points - args.points % res.workers
         cluster = Workload(
@@ -234,6 +235,20 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
 
 
 _LOADS: dict = {}
+
+
+def background_share(args: argparse.Namespace, res: Result) -> float:
+    """The share of its pace a paced stream (``multicast``, ``peer-multicast``) ran at in this
+    row's run: ``dist.multicast.background_share`` where its coded epochs were delivered behind
+    the training loop (the job's default, ``dist.prefetch``), else all of it; as ``coded-shuffle
+    predict --job`` prices a prefetching job. Other transports do not read it."""
+    from coded_shuffle.costs.model import BACKGROUND_SHARE
+
+    if not any(row.get("prefetched") for row in res.rows if row["phase"] != "placement"):
+        return 1.0
+    key = "dist.multicast.background_share="
+    given = [kv.removeprefix(key) for kv in args.set if kv.startswith(key)]
+    return float(given[-1]) if given else BACKGROUND_SHARE
 
 
 def table(results: list[Result], args: argparse.Namespace) -> list[str]:
