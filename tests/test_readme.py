@@ -393,6 +393,36 @@ def test_bench_transport_documents_its_options(workdir):
     run(bench.split(" --")[0] + " --help", workdir)
 
 
+def test_bench_transport_prices_a_prefetching_runs_multicast_at_its_background_pace():
+    """``--predict`` prices a paced stream as the run paced it: behind the training loop (a
+    coded epoch ``prefetched``) at ``dist.multicast.background_share`` (0.9, or as ``--set``
+    gives it) of its pace, else at all of it; the seconds follow (multicast at 400 Mbit/s)."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_transport", REPO / "scripts" / "bench_transport.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_transport"] = mod
+    spec.loader.exec_module(mod)
+
+    def result(prefetched: bool):
+        rows = [{"phase": "placement"}, {"phase": "coded", "prefetched": prefetched}]
+        return mod.Result(4, "cycles", "multicast", rows, {})
+
+    args = argparse.Namespace(
+        set=[], rate="400mbit", master_rate=None, medium="switch", mtu=1500, host_rate=[]
+    )
+    args.points, args.features = 20000, 500  # the bench's defaults: 2,004-byte points
+    assert mod.background_share(args, result(False)) == 1.0
+    assert mod.background_share(args, result(True)) == 0.9
+    paced = [mod.predicted_seconds(args, result(p)) for p in (False, True)]
+    assert 1.05 < paced[1] / paced[0] < 1.11  # the stream's seconds / 0.9, the fixed 20 ms not
+    args.set = ["dist.multicast.background_share=0.5"]
+    assert mod.background_share(args, result(True)) == 0.5
+
+
 def test_bench_time_to_accuracy_documents_its_options_and_tables_runs(workdir):
     """The time-to-accuracy benchmark (it needs root and builds a cluster for every
     run): here its options, and its table on records written here, without a cluster."""
