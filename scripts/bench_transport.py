@@ -50,7 +50,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -218,7 +218,7 @@ def predicted_seconds(args: argparse.Namespace, res: Result) -> float:
     topology = "uplink" if args.medium == "switch" and master < rate else args.medium
     workers = worker_rates(args.host_rate, res.workers, rate)
     net = Network(topology, rate, master, args.mtu, ETHERNET_HEADER_BYTES, worker_rates=workers)
-    net = replace(net, pace_share=net.pace_share * background_share(args, res))
+    net = net.behind_training(background_share(args, res))
     if key not in _LOADS:
         points = args.points - args.points % res.workers
         cluster = Workload(

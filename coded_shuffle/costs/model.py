@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -81,6 +81,12 @@ class Network:
     # bits/s of each worker's NIC where they differ (``--host-rate``; empty: every one
     # ``rate``); on a shared medium a worker's own NIC beside the medium's ``rate``
     worker_rates: tuple[float, ...] = ()
+
+    def behind_training(self, share: float = BACKGROUND_SHARE) -> Network:
+        """The network as a delivery behind the training loop sees it (prefetched): a paced
+        stream at ``share`` of its pace (``dist.multicast.background_share``), the rest of the
+        link the loop's own."""
+        return replace(self, pace_share=self.pace_share * share)
 
     def relay_order(self, workers: int) -> tuple[int, ...]:
         """The workers ``1..K`` in the order a chain relays through them (:func:`fastest_first`,

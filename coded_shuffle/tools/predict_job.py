@@ -256,7 +256,7 @@ def reshuffle(option: Option, job: JobRun, net: Network, loads: Loads) -> Part:
     behind the training where the job prefetches: a paced stream then at
     ``background_share`` of its pace)."""
     if job.prefetch:
-        net = replace(net, pace_share=net.pace_share * job.background_share)
+        net = net.behind_training(job.background_share)
     cost = transport_cost(option.transport)
     if option.shuffle == "none":  # no byte moves; the batches' digests are still taken
         return delivery(net.overhead_seconds, transport_cost("unicast"), job.training, job.compute)

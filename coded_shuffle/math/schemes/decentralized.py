@@ -520,8 +520,7 @@ def best_split_dealt(groups: GroupNeeds, m: int, r: int, tilt: int = 0) -> Dealt
         owned = [(members[o], int(t)) for o, t in enumerate(taken) if t]
         shares.update(owner_shares(group, receiver, owned, dealt))
     ordered = tuple(sorted(shares))
-    deal = cliques.Deal([shares[b] for b in ordered], 0)
-    deal = cliques.Deal(deal.shares, cliques.deal_symbols(ordered, deal, m))
+    deal = cliques.counted_deal(ordered, [shares[b] for b in ordered], m)
     return kept + deal.symbols, kept_needs, ordered, deal
 
 

@@ -291,23 +291,30 @@ def deal(buckets: list[Bucket], m: int) -> Deal:
                 mine = need[(v, bucket.receiver)] = need.get((v, bucket.receiver), 0) + x
                 top[v] = max(top.get(v, 0), mine)
                 shares[b][v] = shares[b].get(v, 0) + x
-    total = sum(max(-(-units[v] // width), top[v]) for v in units)
-    return Deal([list(s.items()) for s in shares], total)
+    return Deal([list(s.items()) for s in shares], sets_symbols(units, top, width))
 
 
-def deal_symbols(buckets: tuple[Bucket, ...] | list[Bucket], dealt: Deal, m: int) -> int:
-    """The symbols of every set ``V`` of a deal made elsewhere (:func:`deal` counts its own as it
-    deals): ``max(ceil(sum / (m - 1)), max need)``."""
+def sets_symbols(units: dict[int, int], top: dict[int, int], width: int) -> int:
+    """The symbols of every set ``V`` (eq. (1) of a set): ``max(ceil(units / width), top)``,
+    ``units[V]`` the sub-pieces dealt to it, ``top[V]`` the most of them for one receiver."""
+    return sum(max(-(-units[v] // width), top[v]) for v in units)
+
+
+def counted_deal(
+    buckets: tuple[Bucket, ...] | list[Bucket], shares: list[list[tuple[int, int]]], m: int
+) -> Deal:
+    """A deal made elsewhere (``shares[b]``: bucket ``b``'s ``(V, sub-pieces)``), its symbols
+    counted as :func:`deal` counts its own (:func:`sets_symbols`)."""
     units: dict[int, int] = {}
     need: dict[tuple[int, int], int] = {}
-    for bucket, shares in zip(buckets, dealt.shares, strict=True):
-        for v, count in shares:
+    for bucket, mine in zip(buckets, shares, strict=True):
+        for v, count in mine:
             units[v] = units.get(v, 0) + count
             need[(v, bucket.receiver)] = need.get((v, bucket.receiver), 0) + count
     top: dict[int, int] = {}
     for (v, _), n in need.items():
         top[v] = max(top.get(v, 0), n)
-    return sum(max(-(-units[v] // (m - 1)), top[v]) for v in units)
+    return Deal(shares, sets_symbols(units, top, m - 1))
 
 
 def clique_rows(
