@@ -260,6 +260,21 @@ def test_the_large_storage_corner_decodes_what_the_program_splits(data):
     peer_epochs_decode(k, k - 2, q, False, data.draw(st.integers(0, 2**31), label="seed"))
 
 
+def decoded_plan_of(moves: np.ndarray, m: int):
+    """The decentralized plan at corner ``m`` of a shuffle with matrix ``moves`` (batches of
+    ``moves``' row sums, in worker order), every worker's batch decoded from its own storage
+    and every symbol's terms held by its sender."""
+    k = moves.shape[0]
+    old = np.repeat(np.arange(k), moves.sum(axis=1))
+    new = np.concatenate([np.repeat(np.arange(k), row) for row in moves])
+    assert np.array_equal(shuffle_matrix(old, new, k), moves)
+    scheme = get_scheme("decentralized")
+    plan = scheme.plan(scheme.initial_state(old, k, m), new)
+    decode_plan(plan)
+    assert sender_holds(plan)
+    return plan
+
+
 def test_the_cap_rule_brings_an_uneven_shuffle_below_the_converse():
     """``K = 5, T = 3``, ten points, four groups with one member asking twice the others
     (section 2e's example): the groups alone send 62 sub-pieces of 1/36 point, above the
@@ -269,13 +284,7 @@ def test_the_cap_rule_brings_an_uneven_shuffle_below_the_converse():
     moves = np.array(
         [[0, 1, 0, 1, 0], [1, 0, 0, 0, 1], [0, 1, 0, 1, 0], [1, 0, 1, 0, 0], [0, 0, 1, 0, 1]]
     )
-    old = np.repeat(np.arange(k), 2)
-    new = np.concatenate([np.repeat(np.arange(k), row) for row in moves])
-    assert np.array_equal(shuffle_matrix(old, new, k), moves)
-    scheme = get_scheme("decentralized")
-    plan = scheme.plan(scheme.initial_state(old, k, m), new)
-    decode_plan(plan)
-    assert sender_holds(plan)
+    plan = decoded_plan_of(moves, m)
     assert groups_alone_load(moves, m) * 36 == pytest.approx(62)
     assert float(decentralized_converse(k, 10, m)) * 36 == pytest.approx(60)
     assert load_before_paths(moves, m) * 36 == pytest.approx(61)
@@ -287,16 +296,11 @@ def test_another_split_of_the_fewest_symbols_lets_paths_reach_the_converse():
     alone (62 sub-pieces of 1/36 point), the program's first split sends 61, paths saving
     none, above the converse's 60; a tilted one of the same count lets paths save two: 59,
     decoded."""
-    k, m = 5, 3
+    m = 3
     moves = np.array(
         [[0, 2, 0, 0, 0], [0, 0, 1, 1, 0], [1, 0, 1, 0, 0], [0, 0, 0, 0, 2], [1, 0, 0, 1, 0]]
     )
-    old = np.repeat(np.arange(k), 2)
-    new = np.concatenate([np.repeat(np.arange(k), row) for row in moves])
-    scheme = get_scheme("decentralized")
-    plan = scheme.plan(scheme.initial_state(old, k, m), new)
-    decode_plan(plan)
-    assert sender_holds(plan)
+    plan = decoded_plan_of(moves, m)
     assert load_before_paths(moves, m) * 36 == pytest.approx(62)
     assert plan.load_points * 36 == pytest.approx(59)
 
