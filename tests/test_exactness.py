@@ -81,10 +81,17 @@ def streamed(delivery: Delivery, data: torch.Tensor, rows: int) -> list[torch.Te
 
 
 def stream_decode(
-    delivery: Delivery, w: int, symbols: list[torch.Tensor], store: WorkerStore, rows: int
+    delivery: Delivery,
+    w: int,
+    symbols: list[torch.Tensor],
+    store: WorkerStore,
+    rows: int,
+    rng: np.random.Generator | None = None,
 ) -> tuple[torch.Tensor, bytes]:
     """The worker's batch from the streaming decoder, told of ``rows`` more kept symbols at a
-    time (the rows not yet arrived hold garbage), and its SHA-256 hashed along the way."""
+    time (the rows not yet arrived hold garbage; with ``rng``, the runs of rows arrive in a
+    random order, as messages behind a lost datagram do), and its SHA-256 hashed along the
+    way."""
     kept = []
     for part, sym in enumerate(symbols):
         ids = torch.from_numpy(delivery.programs[part][w].symbol_ids)
@@ -95,10 +102,11 @@ def stream_decode(
     for buf, got, dec in zip(buffers, kept, decoders, strict=True):
         dec.advance(0)
         check.update()
-        for a in range(0, got.shape[0], rows):
+        starts = np.arange(0, got.shape[0], rows)
+        for a in starts if rng is None else rng.permutation(starts):
             b = min(a + rows, got.shape[0])
             buf[a:b] = got[a:b]
-            dec.advance(b)
+            dec.arrived(int(a), b)
             check.update()
     works = [dec.finish() for dec in decoders]
     return delivery.batch(w, works), check.digest()
@@ -135,7 +143,8 @@ def test_every_chunk_boundary_decodes_exactly(monkeypatch, name, storage, rows_p
         parts = part_states(tr.next_state)[0]
         for w in range(k):
             where = f"{name} T={storage} epoch {tr.epoch} worker {w}"
-            first, hashed = stream_decode(delivery, w, symbols, stores[w], rows_per_chunk)
+            rng = np.random.default_rng(w) if (w + tr.epoch) % 2 else None  # out of order
+            first, hashed = stream_decode(delivery, w, symbols, stores[w], rows_per_chunk, rng)
             want_batch = records[tr.plans[0].new_batches[w]]
             assert np.array_equal(first.numpy(), want_batch), f"{where}: streaming decoder"
             # hashed as points became final: garbage in a row not yet decoded would show

@@ -194,16 +194,40 @@ def test_a_pruned_stream_may_skip_only_messages_without_kept_rows():
     assert torch.equal(torch.from_numpy(inbox.out), rows[[0, 5]])
     inbox, messages, _ = _inbox(np.array([0, 3]), skips=True)
     inbox.receive(0, messages[0])
+    inbox.receive(2, messages[2])
     with pytest.raises(VerificationError, match=r"message 1 .* did not arrive.* row 3"):
-        inbox.receive(2, messages[2])
+        inbox.complete()
     inbox, messages, _ = _inbox(np.array([0, 4]), skips=True)
     inbox.receive(0, messages[0])
     with pytest.raises(VerificationError, match=r"message 2 .* did not arrive.* row 4"):
         inbox.complete()
     inbox, messages, _ = _inbox(np.array([0, 5]), skips=False)
     inbox.receive(0, messages[0])
-    with pytest.raises(VerificationError, match="message 2 arrived, expected 1"):
-        inbox.receive(2, messages[2])
+    inbox.receive(2, messages[2])
+    with pytest.raises(VerificationError, match=r"2 of 3 messages arrived .*message 1 did not"):
+        inbox.complete()
+
+
+def test_messages_may_arrive_in_any_order_once_each():
+    """Messages past a lost datagram come before it (a multicast repair): every order gives
+    the same rows and tells ``on_ready`` each message's kept rows; a message twice, or one
+    out of the stream, fails naming it."""
+    told: list[tuple[int, int]] = []
+    rows = torch.arange(60, dtype=torch.uint8).reshape(6, 10)
+    messages = list(frame(rows, 3, 0, KIND_SYMBOLS, 20))
+    keep = np.array([1, 2, 3, 5])
+    out = torch.zeros((keep.size, 10), dtype=torch.uint8)
+    on_ready = lambda lo, hi: told.append((lo, hi))  # noqa: E731
+    inbox = Inbox((3, 0, KIND_SYMBOLS), 6, 10, 20, keep, out, np.arange(4), on_ready)
+    for i in (2, 0, 1):
+        inbox.receive(i, messages[i])
+    inbox.complete()
+    assert torch.equal(out, rows[keep])
+    assert told == [(3, 4), (0, 1), (1, 3)]
+    with pytest.raises(VerificationError, match="message 1 of 3 arrived again in epoch 3"):
+        inbox.receive(1, messages[1])
+    with pytest.raises(VerificationError, match="message 3 of 3 arrived out of range"):
+        inbox.receive(3, messages[1])
 
 
 @settings(max_examples=60, deadline=None)

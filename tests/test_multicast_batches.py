@@ -31,7 +31,12 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
-from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
+from coded_shuffle.distributed.transports.multicast.receive import (
+    Debug,
+    Handover,
+    Round,
+    first_missing,
+)
 
 JOB, STREAM = 0x1234_5678_9ABC_DEF0, 7
 D = 100  # stream bytes per datagram in the synthetic runs
@@ -287,3 +292,26 @@ def test_the_first_missing_datagram_is_the_one_a_scan_finds(held, data, step):
     while scan < have.size and have[scan]:
         scan += 1
     assert first_missing(have, start, step) == scan
+
+
+def test_a_receiver_hands_on_the_messages_past_a_lost_datagram():
+    """Four messages of 10 bytes in datagrams of 4 (a datagram may hold two messages' bytes),
+    datagram 3 (message 1's) lost: message 0 goes in order, messages 2 and 3 past the loss
+    (3 only where it is given), message 1 once the repair brings datagram 3; none twice."""
+    for gets, want in (
+        (np.ones(4, bool), [0, 2, 3, 1]),
+        (np.array([1, 1, 1, 0], bool), [0, 2, 1]),
+    ):
+        handed: list[int] = []
+        handover = Handover([10, 10, 10, 10], 4, gets, handed.append)
+        have = np.ones(10, dtype=bool)
+        have[3] = False
+        handover.upto(3)
+        handover.past(have)
+        assert handed == want[:-1]
+        handover.past(have)  # a second look hands on nothing again
+        assert handed == want[:-1]
+        have[3] = True
+        handover.upto(10)
+        handover.past(have)
+        assert handed == want

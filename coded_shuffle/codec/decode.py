@@ -21,7 +21,15 @@ from coded_shuffle.codec.buffers import IN_MEMORY, Buffers, empty_rows
 from coded_shuffle.codec.encode import join_subpoints, split_points
 from coded_shuffle.codec.ops import copy_rows, gather_rows, rows_view, run_op, run_ops
 from coded_shuffle.math.plan import DeliveryPlan
-from coded_shuffle.math.worker_program import BATCH, CACHE, SCRATCH, WorkerProgram, arrival_order
+from coded_shuffle.math.worker_program import (
+    BATCH,
+    CACHE,
+    SCRATCH,
+    PoolOp,
+    WorkerProgram,
+    arrival_order,
+    subset,
+)
 
 
 def decode(
@@ -73,12 +81,13 @@ class StreamDecoder:
     """One part's decode at a worker, run as its symbols arrive (streaming delivery).
 
     ``symbols`` is the buffer the kept symbols (``program.symbol_ids``, in that order) arrive
-    in; :meth:`advance` is told how many leading rows have arrived and runs every row of the
-    program whose symbols are all there
-    (:func:`~coded_shuffle.math.worker_program.arrival_order`), so that decoding overlaps the
-    transfer; :meth:`finish` runs the rest. Every decoded row is written once, in place, by
-    the same kernel as :func:`decode_workspace`; the bytes are the same. ``seconds`` sums the
-    time spent decoding.
+    in; :meth:`arrived` is told which rows have arrived (in any order: a lost datagram's
+    message may come after the ones behind it) and runs every row of the program whose
+    symbols are all there (:func:`~coded_shuffle.math.worker_program.arrival_order`), so that
+    decoding overlaps the transfer; :meth:`finish` runs the rest. Every decoded row is
+    written once, in place, by the same kernel as :func:`decode_workspace`; the bytes are the
+    same. ``ready`` is how many leading symbols have all arrived; ``seconds`` sums the time
+    spent decoding.
     """
 
     def __init__(
@@ -100,20 +109,62 @@ class StreamDecoder:
         pools = [symbols, cache, self.batch, self.scratch]
         self.arrays = [rows_view(t, sub).numpy() for t in pools]
         self.staged = arrival_order(program) if sub else ()
+        self.have = np.zeros(m, dtype=bool)
+        self.ran: list[np.ndarray | None] = [None] * len(self.staged)  # rows run past a gap
         self.ready = -1  # rows with need <= ready have run
         self.seconds = 0.0
 
     def advance(self, available: int) -> None:
         """Runs every row whose kept symbols ``0 .. available - 1`` have all arrived."""
-        if available <= self.ready:
-            return
+        self.arrived(0, available)
+
+    def arrived(self, lo: int, hi: int) -> None:
+        """Kept symbols ``lo .. hi - 1`` have arrived: runs every row whose symbols all have."""
         t0 = time.perf_counter()
-        for op, need in self.staged:
-            a, b = np.searchsorted(need, [self.ready, available], side="right")
-            if b > a:
-                run_op(op, self.arrays, False, int(a), int(b))
-        self.ready = available
+        self.have[lo:hi] = True
+        start = max(self.ready, 0)
+        if lo <= start:  # the leading run grows: what it completes is behind the new end
+            self._run_prefix(_first_missing(self.have, start))
+        else:  # past a missing symbol: what these complete lies past it too
+            self._run_past(start)
         self.seconds += time.perf_counter() - t0
+
+    def _run_prefix(self, ready: int) -> None:
+        """Every row with ``self.ready < need <= ready`` not run yet."""
+        for i, st in enumerate(self.staged):
+            a, b = np.searchsorted(st.need, [self.ready, ready], side="right")
+            if b <= a:
+                continue
+            ran = self.ran[i]
+            if ran is None:
+                run_op(st.op, self.arrays, False, int(a), int(b))
+            else:
+                self._run_rows(st.op, a + np.flatnonzero(~ran[a:b]))
+        self.ready = ready
+
+    def _run_past(self, ready: int) -> None:
+        """Every row past the first missing symbol (``ready``) whose symbols have arrived."""
+        counts = np.concatenate([[0], np.cumsum(self.have)])  # arrived before each position
+        for i, st in enumerate(self.staged):
+            a = int(np.searchsorted(st.need, ready, side="right"))
+            if a == len(st.op):
+                continue
+            ran = self.ran[i]
+            if ran is None:
+                ran = self.ran[i] = np.zeros(len(st.op), dtype=bool)
+            low, need = st.low[a:], st.need[a:]
+            held = counts[need] - counts[low] == need - low  # every symbol low .. need - 1
+            rows = a + np.flatnonzero(held & ~ran[a:])
+            self._run_rows(st.op, rows)
+            ran[rows] = True
+
+    def _run_rows(self, op: PoolOp, rows: np.ndarray) -> None:
+        if rows.size == len(op):
+            run_op(op, self.arrays, False, 0, len(op))
+        elif rows.size and rows[-1] - rows[0] == rows.size - 1:
+            run_op(op, self.arrays, False, int(rows[0]), int(rows[-1]) + 1)
+        elif rows.size:
+            run_op(subset(op, rows), self.arrays, False, 0, rows.size)
 
     def finish(self) -> Workspace:
         """Runs what is left (every symbol has arrived) and returns the workspace."""
@@ -123,6 +174,12 @@ class StreamDecoder:
     def workspace(self) -> Workspace:
         """The workspace as it stands (rows whose symbols have not all arrived are not final)."""
         return Workspace(self.program, self.cache, self.batch, self.scratch)
+
+
+def _first_missing(have: np.ndarray, start: int) -> int:
+    """The first position from ``start`` on not in ``have`` (``have.size``: none)."""
+    at = int(np.argmin(have[start:])) + start if start < have.size else have.size
+    return at if at < have.size and not have[at] else have.size
 
 
 def decode_workspace(

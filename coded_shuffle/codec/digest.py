@@ -67,8 +67,8 @@ def _point_need(decoder: StreamDecoder) -> np.ndarray:
     as a running maximum over the points (so that it is sorted: a prefix is final)."""
     program = decoder.program
     rows = np.zeros(program.batch_rows.size, dtype=np.int64)
-    for op, need in decoder.staged:  # program order: the last writer of a row comes last
-        if op.dest == BATCH:
-            rows[op.targets] = need
+    for st in decoder.staged:  # program order: the last writer of a row comes last
+        if st.op.dest == BATCH:
+            rows[st.op.targets] = st.need
     points = rows.reshape(program.batch_rows.shape).max(axis=1, initial=0)
     return np.maximum.accumulate(points) if points.size else points

@@ -302,11 +302,11 @@ class WorkerSide:
         for part, plan in enumerate(delivery.plans):
             routes, row_ids, rows = ahead[part] if ahead is not None else self.peer_part(part)
 
-            def on_rows(available: int, decoder: StreamDecoder = decoders[part]) -> None:
-                decoder.advance(available)
+            def on_rows(lo: int, hi: int, decoder: StreamDecoder = decoders[part]) -> None:
+                decoder.arrived(lo, hi)
                 check.update()
 
-            on_rows(0)  # what needs no symbol: while the first ones travel
+            on_rows(0, 0)  # what needs no symbol: while the first ones travel
             link.deliver(
                 epoch=tr.epoch,
                 part=part,

@@ -170,20 +170,50 @@ def _pool_op(
     )
 
 
-def arrival_order(program: WorkerProgram) -> tuple[tuple[PoolOp, np.ndarray], ...]:
+@dataclass(frozen=True)
+class Staged:
+    """One op of :func:`arrival_order`: its rows sorted by ``need``, and for each row the
+    kept symbols ``low .. need - 1`` (in ``symbol_ids`` order) that hold every symbol it reads,
+    directly or through decoded rows (``low == need == 0``: it reads none)."""
+
+    op: PoolOp
+    need: np.ndarray
+    low: np.ndarray
+
+
+def subset(op: PoolOp, rows: np.ndarray) -> PoolOp:
+    """The rows ``rows`` of ``op``, in that order (kept symbols only: streaming reads them)."""
+    sources = np.ascontiguousarray(op.sources[:, rows])
+    targets = op.targets[rows]
+    starts = tuple(_run_start(col) for col in sources)
+    return replace(
+        op,
+        targets=targets,
+        target_start=_run_start(targets),
+        sources=sources,
+        starts=starts,
+        full_sources=sources,
+        full_starts=starts,
+    )
+
+
+def arrival_order(program: WorkerProgram) -> tuple[Staged, ...]:
     """Every op with its rows sorted by ``need``: how many kept symbols (in ``symbol_ids``
     order, the order they arrive in) must be there before the row can be computed.
 
     A row's need is the largest over its sources (a symbol: its position + 1; a cached row:
-    0; a decoded row: that row's need). A row that a later op overwrites (a gap row of the
-    densified group) needs 0: it runs first and its value is never read. Running, op by op
-    in program order, the rows whose need has been met gives the bytes of the whole program
-    (rows of one op are independent: they come from one peeling round).
+    0; a decoded row: that row's need), its ``low`` the smallest symbol position over them
+    (so that a row whose symbols have arrived past a missing one runs before that one comes).
+    A row that a later op overwrites (a gap row of the densified group) needs 0: it runs first
+    and its value is never read. Running, op by op in program order, the rows whose symbols
+    have arrived gives the bytes of the whole program (rows of one op are independent: they
+    come from one peeling round).
     """
-    need = {BATCH: np.zeros(program.batch_rows.size, np.int64)}
-    need[SCRATCH] = np.zeros(program.num_scratch, np.int64)
-    final = {BATCH: np.zeros(program.batch_rows.size, bool)}
-    final[SCRATCH] = np.zeros(program.num_scratch, bool)
+    m = program.symbol_ids.size
+    sizes = {BATCH: program.batch_rows.size, SCRATCH: program.num_scratch}
+    need = {pool: np.zeros(n, np.int64) for pool, n in sizes.items()}
+    low = {pool: np.full(n, m, np.int64) for pool, n in sizes.items()}
+    final = {pool: np.zeros(n, bool) for pool, n in sizes.items()}
     last = [np.zeros(0, bool)] * len(program.ops)
     for i in range(len(program.ops) - 1, -1, -1):  # the last writer of every row
         op = program.ops[i]
@@ -192,31 +222,21 @@ def arrival_order(program: WorkerProgram) -> tuple[tuple[PoolOp, np.ndarray], ..
     out = []
     for i, op in enumerate(program.ops):
         row_need = np.zeros(len(op), np.int64)
+        row_low = np.full(len(op), m, np.int64)
         for c, pool in enumerate(op.pools):
             col = op.sources[c]
             if pool == SYM:
                 np.maximum(row_need, col + 1, out=row_need)
+                np.minimum(row_low, col, out=row_low)
             elif pool != CACHE:
                 np.maximum(row_need, need[pool][col], out=row_need)
-        row_need[~last[i]] = 0
-        need[op.dest][op.targets] = row_need
+                np.minimum(row_low, low[pool][col], out=row_low)
+        row_need[~last[i]], row_low[~last[i]] = 0, m
+        need[op.dest][op.targets], low[op.dest][op.targets] = row_need, row_low
         order = np.argsort(row_need, kind="stable")
-        if np.array_equal(order, np.arange(len(op))):
-            out.append((op, row_need))
-            continue
-        sources = np.ascontiguousarray(op.sources[:, order])
-        targets = op.targets[order]
-        starts = tuple(_run_start(col) for col in sources)
-        op = replace(
-            op,
-            targets=targets,
-            target_start=_run_start(targets),
-            sources=sources,
-            starts=starts,
-            full_sources=sources,  # streaming reads kept symbols only
-            full_starts=starts,
-        )
-        out.append((op, row_need[order]))
+        if not np.array_equal(order, np.arange(len(op))):
+            op, row_need, row_low = subset(op, order), row_need[order], row_low[order]
+        out.append(Staged(op, row_need, np.minimum(row_low, row_need)))
     return tuple(out)
 
 

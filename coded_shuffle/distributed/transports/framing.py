@@ -229,9 +229,11 @@ class Inbox:
     """Checks the messages of one stream as they arrive and puts the kept rows in place.
 
     The stream carries ``num_rows`` rows; ``keep`` are the (sorted) stream rows to keep and
-    ``dest`` their rows in ``out``. :meth:`receive` is called once per message, in order; with
-    ``skips``, a message this rank keeps no row of may not come (a chain relay forwards only
-    what is kept further on), and one it keeps rows of that does not come fails.
+    ``dest`` their rows in ``out``. :meth:`receive` is called once per message, in any order
+    (a multicast receiver hands on the messages past a lost datagram before it is repaired),
+    and ``on_ready(lo, hi)`` told that rows ``lo .. hi - 1`` of ``out`` are in; with ``skips``,
+    a message this rank keeps no row of may not come (a chain relay forwards only what is kept
+    further on). :meth:`complete` fails naming a message that did not come.
     """
 
     def __init__(
@@ -243,7 +245,7 @@ class Inbox:
         keep: np.ndarray,
         out: torch.Tensor,
         dest: np.ndarray,
-        on_ready: Callable[[int], None] | None = None,
+        on_ready: Callable[[int, int], None] | None = None,
         checksums: bool = True,
         skips: bool = False,
     ) -> None:
@@ -255,8 +257,8 @@ class Inbox:
         # kept rows before every message (and all of them last): message i keeps i..i+1
         firsts = np.array([first for first, _ in self.ranges] + [num_rows], dtype=np.int64)
         self.kept = np.searchsorted(keep, firsts).tolist()
-        self.on_ready = on_ready  # told how many leading rows of ``out`` are complete
-        self.received = 0
+        self.on_ready = on_ready
+        self.got = np.zeros(len(self.ranges), dtype=bool)  # the messages received
 
     def target(self, index: int) -> torch.Tensor | None:
         """Where message ``index``'s payload can be received in place: its rows in ``out``
@@ -278,13 +280,12 @@ class Inbox:
     def receive(self, index: int, message: torch.Tensor) -> None:
         """Message ``index`` checked and its kept rows put in place (``message``: the header
         alone where its payload was received in place, at :meth:`target`)."""
-        if index >= len(self.ranges) or not (
-            index == self.received or (self.skips and index > self.received)
-        ):
+        if not 0 <= index < len(self.ranges) or self.got[index]:
+            again = "again" if 0 <= index < len(self.ranges) else "out of range"
             raise VerificationError(
-                f"message {index} arrived, expected {self.received} of {len(self.ranges)}"
+                f"message {index} of {len(self.ranges)} arrived {again} in epoch "
+                f"{self.header[0]} part {self.header[1]}"
             )
-        self._skip_to(index)
         first, count = self.ranges[index]
         expected = Header(*self.header, first, count, self.row_bytes)
         lo, hi = self.kept[index], self.kept[index + 1]
@@ -294,31 +295,26 @@ class Inbox:
             checksum = self.checksums and hi > lo
             payload = check(message, expected, checksum).view(count, self.row_bytes)
             copy_rows(self.out, self.dest[lo:hi], payload.numpy(), self.keep[lo:hi] - first)
-        self.received += 1
+        self.got[index] = True
         if self.on_ready is not None:
-            self.on_ready(int(hi))
-
-    def _skip_to(self, index: int) -> None:
-        """Messages up to ``index`` (excluded) that did not come: none may hold a kept row."""
-        if index == self.received:
-            return
-        start = self.ranges[self.received][0]
-        end = self.ranges[index - 1][0] + self.ranges[index - 1][1]
-        lo, hi = np.searchsorted(self.keep, [start, end])
-        if hi > lo:
-            step = self.ranges[0][1]  # rows of every message but the last
-            missed = int(self.keep[lo]) // step
-            raise VerificationError(
-                f"message {missed} of epoch {self.header[0]} part {self.header[1]} did not "
-                f"arrive, and this rank keeps row {int(self.keep[lo])} of it"
-            )
-        self.received = index
+            self.on_ready(int(lo), int(hi))
 
     def complete(self) -> None:
+        """Fails naming the first message that did not come (with ``skips``: the first one
+        this rank keeps a row of)."""
+        missing = ~self.got
         if self.skips:
-            self._skip_to(len(self.ranges))
-        if self.received != len(self.ranges):
+            missing &= self.kept_messages()
+        if not missing.any():
+            return
+        index = int(np.argmax(missing))
+        where = f"epoch {self.header[0]} part {self.header[1]}"
+        if self.skips:
+            row = int(self.keep[self.kept[index]])
             raise VerificationError(
-                f"{self.received} of {len(self.ranges)} messages arrived in "
-                f"epoch {self.header[0]} part {self.header[1]}"
+                f"message {index} of {where} did not arrive, and this rank keeps row {row} of it"
             )
+        raise VerificationError(
+            f"{int(self.got.sum())} of {len(self.ranges)} messages arrived in {where} "
+            f"(message {index} did not)"
+        )

@@ -146,15 +146,16 @@ class Link:
         rows: torch.Tensor | RowSource | None = None,
         row_ids: np.ndarray | None = None,
         out: torch.Tensor | None = None,
-        on_rows: Callable[[int], None] | None = None,
+        on_rows: Callable[[int, int], None] | None = None,
     ) -> torch.Tensor | None:
         """Moves one stream of rows; a worker gets its ``needs`` rows back, in order.
 
         ``rows`` are the rows this rank sends: all ``num_rows`` rows at the master (``row_ids``
         None; a :class:`RowSource` produces them message by message as they are sent), or the
         rows ``row_ids`` (sorted) at a worker that sends under ``peers`` routing. A worker's
-        rows land in ``out`` (fresh rows if None); ``on_rows(n)`` is told, as messages arrive,
-        that the first ``n`` of them are complete (when they come from the master alone).
+        rows land in ``out`` (fresh rows if None); ``on_rows(lo, hi)`` is told, as messages arrive
+        (in any order), that rows ``lo .. hi - 1`` of them are in (when they come from the
+        master alone).
         """
         t0 = time.perf_counter()
         header = (epoch, part, kind)
@@ -196,7 +197,7 @@ class Link:
         routes: Routes,
         rows: torch.Tensor | RowSource | None,
         out: torch.Tensor | None,
-        on_rows: Callable[[int], None] | None,
+        on_rows: Callable[[int, int], None] | None,
     ) -> torch.Tensor | None:
         workers = t.peer.workers
         stream = Stream(0, workers, tuple(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
@@ -251,7 +252,7 @@ class Link:
         rows: torch.Tensor | RowSource | None,
         row_ids: np.ndarray | None,
         out: torch.Tensor | None,
-        on_rows: Callable[[int], None] | None,
+        on_rows: Callable[[int, int], None] | None,
     ) -> torch.Tensor | None:
         me = self.rank
         mine = routes.needs[me - 1] if me > 0 else None
@@ -304,7 +305,7 @@ class Link:
         keep: np.ndarray,
         out: torch.Tensor,
         dest: np.ndarray,
-        on_ready: Callable[[int], None] | None,
+        on_ready: Callable[[int, int], None] | None,
         num_rows: int | None = None,
     ) -> Inbox:
         """Where a stream of ``num_rows`` rows (default: as many as are kept) lands: its rows
@@ -345,7 +346,7 @@ class Link:
         rows: torch.Tensor | RowSource | None,
         row_ids: np.ndarray | None,
         out: torch.Tensor | None,
-        on_rows: Callable[[int], None] | None,
+        on_rows: Callable[[int, int], None] | None,
     ) -> torch.Tensor | None:
         """Rows between the workers on a shared medium: one stream per sender with every row
         it sends, heard by every other worker, each keeping its own (every rank passes every
@@ -375,7 +376,8 @@ class Link:
                 keep = np.searchsorted(ids, mine[pos])
                 ready = None
                 if on_rows is not None and pos.size:
-                    ready = lambda n, base=int(pos[0]): on_rows(base + n)  # noqa: E731
+                    base = int(pos[0])
+                    ready = lambda lo, hi, base=base: on_rows(base + lo, base + hi)  # noqa: E731
                 inbox = self._inbox(t, header, row_bytes, keep, out, pos, ready, ids.size)
                 inboxes[index] = inbox
         self._exchange(t, streams, outgoing, inboxes)

@@ -115,7 +115,12 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     sleep_until,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
-from coded_shuffle.distributed.transports.multicast.receive import Debug, Round, first_missing
+from coded_shuffle.distributed.transports.multicast.receive import (
+    Debug,
+    Handover,
+    Round,
+    first_missing,
+)
 
 POLL_SECONDS = 0.005
 GRACE_MIN_SECONDS = 0.002  # the shortest drain after "round sent", once no datagram was late
@@ -563,9 +568,10 @@ class Multicast(Transport):
         keeps: np.ndarray | None = None,
     ) -> None:
         """Receiver: every byte of the stream from ``src``, round after round; each message
-        goes to ``deliver`` as soon as all of its datagrams are in (checks overlap the
-        transfer). A slow worker (:mod:`~.lanes`) waits for, and is given, only the messages it
-        keeps (``keeps``)."""
+        goes to ``deliver`` as soon as all of its datagrams are in, past a lost one too
+        (:class:`~.receive.Handover`: checks and decoding overlap the transfer and the repair). A
+        slow worker (:mod:`~.lanes`) waits for, and is given, only the messages it keeps
+        (``keeps``)."""
         d = self.datagram_bytes
         edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(edges[-1])
@@ -578,23 +584,13 @@ class Multicast(Transport):
             given = np.asarray(keeps, dtype=bool)
             have = ~datagram_keeps(given, sizes, d)[0]  # the others' datagrams never come
         parity = Parity(total, d, self.parity_block)
-        # message j is complete once the datagrams before ends[j] are
-        ends = -(-edges[1:] // d)
-        state = {"next": 0}
-
-        def complete(prefix: int) -> None:
-            j = state["next"]
-            while j < len(sizes) and ends[j] <= prefix:
-                if given[j]:
-                    deliver(j, flat[edges[j] : edges[j + 1]])
-                j += 1
-            state["next"] = j
-
+        handover = Handover(sizes, d, given, lambda j: deliver(j, flat[edges[j] : edges[j + 1]]))
         rnd, foreign = 0, self.counts.foreign
         while True:
-            lost, done = self._receive_round(out, have, rnd, complete, parity, src)
+            lost, done = self._receive_round(out, have, rnd, handover, parity, src)
             self._report_missing(~have, lost, src)  # (nothing missing: sent before "round sent")
-            complete(first_missing(have, 0))  # while the others report
+            handover.upto(first_missing(have, 0))  # while the others report
+            handover.past(have)
             todo = self._receive_union(n, src)
             done.wait()  # the master's "round sent", in by now
             self._control(ingress=4)
@@ -622,7 +618,7 @@ class Multicast(Transport):
         out: np.ndarray,
         have: np.ndarray,
         rnd: int,
-        complete: Callable[[int], None],
+        handover: Handover,
         parity: Parity,
         src: int = 0,
     ) -> tuple[int, Arrival]:
@@ -644,12 +640,15 @@ class Multicast(Transport):
         master = self.sources[src]
         job_senders = {a for a in self.sources if a is not None}
         reader = _Reader(self, now, master)
-        expect = 0
+        expect, scan = 0, now.count + handover.step
         draining = False
         while now.count < n and not now.ended:
             if expect < n and have[expect]:
                 expect = first_missing(have, expect)
-                complete(expect)
+                handover.upto(expect)
+            if now.count >= scan:  # past a missing datagram: what has all of its datagrams
+                handover.past(have)
+                scan = now.count + handover.step
             read = reader.next()
             if read is None:  # nothing came for a while
                 if draining:

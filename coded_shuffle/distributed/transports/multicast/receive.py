@@ -10,6 +10,7 @@ taken by :mod:`.drain`'s compiled loop before it gets here, except where a debug
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -225,3 +226,44 @@ class Round:
         rebuilt = self.parity.receive(block, memoryview(payload), self.out, self.have)
         self.rebuilt += len(rebuilt)
         self.count += len(rebuilt)
+
+
+class Handover:
+    """Which of a stream's messages a receiver has handed on (to the checks and the decoder),
+    handing on the next ones: in order as the leading datagrams arrive (:meth:`upto`), and,
+    past a missing datagram, every message whose datagrams have all arrived (:meth:`past`),
+    so that what lies behind a loss is checked and decoded before the repair comes.
+
+    ``sizes``: the messages' bytes; ``d``: stream bytes per datagram; ``given``: the messages
+    this receiver is given (a slow worker's, :mod:`.lanes`); ``deliver(j)`` hands message ``j``
+    on.
+    """
+
+    def __init__(
+        self, sizes: Sequence[int], d: int, given: np.ndarray, deliver: Callable[[int], None]
+    ) -> None:
+        edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.first, self.end = edges[:-1] // d, -(-edges[1:] // d)  # message j: [first, end)
+        self.given, self.deliver = given, deliver
+        self.handed = ~given  # a message not given counts as handed
+        self.next = 0  # every message before it is handed on
+        self.step = max(1, -(-int(self.end[-1]) // len(sizes))) if len(sizes) else 1
+
+    def upto(self, prefix: int) -> None:
+        """Hands on every message whose datagrams lie before ``prefix`` (all arrived)."""
+        j, n = self.next, self.end.size
+        while j < n and self.end[j] <= prefix:
+            if not self.handed[j]:
+                self.handed[j] = True
+                self.deliver(j)
+            j += 1
+        self.next = j
+
+    def past(self, have: np.ndarray) -> None:
+        """Hands on every message past the leading ones whose datagrams have all arrived."""
+        j = self.next
+        todo = j + np.flatnonzero(~self.handed[j:] & have[self.end[j:] - 1])
+        for i in todo.tolist():
+            if have[self.first[i] : self.end[i]].all():
+                self.handed[i] = True
+                self.deliver(i)
