@@ -100,7 +100,7 @@ def stream_decode(
     decoders = delivery.decoders(w, buffers, store)
     check = delivery.digest_stream(w, decoders)
     for buf, got, dec in zip(buffers, kept, decoders, strict=True):
-        dec.advance(0)
+        dec.arrived(0, 0)  # what needs no symbol
         check.update()
         starts = np.arange(0, got.shape[0], rows)
         for a in starts if rng is None else rng.permutation(starts):

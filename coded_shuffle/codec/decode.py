@@ -114,10 +114,6 @@ class StreamDecoder:
         self.ready = -1  # rows with need <= ready have run
         self.seconds = 0.0
 
-    def advance(self, available: int) -> None:
-        """Runs every row whose kept symbols ``0 .. available - 1`` have all arrived."""
-        self.arrived(0, available)
-
     def arrived(self, lo: int, hi: int) -> None:
         """Kept symbols ``lo .. hi - 1`` have arrived: runs every row whose symbols all have."""
         t0 = time.perf_counter()
@@ -168,7 +164,7 @@ class StreamDecoder:
 
     def finish(self) -> Workspace:
         """Runs what is left (every symbol has arrived) and returns the workspace."""
-        self.advance(self.program.symbol_ids.size)
+        self.arrived(0, self.program.symbol_ids.size)
         return self.workspace()
 
     def workspace(self) -> Workspace:

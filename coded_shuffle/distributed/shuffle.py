@@ -347,8 +347,12 @@ class CodedShuffle:
         assert self._worker.report is not None
         return Delivered(epoch, self._worker.report, assignment, rows)
 
-    def _hand_out(self, got: Delivered, waited: float, prefetched: bool) -> LocalBatch | None:
-        """The delivered epoch becomes the current one: its report, assignment, batch."""
+    def _hand_out(
+        self, got: Delivered, waited: float | None, prefetched: bool | None
+    ) -> LocalBatch | None:
+        """The delivered epoch becomes the current one: its report (with how long the loop
+        waited for it and whether it came from behind the loop; None: not a delivery the loop
+        asked for), assignment, batch."""
         self.report = replace(got.report, wait_seconds=waited, prefetched=prefetched)
         self.assignment = got.assignment
         self._epoch = got.epoch
@@ -588,8 +592,6 @@ class CodedShuffle:
             rebatched_workers=missing,
             rebatch_bytes=counts.egress if self.is_master else 0,
         )
-        got = Delivered(epoch, report, state.assignment, rows)
-        batch = self._hand_out(got, 0.0, False)
-        self.report = report
+        batch = self._hand_out(Delivered(epoch, report, state.assignment, rows), None, None)
         self._prefetch(epoch)  # the rest of the epoch trains while the next is delivered
         return batch
