@@ -31,6 +31,8 @@ from coded_shuffle.math.worker_program import (
     subset,
 )
 
+PAST_LOOKS = 16  # looks past a missing symbol in one part's stream, at most
+
 
 def decode(
     program: WorkerProgram, symbols: torch.Tensor, cache: torch.Tensor, point_bytes: int
@@ -111,6 +113,7 @@ class StreamDecoder:
         self.staged = arrival_order(program) if sub else ()
         self.have = np.zeros(m, dtype=bool)
         self.ran: list[np.ndarray | None] = [None] * len(self.staged)  # rows run past a gap
+        self.waiting = 0  # symbols arrived past a gap since the last look past it
         self.ready = -1  # rows with need <= ready have run
         self.seconds = 0.0
 
@@ -121,8 +124,11 @@ class StreamDecoder:
         start = max(self.ready, 0)
         if lo <= start:  # the leading run grows: what it completes is behind the new end
             self._run_prefix(_first_missing(self.have, start))
-        else:  # past a missing symbol: what these complete lies past it too
-            self._run_past(start)
+        elif hi > lo:  # past a missing symbol: what these complete lies past it too
+            self.waiting += hi - lo
+            if self.waiting * PAST_LOOKS >= self.have.size:
+                self.waiting = 0
+                self._run_past(start)
         self.seconds += time.perf_counter() - t0
 
     def _run_prefix(self, ready: int) -> None:
@@ -139,7 +145,9 @@ class StreamDecoder:
         self.ready = ready
 
     def _run_past(self, ready: int) -> None:
-        """Every row past the first missing symbol (``ready``) whose symbols have arrived."""
+        """Every row past the first missing symbol (``ready``) whose symbols have arrived (a
+        look reads every symbol and row: taken once :data:`PAST_LOOKS` of the symbols have
+        arrived past a gap since the last, so that a part's stream takes at most that many)."""
         counts = np.concatenate([[0], np.cumsum(self.have)])  # arrived before each position
         for i, st in enumerate(self.staged):
             a = int(np.searchsorted(st.need, ready, side="right"))
