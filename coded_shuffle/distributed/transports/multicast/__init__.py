@@ -646,7 +646,7 @@ class Multicast(Transport):
             if expect < n and have[expect]:
                 expect = first_missing(have, expect)
                 handover.upto(expect)
-            if now.count >= scan:  # past a missing datagram: what has all of its datagrams
+            if now.count >= scan and now.count > expect:  # held past a missing datagram
                 handover.past(have)
                 scan = now.count + handover.step
             read = reader.next()

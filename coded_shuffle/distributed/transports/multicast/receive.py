@@ -244,7 +244,7 @@ class Handover:
     ) -> None:
         edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.first, self.end = edges[:-1] // d, -(-edges[1:] // d)  # message j: [first, end)
-        self.given, self.deliver = given, deliver
+        self.deliver = deliver
         self.handed = ~given  # a message not given counts as handed
         self.next = 0  # every message before it is handed on
         self.step = max(1, -(-int(self.end[-1]) // len(sizes))) if len(sizes) else 1
