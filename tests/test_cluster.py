@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -46,10 +47,23 @@ def command() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coded_shuffle"]
 
 
-def run_cluster(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*command(), "cluster", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+def run_cluster(args: list[str], cwd: Path, timeout: float = 200) -> subprocess.CompletedProcess:
+    """The cluster command; still running after ``timeout`` (inside pytest-timeout's 240 s), it
+    is interrupted (it removes its cluster on SIGINT, so the next test finds none of it) and the
+    test fails with its output and the tail of every host's log under ``cwd``."""
+    argv = [*command(), "cluster", *args]
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        logs = "".join(
+            f"--- {log}\n{log.read_text(errors='replace')[-1500:]}\n"
+            for log in sorted(cwd.rglob("h[0-9]*.log"))
+        )
+        pytest.fail(f"the cluster ran past {timeout} s:\n{err[-2000:]}\n{out[-1000:]}\n{logs}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize(
@@ -138,6 +152,25 @@ def test_a_fault_a_delay_after_an_epoch_fires_inside_the_next(tmp_path):
     fault.metrics = metrics_path(tmp_path)
     fault.metrics.write_text('{"epoch": 1}\n{"epoch": 2}\n')
     assert not fault.due(10.0) and not fault.due(10.4) and fault.due(10.5)
+
+
+def test_a_host_that_outlives_the_jobs_clean_end_is_killed_naming_it(monkeypatch, capsys):
+    """Once a host ended with exit 0, a host still running ``ENDED_GRACE`` later is killed
+    (the run then fails naming it) instead of the run waiting for it for ever."""
+    from coded_shuffle.tools.cluster.faults import Faults
+
+    monkeypatch.setattr(run, "ENDED_GRACE", 0.3)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code])
+        for code in ("pass", "import time; time.sleep(60)")
+    ]
+    results = [run.HostResult(i, None, Path(f"h{i}.log")) for i in range(2)]
+    t0 = time.monotonic()
+    run._wait(procs, results, 30.0, Faults(None, [], None, None))
+    assert time.monotonic() - t0 < 10
+    assert [r.code for r in results] == [0, -signal.SIGKILL]
+    err = capsys.readouterr().err
+    assert err == "coded-shuffle cluster: host 1 still running 0.3 s after the job ended: killed\n"
 
 
 def test_a_corrupted_store_has_one_byte_of_its_newest_file_flipped(tmp_path):

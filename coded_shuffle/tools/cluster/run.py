@@ -40,6 +40,7 @@ MASTER_PORT = 29500
 # 0 hosts the rendezvous store (``is_host``: torch's guess resolves the machine's name, which
 # a namespace cannot)
 RDZV_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"
+ENDED_GRACE = 60.0  # seconds the other hosts get to end once one ended the job with exit 0
 MULTICAST_SHARE = PACE_SHARE  # default pacing of multicast: this share of the slowest NIC
 
 
@@ -296,23 +297,38 @@ def _tee(stream, log) -> None:
 def _wait(
     procs: list[subprocess.Popen], results: list[HostResult], grace: float, faults: Faults
 ) -> None:
-    """Until every host exited; ``grace`` seconds after the first failure, kills the rest."""
-    failed_at = None
+    """Until every host exited; ``grace`` seconds after the first failure, kills the rest, and
+    :data:`ENDED_GRACE` seconds after a host ended the job cleanly, the hosts still running
+    (a host that outlives the job's end waits on something that will not come)."""
+    failed_at = ended_at = None
     while True:
         faults.fire(procs)
         for r, p in zip(results, procs, strict=True):
             r.code, r.lost = p.poll(), r.host in faults.lost
-        codes = [r.code for r in results]
-        if all(c is not None for c in codes):
+        if all(r.code is not None for r in results):
             return
-        failing = [r.code for r in results if not r.lost]
-        if failed_at is None and any(c not in (None, 0) for c in failing):
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > grace:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
+        now, kept = time.monotonic(), [r for r in results if not r.lost]
+        if failed_at is None and any(r.code not in (None, 0) for r in kept):
+            failed_at = now
+        if ended_at is None and any(r.code == 0 for r in kept):
+            ended_at = now
+        if failed_at is not None and now - failed_at > grace:
+            _kill_running(procs, results, None)
+        elif ended_at is not None and now - ended_at > ENDED_GRACE:
+            _kill_running(procs, results, f"still running {ENDED_GRACE:g} s after the job ended")
         time.sleep(0.05)
+
+
+def _kill_running(
+    procs: list[subprocess.Popen], results: list[HostResult], why: str | None
+) -> None:
+    """Kills every host still running, saying ``why`` of each on stderr (None: silently)."""
+    for r, p in zip(results, procs, strict=True):
+        if p.poll() is None:
+            if why is not None:
+                print(f"coded-shuffle cluster: host {r.host} {why}: killed", file=sys.stderr)
+            p.kill()
+            p.wait()
 
 
 def last_error(log: Path) -> str:
