@@ -543,13 +543,17 @@ def test_a_report_is_typed_and_reads_as_the_mapping_of_its_keys():
     import pickle
 
     from coded_shuffle.distributed.delivery_report import Restored, WorkerReport
+    from coded_shuffle.distributed.reports import HostCpu, worker_report
     from coded_shuffle.distributed.transports import HostBytes
 
     restored = Restored(resumed_after_epoch=2, replaced_workers=[1], replacement_bytes=10)
     assert restored == {"resumed_after_epoch": 2, "replaced_workers": [1], "replacement_bytes": 10}
     assert "rebatch_bytes" not in restored and restored.rebatch_bytes is None
     counts = HostBytes(egress=5, ingress=7)
-    worker = WorkerReport.of("ab", 0.25, 100, 0.5, 0.75, counts)
+    record = worker_report(bytes([0xAB] * 32), 0.25, 100, counts, HostCpu.start())
+    worker = WorkerReport.of(record, 0.5)
+    assert (worker.batch_sha256, worker.stored_bytes, worker.link_seconds) == ("ab" * 32, 100, 0.5)
+    assert worker.decode_seconds == 0.25 and worker.cpu_seconds >= 0 and worker.parity == 0
     handed = dataclasses.replace(worker, wait_seconds=0.125, prefetched=True)
     assert list(handed)[:2] == ["batch_sha256", "decode_seconds"]
     assert list(handed)[-2:] == ["wait_seconds", "prefetched"] and "wait_seconds" not in worker

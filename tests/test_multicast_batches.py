@@ -31,12 +31,8 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
-from coded_shuffle.distributed.transports.multicast.receive import (
-    Debug,
-    Handover,
-    Round,
-    first_missing,
-)
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
+from coded_shuffle.math.worker_program import first_missing
 
 JOB, STREAM = 0x1234_5678_9ABC_DEF0, 7
 D = 100  # stream bytes per datagram in the synthetic runs

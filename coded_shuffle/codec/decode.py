@@ -28,6 +28,7 @@ from coded_shuffle.math.worker_program import (
     PoolOp,
     WorkerProgram,
     arrival_order,
+    first_missing,
     subset,
 )
 
@@ -123,7 +124,7 @@ class StreamDecoder:
         self.have[lo:hi] = True
         start = max(self.ready, 0)
         if lo <= start:  # the leading run grows: what it completes is behind the new end
-            self._run_prefix(_first_missing(self.have, start))
+            self._run_prefix(first_missing(self.have, start))
         elif hi > lo:  # past a missing symbol: what these complete lies past it too
             self.waiting += hi - lo
             if self.waiting * PAST_LOOKS >= self.have.size:
@@ -178,12 +179,6 @@ class StreamDecoder:
     def workspace(self) -> Workspace:
         """The workspace as it stands (rows whose symbols have not all arrived are not final)."""
         return Workspace(self.program, self.cache, self.batch, self.scratch)
-
-
-def _first_missing(have: np.ndarray, start: int) -> int:
-    """The first position from ``start`` on not in ``have`` (``have.size``: none)."""
-    at = int(np.argmin(have[start:])) + start if start < have.size else have.size
-    return at if at < have.size and not have[at] else have.size
 
 
 def decode_workspace(

@@ -11,7 +11,7 @@ from typing import Any
 from coded_shuffle.codec.records import RecordLayout
 from coded_shuffle.distributed.epochs import EpochChain, Transition
 from coded_shuffle.distributed.settings import ShuffleSettings
-from coded_shuffle.distributed.transports import Link, Peer
+from coded_shuffle.distributed.transports import Link
 from coded_shuffle.math.schemes import Scheme
 
 
@@ -38,23 +38,6 @@ class EpochContext:
     transitions: Iterator[Transition]  # epochs 2, 3, ... (the same on every rank)
     storage_used: float
 
-    @property
-    def workers(self) -> int:
-        return self.shape.workers
-
-    @property
-    def peer(self) -> Peer:
-        """This rank's place in the delivery: its role, the delivery's group, the roles."""
-        return self.link.transport.peer
-
-    @property
-    def record_bytes(self) -> int:
-        return self.shape.layout.record_bytes
-
-    @property
-    def epochs(self) -> int | None:
-        return self.settings.epochs
-
     def identity(self) -> dict[str, Any]:
         """Every key that decides the run's batches: the settings' (scheme, storage, seed,
         shuffle policy, placement, the epoch of the placement) and the shape's (workers,
@@ -75,4 +58,5 @@ class EpochContext:
 
     def pending(self, epoch: int) -> bool:
         """Whether an epoch follows ``epoch`` (a store is needed after it)."""
-        return self.epochs is None or epoch < self.epochs
+        epochs = self.settings.epochs
+        return epochs is None or epoch < epochs

@@ -170,18 +170,17 @@ class WorkerReport(Report):
     refused: int
 
     @classmethod
-    def of(
-        cls, digest: str, decode: float, stored: int, seconds: float, cpu: float, counts: HostBytes
-    ) -> WorkerReport:
-        """From the counts of the worker's transport (``counts``), in :data:`~.reports.COUNTS`."""
-        mine = dict(zip(COUNTS, counts.as_list(), strict=True))
+    def of(cls, record: np.ndarray, link_seconds: float) -> WorkerReport:
+        """Read from the :data:`~.reports.REPORT` record the worker sends the master (one home
+        for what it reports), with the seconds its link moved bytes."""
+        r = record[0]
         return cls(
-            batch_sha256=digest,
-            decode_seconds=decode,
-            stored_bytes=stored,
-            link_seconds=seconds,
-            cpu_seconds=cpu,
-            **mine,
+            batch_sha256=bytes(r["digest"]).hex(),
+            decode_seconds=float(r["decode_seconds"]),
+            stored_bytes=int(r["stored_bytes"]),
+            link_seconds=link_seconds,
+            cpu_seconds=float(r["cpu_user_seconds"] + r["cpu_system_seconds"]),
+            **{key: int(r[key]) for key in COUNTS},
         )
 
 

@@ -32,7 +32,6 @@ from coded_shuffle.distributed.transports.framing import (
     KIND_SYMBOLS,
 )
 from coded_shuffle.math.assignment import batches
-from coded_shuffle.math.schemes.base import Scheme
 from coded_shuffle.math.state import CacheState
 from coded_shuffle.math.transition_bounds import lower_bound
 
@@ -68,10 +67,6 @@ class MasterSide:
         """The digest thread told to stop: a digest it hashes now ends, none queued starts."""
         self.hasher.shutdown(wait=False, cancel_futures=True)
 
-    @property
-    def scheme(self) -> Scheme:
-        return self.ctx.scheme
-
     def epoch(self, epoch: int) -> DeliveryReport:
         """Delivers ``epoch`` and returns its report; then prepares the next one (if known)."""
         if epoch == self.ctx.chain.first_epoch:
@@ -83,7 +78,7 @@ class MasterSide:
             row = self.deliver(ready)
             self.assignment = ready.tr.new_assignment
             del ready  # its plan and programs go before the next epoch's are made
-        if self.ctx.epochs is not None and epoch < self.ctx.epochs:
+        if self.ctx.settings.epochs is not None and epoch < self.ctx.settings.epochs:
             self.ready = self.prepare(next(self.ctx.transitions))  # while the workers train
             if epoch == self.ctx.chain.first_epoch:
                 self.prime(self.ready)
@@ -107,10 +102,12 @@ class MasterSide:
         yet: the stream is those points; the record's ``reused_points`` says what was held,
         its ``uncoded_bytes`` what a fresh placement sends."""
         ctx = self.ctx
-        n, b, chunk = ctx.shape.num_points, ctx.record_bytes, ctx.link.chunk_bytes
-        keeps = [placement_points(self.scheme, ctx.chain.initial, k) for k in range(ctx.workers)]
-        held = exchange_held(None, ctx.peer) if ctx.settings.previous_workers else None
-        expected = [self.records.digest(p) for p in batches(ctx.chain.first, ctx.workers)]
+        n, b, chunk = ctx.shape.num_points, ctx.shape.layout.record_bytes, ctx.link.chunk_bytes
+        keeps = [
+            placement_points(ctx.scheme, ctx.chain.initial, k) for k in range(ctx.shape.workers)
+        ]
+        held = exchange_held(None, ctx.link.peer) if ctx.settings.previous_workers else None
+        expected = [self.records.digest(p) for p in batches(ctx.chain.first, ctx.shape.workers)]
         sent, bound = n, (float(n), True)
         t0, cpu = time.perf_counter(), HostCpu.start()
         if held is None:
@@ -146,7 +143,7 @@ class MasterSide:
             uncoded_points=float(n),
             bound=bound,
             seconds={"delivery": time.perf_counter() - t0, "plan": 0.0, "encode": 0.0},
-            stored=self.scheme.stored_points_max(ctx.chain.initial),
+            stored=self.ctx.scheme.stored_points_max(ctx.chain.initial),
             breakdown={"placement": float(n)},
             cpu=cpu,
             reused_points=None if held is None else reused,
@@ -162,7 +159,7 @@ class MasterSide:
         would not fit :data:`ENCODE_AHEAD_MAX_BYTES`, or whose records are not one array in
         memory: the master never holds an epoch of a large data set)."""
         t0 = time.perf_counter()
-        delivery = Delivery.prove(tr.plan, self.ctx.record_bytes)
+        delivery = Delivery.prove(tr.plan, self.ctx.shape.layout.record_bytes)
         plan_seconds = tr.plan_seconds + time.perf_counter() - t0
         bound = lower_bound(tr.state, tr.new_assignment)
         t1 = time.perf_counter()
@@ -189,7 +186,7 @@ class MasterSide:
         chunk, routing = link.chunk_bytes, link.transport.routing
         t0, cpu = time.perf_counter(), HostCpu.start()
         for part, plan in enumerate(delivery.plans):
-            known = {k: delivery.keeps(part, k) for k in range(self.ctx.workers)}
+            known = {k: delivery.keeps(part, k) for k in range(self.ctx.shape.workers)}
             link.deliver(
                 epoch=tr.epoch,
                 part=part,
@@ -221,13 +218,13 @@ class MasterSide:
                 "encode": ready.encode_seconds
                 + sum(x.seconds for x in symbols if not isinstance(x, torch.Tensor)),
             },
-            stored=self.scheme.stored_points_max(tr.next_state),
+            stored=self.ctx.scheme.stored_points_max(tr.next_state),
             breakdown=delivery.breakdown(),
             cpu=cpu,
         )
 
     def reports(self) -> np.ndarray:
-        reports = gather_reports(np.zeros(1, dtype=REPORT), self.ctx.peer)
+        reports = gather_reports(np.zeros(1, dtype=REPORT), self.ctx.link.peer)
         assert reports is not None
         return reports
 
@@ -254,12 +251,12 @@ class MasterSide:
         ctx = self.ctx
         counts, link_seconds = ctx.link.take_counts()
         shared, payload = link_bytes
-        b = ctx.record_bytes
+        b = ctx.shape.layout.record_bytes
         return DeliveryReport(
             epoch=epoch,
             phase=phase,
-            scheme=self.scheme.name,
-            workers=ctx.workers,
+            scheme=self.ctx.scheme.name,
+            workers=ctx.shape.workers,
             storage=ctx.settings.storage,
             storage_used=ctx.storage_used,
             shuffle=ctx.chain.policy.name,
@@ -311,7 +308,7 @@ class MasterSide:
         routes = Routes(
             tuple(
                 np.searchsorted(union, needs[k]) if k in needs else empty
-                for k in range(self.ctx.workers)
+                for k in range(self.ctx.shape.workers)
             )
         )
         self.ctx.link.deliver(
@@ -319,7 +316,7 @@ class MasterSide:
             part=0,
             kind=KIND_PLACEMENT,
             num_rows=union.size,
-            row_bytes=self.ctx.record_bytes,
+            row_bytes=self.ctx.shape.layout.record_bytes,
             routes=routes,
             rows=self.records.pick(union),
         )

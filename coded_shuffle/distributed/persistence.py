@@ -90,7 +90,10 @@ class StorePersistence:
         rows = self._load(slot(epoch, 0), epoch, CHANGES_WITH_K)
         if points is None or rows is None:
             return None
-        if rows.ndim != 2 or tuple(rows.shape) != (points.numel(), self.ctx.record_bytes):
+        if rows.ndim != 2 or tuple(rows.shape) != (
+            points.numel(),
+            self.ctx.shape.layout.record_bytes,
+        ):
             return None
         return points.numpy().astype(np.int64, copy=False), rows
 
@@ -118,7 +121,11 @@ class StorePersistence:
         """What a stored store must match to be reused: the same run (every key that decides
         its batches: :meth:`~coded_shuffle.distributed.context.EpochContext.identity`), the
         same record size, the same epoch."""
-        return {**self.ctx.identity(), "record_bytes": self.ctx.record_bytes, "epoch": epoch}
+        return {
+            **self.ctx.identity(),
+            "record_bytes": self.ctx.shape.layout.record_bytes,
+            "epoch": epoch,
+        }
 
     def load(self, epoch: int, parts: int) -> WorkerStore | None:
         """The store after ``epoch``, if every part is present and intact (memory-mapped)."""

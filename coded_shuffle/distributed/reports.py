@@ -181,5 +181,5 @@ def gather_reports(mine: np.ndarray, peer: Peer) -> np.ndarray | None:
         return None
     out = [torch.zeros_like(buf) for _ in range(peer.world_size)]
     dist.gather(buf, gather_list=out, dst=master, group=peer.group)
-    workers = peer.of.by_role(out)[1:]
+    workers = peer.roles.by_role(out)[1:]
     return np.frombuffer(b"".join(t.numpy().tobytes() for t in workers), dtype=REPORT)

@@ -32,7 +32,7 @@ def exchange_held(held: np.ndarray | None, peer: Peer) -> list[np.ndarray]:
     world, workers = peer.world_size, peer.world_size - 1
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64), group=peer.group)
-    sizes = peer.of.by_role(sizes)
+    sizes = peer.roles.by_role(sizes)
     top = max(int(s) for s in sizes)
     if top == 0:
         return [EMPTY] * workers
@@ -40,7 +40,7 @@ def exchange_held(held: np.ndarray | None, peer: Peer) -> list[np.ndarray]:
     padded[: mine.numel()] = mine
     every = [torch.zeros(top, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(every, padded, group=peer.group)
-    every = peer.of.by_role(every)
+    every = peer.roles.by_role(every)
     return [every[k + 1][: int(sizes[k + 1])].numpy() for k in range(workers)]
 
 

@@ -66,7 +66,7 @@ class WorkerSide:
     def plan_ahead(self) -> None:
         """The next epoch's worker program, derived before the master sends (it is ready)."""
         up = self.upcoming
-        b = self.ctx.record_bytes
+        b = self.ctx.shape.layout.record_bytes
         self.delivery = None if up is None else Delivery.prepare_worker(up.plan, b, self.worker)
         self.send_ahead()
 
@@ -100,7 +100,7 @@ class WorkerSide:
         if epoch == self.ctx.chain.first_epoch:
             return self.placement(epoch), self.ctx.chain.first
         if self.upcoming is None or self.delivery is None:
-            raise UsageError(f"epoch({epoch}) out of range 1..{self.ctx.epochs} (epochs=)")
+            raise UsageError(f"epoch({epoch}) out of range 1..{self.ctx.settings.epochs} (epochs=)")
         tr = self.upcoming
         batch = self.deliver(tr, self.delivery)
         assignment = tr.new_assignment
@@ -112,7 +112,9 @@ class WorkerSide:
 
     def mine(self, keep: np.ndarray) -> Routes:
         """Routes that name only this worker's needs (what it knows without the others')."""
-        return Routes(tuple(keep if i == self.worker else None for i in range(self.ctx.workers)))
+        return Routes(
+            tuple(keep if i == self.worker else None for i in range(self.ctx.shape.workers))
+        )
 
     def slots(self, epoch: int) -> list[str | None]:
         """Where the store after ``epoch`` goes, part by part (None: in memory)."""
@@ -126,10 +128,12 @@ class WorkerSide:
         after a change in the number of workers, those it does not hold yet."""
         ctx, k = self.ctx, self.worker
         cpu = HostCpu.start()
-        first = batches(ctx.chain.first, ctx.workers)[k]
+        first = batches(ctx.chain.first, ctx.shape.workers)[k]
         keep = placement_points(ctx.scheme, ctx.chain.initial, k)
         if ctx.settings.previous_workers is None:
-            out = self.buffers.empty(keep.size, ctx.record_bytes, self.points_slot(epoch, keep))
+            out = self.buffers.empty(
+                keep.size, ctx.shape.layout.record_bytes, self.points_slot(epoch, keep)
+            )
             with self.priming():  # its slot made first: the spares primed are the next ones'
                 rows = self.receive_points(epoch, keep, ctx.shape.num_points, self.mine(keep), out)
         else:
@@ -216,11 +220,15 @@ class WorkerSide:
         held = self.held_before(epoch - 1)
         points, rows = held if held is not None else (EMPTY, None)
         mine = np.isin(points, keep)
-        every = exchange_held(points[mine], ctx.peer)
-        keeps = [placement_points(ctx.scheme, ctx.chain.initial, j) for j in range(ctx.workers)]
+        every = exchange_held(points[mine], ctx.link.peer)
+        keeps = [
+            placement_points(ctx.scheme, ctx.chain.initial, j) for j in range(ctx.shape.workers)
+        ]
         needs = still_needed(keeps, every)
         union = np.unique(np.concatenate(needs))
-        out = self.buffers.empty(keep.size, ctx.record_bytes, self.points_slot(epoch, keep))
+        out = self.buffers.empty(
+            keep.size, ctx.shape.layout.record_bytes, self.points_slot(epoch, keep)
+        )
         if union.size:
             got = self.receive_again(epoch, dict(enumerate(needs)), union, store=False)
             if needs[k].size:
@@ -256,13 +264,13 @@ class WorkerSide:
         rows, made by the caller)."""
         if out is None:
             slot = self.points_slot(epoch, points)
-            out = self.buffers.empty(points.size, self.ctx.record_bytes, slot)
+            out = self.buffers.empty(points.size, self.ctx.shape.layout.record_bytes, slot)
         return self.ctx.link.deliver(
             epoch=epoch,
             part=0,
             kind=KIND_PLACEMENT,
             num_rows=rows,
-            row_bytes=self.ctx.record_bytes,
+            row_bytes=self.ctx.shape.layout.record_bytes,
             routes=routes,
             out=out,
         )
@@ -339,16 +347,8 @@ class WorkerSide:
         ``cpu`` started (checks, decode and digest included), gathered at the master."""
         counts, link_seconds = self.ctx.link.take_counts()
         mine = worker_report(batch_digest, decode_seconds, stored_bytes, counts, cpu)
-        gather_reports(mine, self.ctx.peer)
-        cpu_seconds = float(mine["cpu_user_seconds"][0] + mine["cpu_system_seconds"][0])
-        self.report = WorkerReport.of(
-            bytes(mine["digest"][0]).hex(),
-            decode_seconds,
-            stored_bytes,
-            link_seconds,
-            cpu_seconds,
-            counts,
-        )
+        gather_reports(mine, self.ctx.link.peer)
+        self.report = WorkerReport.of(mine, link_seconds)
 
     # -- the store on disk, and resuming -------------------------------------------------------
 
@@ -425,13 +425,13 @@ class WorkerSide:
         routes = self.mine(np.searchsorted(union, points))
         if store:
             return self.receive_points(epoch, points, union.size, routes)
-        out = self.buffers.empty(points.size, self.ctx.record_bytes)
+        out = self.buffers.empty(points.size, self.ctx.shape.layout.record_bytes)
         return self.ctx.link.deliver(
             epoch=epoch,
             part=0,
             kind=KIND_PLACEMENT,
             num_rows=union.size,
-            row_bytes=self.ctx.record_bytes,
+            row_bytes=self.ctx.shape.layout.record_bytes,
             routes=routes,
             out=out,
         )

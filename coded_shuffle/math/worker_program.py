@@ -197,6 +197,20 @@ def subset(op: PoolOp, rows: np.ndarray) -> PoolOp:
     )
 
 
+def first_missing(have: np.ndarray, start: int, step: int = 4096) -> int:
+    """The first position from ``start`` on that ``have`` (what has arrived: symbols, a
+    stream's datagrams) does not hold yet, ``have.size`` if none; looked for ``step`` positions
+    at a time, so a long run already held is not read whole at every call."""
+    n = have.size
+    while start < n:
+        window = have[start : start + step]
+        at = int(window.argmin())
+        if not window[at]:
+            return start + at
+        start += window.size
+    return n
+
+
 def arrival_order(program: WorkerProgram) -> tuple[Staged, ...]:
     """Every op with its rows sorted by ``need``: how many kept symbols (in ``symbol_ids``
     order, the order they arrive in) must be there before the row can be computed.

@@ -132,23 +132,24 @@ class Peer:
     timeout: timedelta
     group: Any = None  # the process group over all ranks (None: the default group)
     job: int = 0  # the job's identifier (:func:`job_identifier`): what strangers do not carry
-    roles: Roles | None = None  # which rank plays which role (None: rank = role)
+    roles: Roles | None = None
+    """Which rank plays which role; None given: rank = role (:class:`Roles` set at once)."""
+
+    def __post_init__(self) -> None:
+        if self.roles is None:
+            object.__setattr__(self, "roles", Roles(0, self.world_size))
 
     @property
     def workers(self) -> tuple[int, ...]:
         return tuple(range(1, self.world_size))
 
-    @property
-    def of(self) -> Roles:
-        return self.roles if self.roles is not None else Roles(0, self.world_size)
-
     def at(self, role: int) -> int:
         """The rank (in :attr:`group`, over every rank in order) that plays ``role``."""
-        return self.of.rank(role)
+        return self.roles.rank(role)
 
     def label(self, role: int | None = None) -> str:
         """How messages name the rank that plays ``role`` (None: this one)."""
-        return self.of.label(self.at(self.rank if role is None else role))
+        return self.roles.label(self.at(self.rank if role is None else role))
 
 
 def job_identifier(peer: Peer) -> int:

@@ -83,15 +83,12 @@ class Link:
     ) -> None:
         message_ranges(1, 1, chunk_bytes)  # validates chunk_bytes
         self.transport = transport
+        self.peer = transport.peer  # this rank's place in the job (role, group, roles)
         self.placement = placement  # what carries the placement's rows (None: ``transport``)
         self.chunk_bytes = chunk_bytes
         self.on_progress = on_progress  # (bytes this rank moved, its total) after each message
         self.seconds = 0.0
         self.modelled: int | None = None  # the master's: network bytes by the transport's model
-
-    @property
-    def rank(self) -> int:
-        return self.transport.peer.rank
 
     def behind_training(self, background: bool) -> None:
         """Whether the deliveries that follow run behind a training loop (prefetched): the
@@ -202,7 +199,7 @@ class Link:
         workers = t.peer.workers
         stream = Stream(0, workers, tuple(message_sizes(num_rows, row_bytes, self.chunk_bytes)))
         meter = _Meter(stream.total, self.on_progress)
-        if self.rank == 0:
+        if self.peer.rank == 0:
             assert rows is not None and tuple(rows.shape) == (num_rows, row_bytes)
             outgoing = {0: meter.count(self._frame(t, rows, header))}
             extra = self._targets(t, None)
@@ -215,7 +212,7 @@ class Link:
                     self.modelled = (self.modelled or 0) + modelled
             t.exchange([stream], outgoing, _refuse, **extra)
             return None
-        keep = routes.needs[self.rank - 1]
+        keep = routes.needs[self.peer.rank - 1]
         assert keep is not None
         out = _buffer(out, keep.size, row_bytes)
         inbox = Inbox(
@@ -254,7 +251,7 @@ class Link:
         out: torch.Tensor | None,
         on_rows: Callable[[int, int], None] | None,
     ) -> torch.Tensor | None:
-        me = self.rank
+        me = self.peer.rank
         mine = routes.needs[me - 1] if me > 0 else None
         out = None if mine is None else _buffer(out, mine.size, row_bytes)
         if routes.senders is not None:
@@ -323,7 +320,7 @@ class Link:
     ) -> None:
         """Moves ``streams`` (this rank sends ``outgoing``, receives into ``inboxes``, in place
         where the transport can), counting the bytes of the streams it takes part in."""
-        me = self.rank
+        me = self.peer.rank
         mine = sum(s.total for s in streams if me in s.dsts or s.src == me)
         meter = _Meter(mine, self.on_progress)
         outgoing = {i: meter.count(msgs) for i, msgs in outgoing.items()}
@@ -352,7 +349,7 @@ class Link:
         it sends, heard by every other worker, each keeping its own (every rank passes every
         stream, in sender order). Where a worker's rows come sender by sender (their senders
         ascend with their ids), ``on_rows`` hears of each sender's as they arrive."""
-        me, workers = self.rank, len(routes.needs)
+        me, workers = self.peer.rank, len(routes.needs)
         mine = routes.needs[me - 1] if me > 0 else None
         out = None if mine is None else _buffer(out, mine.size, row_bytes)
         if mine is not None and np.any(np.diff(routes.senders[me - 1]) < 0):

@@ -85,7 +85,7 @@ class SocketPlane:
         mine = (host, self.listener.getsockname()[1])
         addresses: list = [None] * peer.world_size
         dist.all_gather_object(addresses, mine, group=peer.group)
-        self.addresses = [tuple(a) for a in peer.of.by_role(addresses)]  # by role
+        self.addresses = [tuple(a) for a in peer.roles.by_role(addresses)]  # by role
         self.sending: dict[int, socket.socket] = {}
         self.receiving: dict[int, socket.socket] = {}
 

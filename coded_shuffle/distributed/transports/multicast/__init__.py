@@ -115,12 +115,8 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     sleep_until,
 )
 from coded_shuffle.distributed.transports.multicast.parity import Parity
-from coded_shuffle.distributed.transports.multicast.receive import (
-    Debug,
-    Handover,
-    Round,
-    first_missing,
-)
+from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
+from coded_shuffle.math.worker_program import first_missing
 
 POLL_SECONDS = 0.005
 GRACE_MIN_SECONDS = 0.002  # the shortest drain after "round sent", once no datagram was late
@@ -291,7 +287,7 @@ class Multicast(Transport):
         mine = self.tx.getsockname() if self.tx is not None else None
         every: list[Any] = [None] * self.peer.world_size
         dist.all_gather_object(every, mine, group=self.peer.group)
-        return [None if a is None else tuple(a) for a in self.peer.of.by_role(every)]
+        return [None if a is None else tuple(a) for a in self.peer.roles.by_role(every)]
 
     def settings(self) -> dict[str, Any]:
         return {

@@ -20,21 +20,6 @@ from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import FLAG_END, headers, payloads
 from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
 
-WINDOW = 4096  # datagrams :func:`first_missing` looks at in one go
-
-
-def first_missing(have: np.ndarray, start: int, step: int = WINDOW) -> int:
-    """The first datagram from ``start`` on not held yet (``have.size``: none), found ``step``
-    datagrams at a time rather than one by one."""
-    n = have.size
-    while start < n:
-        window = have[start : start + step]
-        at = int(window.argmin())
-        if not window[at]:
-            return start + at
-        start += window.size
-    return n
-
 
 @dataclass
 class Debug:
