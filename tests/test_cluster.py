@@ -258,6 +258,9 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
         *LONG,
         "epochs=4",
         "dist.max_restarts=1",
+        # the restarted host starts torchrun and its rank afresh (torch imported twice) while
+        # the others wait in the rendezvous: 15 s timed out there on a busy 2-core machine
+        "dist.timeout_seconds=40",
         f"hydra.run.dir={run_dir}",
     ]
     try:
