@@ -3,6 +3,7 @@ code under test, and one delivery of known rows over a real process group."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import timedelta
 
@@ -97,7 +98,7 @@ def deliver_rows(rank: int, world: int, name: str, options: dict, knock=None) ->
             )
         got = None if out is None else out.numpy().tobytes()
         counts, _ = link.take_counts()
-        return got, counts.as_list()
+        return got, dataclasses.astuple(counts)
     finally:
         transport.close()
 

@@ -3,6 +3,7 @@ and the job's own group, port and master."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 from collections.abc import Callable
@@ -104,7 +105,7 @@ def _multicast_stream(
             paces.append(transport.settings()["pace_bits"])
         counts, _ = link.take_counts()
         slow = transport.settings()["slow_workers"]
-        return exact, counts.as_list(), rounds, transport.rebuilt, paces, slow
+        return exact, dataclasses.astuple(counts), rounds, transport.rebuilt, paces, slow
     finally:
         transport.close()
 

@@ -18,6 +18,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -34,11 +35,11 @@ class Field:
     shape: tuple[int, ...]
     dtype: str
 
-    @property
+    @cached_property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-    @property
+    @cached_property
     def num_bytes(self) -> int:
         itemsize = torch.empty((), dtype=self.torch_dtype).element_size()
         return int(np.prod(self.shape, dtype=np.int64)) * itemsize
@@ -55,7 +56,7 @@ class RecordLayout:
     fields: tuple[Field, ...]
     single: bool
 
-    @property
+    @cached_property
     def record_bytes(self) -> int:
         return sum(f.num_bytes for f in self.fields)
 

@@ -3,6 +3,7 @@ batch digests (the delivery's verification) and every host's byte counts."""
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import threading
 import time
@@ -17,19 +18,14 @@ from coded_shuffle.distributed.transports import HostBytes, Peer
 from coded_shuffle.errors import VerificationError
 
 DIGEST_BYTES = 32
+COUNTS = tuple(f.name for f in dataclasses.fields(HostBytes))  # this host's transport bytes
 # what every worker tells the master after each delivery
 REPORT = np.dtype(
     [
         ("digest", "u1", DIGEST_BYTES),  # SHA-256 of the decoded batch
         ("decode_seconds", "<f8"),
         ("stored_bytes", "<i8"),
-        ("egress", "<i8"),  # this host's bytes on the transport (HostBytes)
-        ("ingress", "<i8"),
-        ("repairs", "<i8"),
-        ("control", "<i8"),
-        ("parity", "<i8"),
-        ("foreign", "<i8"),  # datagrams dropped as not the job's (HostBytes.foreign)
-        ("refused", "<i8"),  # connections closed as not the job's (HostBytes.refused)
+        *((name, "<i8") for name in COUNTS),
         ("cpu_user_seconds", "<f8"),  # this process's CPU in the delivery (HostCpu)
         ("cpu_system_seconds", "<f8"),
         ("started", "<f8"),  # wall clock (time.time) when this worker's delivery began
@@ -37,7 +33,6 @@ REPORT = np.dtype(
         ("anon_bytes", "<i8"),  # this process's anonymous resident memory then (anon_bytes)
     ]
 )
-COUNTS = ("egress", "ingress", "repairs", "control", "parity", "foreign", "refused")
 
 
 @dataclass
@@ -63,21 +58,17 @@ class HostCpu:
     main: float | None = None  # the main thread's CPU clock at the start, where it is left out
     own: float = 0.0  # this thread's CPU clock at the start
 
-    @staticmethod
-    def now() -> tuple[float, float]:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime, r.ru_stime
-
     @classmethod
     def start(cls) -> HostCpu:
-        user, system = cls.now()
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        user, system = r.ru_utime, r.ru_stime
         process = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)  # before the main thread's
         return cls(-user, -system, time.time(), process, _main_thread_cpu(), time.thread_time())
 
     def stop(self) -> HostCpu:
         main = _main_thread_cpu()  # before the process's: what the main thread spent between
-        user, system = self.now()  # the two readings counts as the delivery's
-        user, system = self.user + user, self.system + system
+        r = resource.getrusage(resource.RUSAGE_SELF)  # the two readings counts as the delivery's
+        user, system = self.user + r.ru_utime, self.system + r.ru_stime
         if self.main is not None and main is not None:
             process = time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID) - self.process
             ours = max(process - (main - self.main), time.thread_time() - self.own)
@@ -158,8 +149,8 @@ def worker_report(
     mine["anon_bytes"] = anon_bytes()
     mine["decode_seconds"] = decode_seconds
     mine["stored_bytes"] = stored_bytes
-    for key, value in zip(COUNTS, counts.as_list(), strict=True):
-        mine[key] = value
+    for key in COUNTS:
+        mine[key] = getattr(counts, key)
     return mine
 
 

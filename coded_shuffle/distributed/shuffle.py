@@ -283,12 +283,6 @@ class CodedShuffle:
         background, or it is done."""
         return self._ahead is None or self._ahead.done
 
-    @property
-    def prefetching(self) -> bool:
-        """Whether the next epoch's delivery runs behind the loop (``prefetch`` with ``epochs``
-        known: a delivery nobody asks for is never started)."""
-        return self.settings.prefetch and self.settings.epochs is not None
-
     def _progress(
         self, on_progress: Callable[[int, int], None] | None
     ) -> Callable[[int, int], None] | None:
@@ -366,9 +360,11 @@ class CodedShuffle:
         return batch
 
     def _prefetch(self, epoch: int) -> None:
-        """The next epoch's delivery started in the background, where it will be asked for."""
+        """The next epoch's delivery started in the background (``prefetch``), where it will be
+        asked for: only with ``epochs`` known, so that a delivery nobody asks for is never
+        started."""
         epochs = self.settings.epochs
-        if not self.prefetching or epochs is None or epoch >= epochs:
+        if not self.settings.prefetch or epochs is None or epoch >= epochs:
             return
         following = epoch + 1
         self._ahead = Ahead(

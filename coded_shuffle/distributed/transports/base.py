@@ -117,9 +117,6 @@ class HostBytes:
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-    def as_list(self) -> list[int]:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
-
 
 @dataclass(frozen=True)
 class Peer:
@@ -195,6 +192,10 @@ class Transport(ABC):
     def __init__(self, peer: Peer, options: Any = None) -> None:
         self.peer = peer
         self.options = self.parse_options(peer.world_size, options)
+        # whether exchange() takes framing.Parts and a ``targets`` keyword (where each
+        # message's payload may be received in place), and carries its own integrity (no
+        # payload digest): the ``socket`` plane
+        self.zero_copy = getattr(self.options, "plane", "gloo") == "socket"
         self.counts = HostBytes()
         self.buffers: Buffers = IN_MEMORY  # where a transport's own large buffers go
         # the delivery runs behind a training loop (prefetched): a transport that paces its
@@ -235,13 +236,6 @@ class Transport(ABC):
         """Raises :class:`UsageError` for options this transport cannot use (before any
         process starts)."""
         cls.parse_options(world_size, options, names)
-
-    @property
-    def zero_copy(self) -> bool:
-        """Whether :meth:`exchange` takes :class:`~coded_shuffle.distributed.transports.
-        framing.Parts` and a ``targets`` keyword (where each message's payload may be received
-        in place), and carries its own integrity (no payload digest): the ``socket`` plane."""
-        return getattr(self.options, "plane", "gloo") == "socket"
 
     @property
     def digests(self) -> bool:

@@ -155,6 +155,7 @@ class Chain(Transport):
         self.position = at  # 0: the master, 1..K: the workers in relay order
         self.prev = path[at - 1] if at > 0 else None
         self.next = path[at + 1] if at + 1 < len(path) else None
+        self.prev_label = peer.label(self.prev) if self.prev is not None else ""  # in errors
         self.plane = SocketPlane(peer, lambda: self.counts) if self.zero_copy else None
 
     def settings(self) -> dict[str, Any]:
@@ -218,14 +219,14 @@ class Chain(Transport):
                 receive_into(
                     self.plane.of(self.prev),
                     memoryview(reach).cast("B"),
-                    self.peer.label(self.prev),
+                    self.prev_label,
                 )
             else:
                 dist.recv(_bytes_of(reach), self.peer.at(self.prev), group=self.peer.group, tag=TAG)
             self.counts.ingress += reach.nbytes
             if reach.min() < 1 or reach.max() > k:
                 raise VerificationError(
-                    f"{self.peer.label(self.prev)} passed a chain reach table with positions "
+                    f"{self.prev_label} passed a chain reach table with positions "
                     f"{int(reach.min())}..{int(reach.max())}, outside 1..{k}"
                 )
         if self.next is not None:
@@ -259,7 +260,7 @@ class Chain(Transport):
         assert self.plane is not None and self.prev is not None
         src = self.plane.of(self.prev)
         dst = self.plane.to(self.next) if self.next is not None else None
-        who = self.peer.label(self.prev)
+        who = self.prev_label
         for j, size in enumerate(stream.sizes):
             if reach[j] < self.position:
                 continue
