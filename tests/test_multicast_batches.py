@@ -299,7 +299,7 @@ def test_a_receiver_hands_on_the_messages_past_a_lost_datagram():
         (np.array([1, 1, 1, 0], bool), [0, 2, 1]),
     ):
         handed: list[int] = []
-        handover = Handover([10, 10, 10, 10], 4, gets, handed.append)
+        handover = Handover(np.arange(0, 50, 10), 4, gets, handed.append)
         have = np.ones(10, dtype=bool)
         have[3] = False
         handover.upto(3)

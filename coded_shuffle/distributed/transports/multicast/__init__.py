@@ -580,7 +580,7 @@ class Multicast(Transport):
             given = np.asarray(keeps, dtype=bool)
             have = ~datagram_keeps(given, sizes, d)[0]  # the others' datagrams never come
         parity = Parity(total, d, self.parity_block)
-        handover = Handover(sizes, d, given, lambda j: deliver(j, flat[edges[j] : edges[j + 1]]))
+        handover = Handover(edges, d, given, lambda j: deliver(j, flat[edges[j] : edges[j + 1]]))
         rnd, foreign = 0, self.counts.foreign
         while True:
             lost, done = self._receive_round(out, have, rnd, handover, parity, src)

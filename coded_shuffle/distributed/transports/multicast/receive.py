@@ -10,7 +10,7 @@ taken by :mod:`.drain`'s compiled loop before it gets here, except where a debug
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,20 +219,21 @@ class Handover:
     past a missing datagram, every message whose datagrams have all arrived (:meth:`past`),
     so that what lies behind a loss is checked and decoded before the repair comes.
 
-    ``sizes``: the messages' bytes; ``d``: stream bytes per datagram; ``given``: the messages
+    ``edges``: the messages' stream offsets (message ``j``: bytes ``edges[j] .. edges[j + 1]``,
+    as the receiver lays them out); ``d``: stream bytes per datagram; ``given``: the messages
     this receiver is given (a slow worker's, :mod:`.lanes`); ``deliver(j)`` hands message ``j``
     on.
     """
 
     def __init__(
-        self, sizes: Sequence[int], d: int, given: np.ndarray, deliver: Callable[[int], None]
+        self, edges: np.ndarray, d: int, given: np.ndarray, deliver: Callable[[int], None]
     ) -> None:
-        edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.first, self.end = edges[:-1] // d, -(-edges[1:] // d)  # message j: [first, end)
         self.deliver = deliver
         self.handed = ~given  # a message not given counts as handed
         self.next = 0  # every message before it is handed on
-        self.step = max(1, -(-int(self.end[-1]) // len(sizes))) if len(sizes) else 1
+        messages = len(edges) - 1
+        self.step = max(1, -(-int(self.end[-1]) // messages)) if messages else 1
 
     def upto(self, prefix: int) -> None:
         """Hands on every message whose datagrams lie before ``prefix`` (all arrived)."""
