@@ -13,9 +13,10 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import hydra
@@ -25,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from coded_shuffle.errors import UsageError
 
+from . import forkserver
 from .compose import (
     CONF_DIR,
     check_group_overrides,
@@ -34,9 +36,6 @@ from .compose import (
     register_configs,
 )
 from .start_methods import DEFAULT_START_METHOD, START_METHODS
-
-# torch, the jobs and their configs are imported in the functions that use them, after the
-# fork server started: its own imports of them then run beside the launcher's
 
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing", "torch.distributed")
 
@@ -70,33 +69,17 @@ def start_method_of(argv: list[str]) -> str:
     return DEFAULT_START_METHOD
 
 
-def start_forkserver() -> None:
-    """Starts the fork server now, with what :mod:`coded_shuffle_train.preload` loads
-    (``forkserver``).
-
-    The ranks are then forked from that single-threaded server, never from the launcher, whose
-    store and rendezvous threads make ``fork`` unsafe (a child can inherit a lock held at fork
-    time and hang; see docs/testing.md). Started before Hydra composes the config, its imports
-    overlap the launcher's own work; later jobs of a sweep reuse it.
-    """
-    import multiprocessing
-    import multiprocessing.forkserver
-
-    multiprocessing.set_forkserver_preload(["__main__", "coded_shuffle_train.preload"])
-    multiprocessing.forkserver.ensure_running()
-
-
-def stop_forkserver() -> None:
-    """Ends the fork server at once when every job is over (it has no rank left to serve). It
-    holds the console's streams, and its interpreter's own exit, with torch and numba loaded,
-    would keep a pipe that reads the launcher's output open for most of a second more."""
-    import multiprocessing.forkserver
-
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-    if pid:
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+@contextlib.contextmanager
+def own_temporary_files() -> Iterator[None]:
+    """The elastic agent's log folders and the ranks' error files (``torch`` makes them in
+    the system's temporary folder and leaves them there) in a folder of this launch's own,
+    removed when it ends."""
+    with tempfile.TemporaryDirectory(prefix="coded-shuffle-train-") as own:
+        before, tempfile.tempdir = tempfile.tempdir, own
+        try:
+            yield
+        finally:
+            tempfile.tempdir = before
 
 
 def launch(composed: DictConfig, run_dir: str) -> None:
@@ -123,22 +106,23 @@ def launch(composed: DictConfig, run_dir: str) -> None:
     write_config(cfg, run_dir)
     os.environ["OMP_NUM_THREADS"] = str(int(cfg.threads))
     if start_method == "forkserver":
-        start_forkserver()  # running already, unless a sweep switched to it
+        forkserver.start_standard()  # running already, unless a sweep switched to it
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"coded-shuffle-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=restarts,
-        monitor_interval=float(cfg.dist.monitor_interval),
-        start_method=start_method,
-    )
     try:
-        elastic_launch(config, rank_main)(cfg, run_dir)
+        with own_temporary_files():  # LaunchConfig makes the agent's log folder
+            config = LaunchConfig(
+                min_nodes=1,
+                max_nodes=1,
+                nproc_per_node=nproc,
+                run_id=f"coded-shuffle-{uuid.uuid4().hex[:8]}",
+                rdzv_backend="c10d",
+                rdzv_endpoint="localhost:0",
+                max_restarts=restarts,
+                monitor_interval=float(cfg.dist.monitor_interval),
+                start_method=start_method,
+            )
+            elastic_launch(config, rank_main)(cfg, run_dir)
     except ChildFailedError as exc:
         fail(f"{failure_line(exc, int(cfg.dist.master_rank))} (run directory {run_dir})", 1)
 
@@ -174,13 +158,11 @@ def check_overrides(argv: list[str]) -> None:
 
 def main() -> None:
     """Console script ``coded-shuffle-train``."""
-    argv = sys.argv[1:]
-    if start_method_of(argv) == "forkserver":
-        start_forkserver()  # first: its imports run beside the launcher's
     try:
-        run_app(argv)
+        run_app(sys.argv[1:])
     finally:
-        stop_forkserver()
+        forkserver.stop()
+    forkserver.remove_folder()
     from .entry import exit_now
 
     exit_now()  # every job is over and its files written: skip tearing torch down
@@ -190,6 +172,8 @@ def run_app(argv: list[str]) -> None:
     """The overrides checked in one line each, then the Hydra app (one job, or a sweep)."""
     from .entry import stacks_on_signal
 
+    if start_method_of(argv) == "forkserver":
+        forkserver.start()  # first: its imports run beside the checks below and Hydra's app
     stacks_on_signal()
     try:
         check_group_overrides(argv)

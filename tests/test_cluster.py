@@ -47,12 +47,16 @@ def command() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coded_shuffle"]
 
 
-def run_cluster(args: list[str], cwd: Path, timeout: float = 200) -> subprocess.CompletedProcess:
-    """The cluster command; still running after ``timeout`` (inside pytest-timeout's 240 s), it
-    is interrupted (it removes its cluster on SIGINT, so the next test finds none of it) and the
-    test fails with its output and the tail of every host's log under ``cwd``."""
+def run_cluster(
+    args: list[str], cwd: Path, timeout: float = 200, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The cluster command (``env``: added to this process's environment); still running after
+    ``timeout`` (inside pytest-timeout's 240 s), it is interrupted (it removes its cluster on
+    SIGINT, so the next test finds none of it) and the test fails with its output and the tail
+    of every host's log under ``cwd``."""
     argv = [*command(), "cluster", *args]
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True)
+    env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -221,9 +225,12 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     receiver; host 2 is killed mid-run and started again: the job restarts once (resuming
     from its checkpoint with every store intact, nothing re-placed, when one was written
     before the kill) and ends with the parameters of an unbroken run. The medium carried
-    every byte the hosts counted, and each multicast frame once."""
+    every byte the hosts counted, and each multicast frame once. Neither command leaves a
+    temporary file (torch's logs of each attempt, the killed rank's error file) behind."""
     before = our_namespaces()
     run_dir, local = tmp_path / "run", tmp_path / "local"
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     unbroken = subprocess.Popen(  # the same job, on one machine, meanwhile (it mostly sleeps)
         [
             sys.executable,
@@ -239,6 +246,7 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(temporary)},
     )
     args = [
         "--hosts",
@@ -264,12 +272,14 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
         f"hydra.run.dir={run_dir}",
     ]
     try:
-        out = run_cluster(args, tmp_path)
+        out = run_cluster(args, tmp_path, env={"TMPDIR": str(temporary)})
         _, err = unbroken.communicate(timeout=180)
     finally:
         unbroken.kill()  # nothing when it has ended
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     assert unbroken.returncode == 0, err[-2000:]
+    left = sorted(p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_"))
+    assert left == []  # torchinductor_<user>: torch's cache, kept on purpose
     assert "cycles over multicast" in out.stdout  # host 0's console lines came through
     killed = r"coded-shuffle cluster: kill host 2 at [\d.]+ s \(after epoch 2\)"
     assert re.search(killed, out.stderr), out.stderr[-2000:]

@@ -1,0 +1,157 @@
+"""The local launcher's fork server, from which every rank is forked (``dist.start_method``:
+``forkserver``).
+
+The ranks are never forked from the launcher itself: its store and rendezvous threads make
+``fork`` unsafe there (a child can inherit a lock held at fork time and hang; docs/testing.md).
+The standard library's fork server is a fresh interpreter that imports what it is told to
+preload, so torch was imported twice per command, once by the launcher for its elastic agent
+and once by the server. Here the launcher, once it has imported torch and while it is still
+single-threaded, forks the server from itself: the server imports the rest of
+:mod:`coded_shuffle_train.preload` (``torch._dynamo``, the jobs, scipy's solvers, the warmed
+kernel) while the launcher composes and checks the config, and every command saves a whole
+import of torch (about 3 s of CPU here). The standard library has no public way to hand it a
+server: this module fills in the same fields of :data:`multiprocessing.forkserver._forkserver`
+that its ``ensure_running`` fills, and falls back to that function wherever the fields or
+``main``'s parameters are not the ones it knows (:func:`forkable`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import shutil
+import signal
+import socket
+import threading
+
+# multiprocessing.forkserver.main's parameters (Python 3.10 to 3.14) and the server's fields
+KNOWN_PARAMETERS = frozenset(
+    {"listener_fd", "alive_r", "preload", "main_path", "sys_path", "sys_argv", "authkey_r"}
+)
+FIELDS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
+AUTHKEY_BYTES = 32  # multiprocessing.forkserver._AUTHKEY_LEN (Python 3.14)
+PRELOAD = ["__main__", "coded_shuffle_train.preload"]  # for a server started the standard way
+
+
+def forkable() -> bool:
+    """Whether this process may fork the server from itself: no thread of Python's started
+    yet, no logging handler set up (a rank that inherits one keeps the launcher's logging and
+    skips its own), and the standard library's server made of the fields and ``main`` this
+    module knows."""
+    import multiprocessing.forkserver as fs
+
+    server = getattr(fs, "_forkserver", None)
+    params = set(inspect.signature(fs.main).parameters)
+    keyed = "authkey_r" in params
+    return (
+        threading.active_count() == 1
+        and not logging.getLogger().handlers
+        and server is not None
+        and all(hasattr(server, f) for f in FIELDS)
+        and {"listener_fd", "alive_r", "preload"} <= params <= KNOWN_PARAMETERS
+        and (not keyed or hasattr(server, "_forkserver_authkey"))
+    )
+
+
+def running() -> bool:
+    import multiprocessing.forkserver as fs
+
+    return getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None) is not None
+
+
+def start() -> None:
+    """The fork server for this command, unless one runs: forked from this process once it
+    has imported torch (:func:`forkable`; the server imports the rest of the preload), else
+    started the standard way (a fresh interpreter that imports all of it). Called before
+    anything that a fork would pass on to every rank: threads, Hydra's logging handlers."""
+    if running():
+        return
+    if not forkable():
+        start_standard()
+        return
+    import torch  # noqa: F401  (the launcher's elastic agent needs it: imported once, here)
+
+    _fork_server()
+
+
+def start_standard() -> None:
+    """``multiprocessing``'s own start: a fresh interpreter that imports the preload (a sweep
+    that switches to ``forkserver`` after its first job: threads of that job's agent may
+    still run here, and Hydra's handlers are set up)."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+
+
+def _fork_server() -> None:
+    """What ``ForkServer.ensure_running`` does, with ``os.fork`` for its new interpreter: the
+    listening socket, the pipe whose end tells the server that no client is left, and (Python
+    3.14) the key that every client proves it holds."""
+    import multiprocessing.forkserver as fs
+    from multiprocessing import connection, resource_tracker
+
+    server = fs._forkserver
+    keyed = "authkey_r" in inspect.signature(fs.main).parameters
+    resource_tracker.ensure_running()  # before the fork: the server and the ranks share it
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        key_r, key_w = os.pipe() if keyed else (None, None)
+        pid = os.fork()
+        if pid == 0:
+            _serve(listener.fileno(), alive_r, alive_w, key_r, key_w)
+        os.close(alive_r)
+        if keyed:
+            key = os.urandom(AUTHKEY_BYTES)
+            os.close(key_r)
+            os.write(key_w, key)
+            os.close(key_w)
+            server._forkserver_authkey = key
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+
+
+def _serve(listener: int, alive_r: int, alive_w: int, key_r: int | None, key_w: int | None):
+    """The forked server's whole life: the preload, then ``multiprocessing``'s own loop; it
+    never returns into the launcher's code, and never runs the launcher's exit handlers."""
+    import multiprocessing.forkserver as fs
+
+    try:
+        os.close(alive_w)
+        if key_w is not None:
+            os.close(key_w)
+        with contextlib.suppress(ImportError):  # as the standard server does: a rank then fails
+            importlib.import_module(PRELOAD[1])  # while the launcher goes on with its config
+        fs.main(listener, alive_r, [], **({} if key_r is None else {"authkey_r": key_r}))
+    finally:
+        os._exit(0)
+
+
+def stop() -> None:
+    """Ends the fork server at once when every job is over (it has no rank left to serve). It
+    holds the console's streams, and its interpreter's own exit, with torch and numba loaded,
+    would keep a pipe that reads the launcher's output open for most of a second more."""
+    import multiprocessing.forkserver as fs
+
+    pid = getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def remove_folder() -> None:
+    """Removes the folder of the server's socket, which ``multiprocessing`` removes at the
+    interpreter's exit: the command's fast exit after a successful run skips that."""
+    import multiprocessing.util
+
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
