@@ -1,10 +1,11 @@
-"""What the launcher loads before it forks its fork server (:mod:`coded_shuffle_train.forkserver`;
-a server started the standard way imports it itself), so that every rank starts with it:
-torch, ``torch._dynamo`` (DDP's constructor imports it), every job, and the codec's compiled
-kernel, warmed (numba's CPU target set up and the kernel loaded from its cache: most of a
-second per process otherwise, five processes at once on start-up). Warming runs the serial
-kernel only, so no numba thread exists when the server forks. What is loaded is then frozen out
-of the garbage collector (``gc.freeze``): a rank's collections skip it."""
+"""What the launcher's fork server loads once, before it forks any rank (the server is forked
+from the launcher once the launcher has imported torch: :mod:`coded_shuffle_train.forkserver`;
+a server started the standard way imports all of it itself): torch, ``torch._dynamo`` (DDP's
+constructor imports it), every job, and the codec's compiled kernel, warmed (numba's CPU target
+set up and the kernel loaded from its cache: most of a second per process otherwise, five
+processes at once on start-up). Warming runs the serial kernel only, so no numba thread exists
+when the server forks. What is loaded is then frozen out of the garbage collector
+(``gc.freeze``): a rank's collections skip it."""
 
 from __future__ import annotations
 
