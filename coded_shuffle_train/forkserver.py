@@ -56,10 +56,15 @@ def forkable() -> bool:
     )
 
 
-def running() -> bool:
+def server_pid() -> int | None:
+    """The running server's process id (None: none started)."""
     import multiprocessing.forkserver as fs
 
-    return getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None) is not None
+    return getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
+
+
+def running() -> bool:
+    return server_pid() is not None
 
 
 def start() -> None:
@@ -140,9 +145,7 @@ def stop() -> None:
     """Ends the fork server at once when every job is over (it has no rank left to serve). It
     holds the console's streams, and its interpreter's own exit, with torch and numba loaded,
     would keep a pipe that reads the launcher's output open for most of a second more."""
-    import multiprocessing.forkserver as fs
-
-    pid = getattr(getattr(fs, "_forkserver", None), "_forkserver_pid", None)
+    pid = server_pid()
     if pid:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(pid, signal.SIGKILL)
