@@ -24,6 +24,7 @@ from coded_shuffle.math.index_decoder import decode_plan, peer_routes
 from coded_shuffle.math.rate_memory import decentralized_converse
 from coded_shuffle.math.schemes import get_scheme
 from coded_shuffle.math.schemes.decentralized import (
+    corner_splits,
     decentralized_load,
     group_shares,
     load_before_paths,
@@ -195,10 +196,12 @@ def test_aligned_triples_move_real_bytes_at_four_thirds_of_the_converse():
     assert all(r.lower_bound_points == pytest.approx(converse) for r in reports)
 
 
-def peer_epochs_decode(k: int, m: int, q: int, worst: bool, seed: int) -> None:
+def peer_epochs_decode(
+    k: int, m: int, q: int, worst: bool, seed: int, at_converse: bool = False
+) -> None:
     """20 epochs at corner ``m``: every worker decodes from its own storage, every sender
-    holds its terms, the load is the closed form and
-    at most what the groups alone would send (eq. (1), no alignment or cliques)."""
+    holds its terms, the load is the closed form and at most what the groups alone would send
+    (eq. (1), no alignment or cliques); ``at_converse``: and at most the converse."""
     rng = np.random.default_rng(seed)
     scheme = get_scheme("decentralized")
     old = random_assignment(k * q, k, rng)
@@ -211,6 +214,8 @@ def peer_epochs_decode(k: int, m: int, q: int, worst: bool, seed: int) -> None:
         moves = shuffle_matrix(old, new, k)
         assert plan.load_points == pytest.approx(decentralized_load(moves, m))
         assert plan.load_points <= groups_alone_load(moves, m) + 1e-9
+        if at_converse:
+            assert plan.load_points <= float(decentralized_converse(k, k * q, m)) + 1e-9
         state = scheme.next_state(state, plan, new)
         old = new
 
@@ -252,12 +257,14 @@ def test_clique_corners_decode_for_twenty_epochs(data):
 @given(data=st.data())
 @settings(max_examples=5, deadline=None)
 def test_the_large_storage_corner_decodes_what_the_program_splits(data):
-    """``T = K - 2`` (sections 2c and 2e: each group's demand split between the group and the
-    sets, by the integer program where the greedy splits are above the converse), ``K``
-    5..8, batches of 2..3 points, random shuffles."""
+    """``T = K - 2`` (sections 2c, 2e and 2f: each group's demand split between the group and
+    the sets, by the integer program where the greedy splits are above the converse, and the
+    groups' senders in other orders where that is still above it), ``K`` 5..8, batches of
+    1..3 points, random shuffles: at most the converse on every one."""
     k = data.draw(st.integers(5, 8), label="K")
-    q = data.draw(st.integers(2, 3), label="q")
-    peer_epochs_decode(k, k - 2, q, False, data.draw(st.integers(0, 2**31), label="seed"))
+    q = data.draw(st.integers(1, 3), label="q")
+    seed = data.draw(st.integers(0, 2**31), label="seed")
+    peer_epochs_decode(k, k - 2, q, False, seed, at_converse=True)
 
 
 def decoded_plan_of(moves: np.ndarray, m: int):
@@ -291,18 +298,67 @@ def test_the_cap_rule_brings_an_uneven_shuffle_below_the_converse():
     assert plan.load_points * 36 == pytest.approx(59)
 
 
-def test_another_split_of_the_fewest_symbols_lets_paths_reach_the_converse():
-    """``K = 5, T = 3``, ten points (section 2e's tries): no greedy split is below the groups
-    alone (62 sub-pieces of 1/36 point), the program's first split sends 61, paths saving
-    none, above the converse's 60; a tilted one of the same count lets paths save two: 59,
-    decoded."""
+@pytest.fixture
+def without_orders(monkeypatch):
+    """Section 2f's sender orders off (and the remembered costs forgotten before and after)."""
+    from coded_shuffle.math.schemes import decentralized
+
+    monkeypatch.setattr(decentralized, "ORDER_TRIES", 0)
+    decentralized._group_costs.cache_clear()
+    yield
+    decentralized._group_costs.cache_clear()
+
+
+SECTION_2E = [[0, 2, 0, 0, 0], [0, 0, 1, 1, 0], [1, 0, 1, 0, 0], [0, 0, 0, 0, 2], [1, 0, 0, 1, 0]]
+
+
+def test_another_split_of_the_fewest_symbols_lets_paths_reach_the_converse(without_orders):
+    """``K = 5, T = 3``, ten points (section 2e's tries, without section 2f): no greedy split
+    is below the groups alone (62 sub-pieces of 1/36 point), the program's first split sends
+    61, paths saving none, above the converse's 60; a tilted one of the same count lets paths
+    save two: 59, decoded."""
     m = 3
-    moves = np.array(
-        [[0, 2, 0, 0, 0], [0, 0, 1, 1, 0], [1, 0, 1, 0, 0], [0, 0, 0, 0, 2], [1, 0, 0, 1, 0]]
-    )
+    moves = np.array(SECTION_2E)
     plan = decoded_plan_of(moves, m)
     assert load_before_paths(moves, m) * 36 == pytest.approx(62)
     assert plan.load_points * 36 == pytest.approx(59)
+
+
+@pytest.mark.parametrize(
+    "moves",
+    [
+        SECTION_2E,
+        [[0, 0, 2, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 1, 0], [0, 0, 0, 0, 2], [0, 1, 0, 1, 0]],
+        [
+            [0, 0, 0, 1, 0, 1],
+            [0, 0, 0, 0, 2, 0],
+            [0, 1, 0, 0, 0, 1],
+            [0, 1, 0, 1, 0, 0],
+            [2, 0, 0, 0, 0, 0],
+            [0, 0, 2, 0, 0, 0],
+        ],
+    ],
+    ids=["K5-2e", "K5", "K6"],
+)
+def test_the_groups_senders_in_another_order_let_paths_reach_the_converse(moves):
+    """Section 2f: shuffles at ``T = K - 2`` with one point kept, above the converse before
+    paths (the last two stayed above it after every tilt of section 2e: 61 of 60 sub-pieces
+    at ``K = 5``, 49 of 48 at ``K = 6``; section 2e's own reached 59 by a tilt): the groups
+    alone with their members sending in another order let paths save six (``K = 5``: 56)
+    and four (``K = 6``: 45), decoded from every worker's own storage, every symbol from a
+    sender that holds its terms."""
+    moves = np.array(moves)
+    k = moves.shape[0]
+    m = k - 2
+    units = corner_splits(k, m)
+    plan = decoded_plan_of(moves, m)
+    converse = float(decentralized_converse(k, int(moves.sum()), m))
+    assert converse * units == pytest.approx({5: 60, 6: 48}[k])
+    assert groups_alone_load(moves, m) * units == pytest.approx({5: 62, 6: 49}[k])
+    assert load_before_paths(moves, m) > converse  # the greedy deals or the groups alone
+    assert plan.breakdown["saved by paths"] == {5: 6, 6: 4}[k]
+    assert plan.load_points * units == pytest.approx({5: 56, 6: 45}[k])
+    assert plan.load_points <= converse
 
 
 def test_cliques_and_paths_move_real_bytes_at_seven_fifths_of_the_converse():

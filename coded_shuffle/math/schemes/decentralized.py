@@ -190,7 +190,8 @@ def peer_plan(state: CacheState, new_assignment: np.ndarray, scheme: str) -> Del
             subs = set_excess_apart(int(mask), members, pieces, mine, excess, dealt, r)
         else:
             subs = [cliques.sub_ids(p, r) for p in pieces]
-        rows.extend(cliques.clique_symbols(members, subs))
+        at = sending_order(members, costs.orders)
+        rows.extend(cliques.clique_symbols([members[i] for i in at], [subs[i] for i in at]))
     breakdown = {f"m={m}": int(sum(r.shape[0] for _, r in rows))}
     if lone:
         aligned_rows = lone_rows(lone, k)
@@ -388,18 +389,23 @@ def excess_buckets(
     ]
 
 
+Orders = tuple[tuple[int, ...], ...]  # groups' members in the order they send (section 2f)
+
+
 @dataclass(frozen=True)
 class GroupCosts:
     """Symbols (sub-pieces' worth) of a delivery at corner ``m``: ``plain`` = eq. (1) summed
     over the groups (section 2) with, at ``m = 2``, the lone pieces' triples (section 2b);
     where corner ``m`` deals cliques (section 2c), ``dealt`` = the groups' kept pieces plus
     the cliques' symbols, with the excess ``buckets`` (sorted) and their ``deal``; ``types``:
-    the chosen delivery's symbols by type, and the ``paths`` across them (section 2d)."""
+    the chosen delivery's symbols by type, and the ``paths`` across them (section 2d);
+    ``orders``: groups whose members send in another order than by number (section 2f)."""
 
     plain: int
     dealt: int | None = None
     buckets: tuple[cliques.Bucket, ...] = ()
     deal: cliques.Deal | None = None
+    orders: Orders = ()
     types: dict[paths.SymbolType, int] = field(default_factory=dict)
     paths: tuple[paths.Path, ...] = ()
 
@@ -557,6 +563,9 @@ def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
     best = min((with_path_counts(costs, found) for costs in options), key=lambda c: c.symbols)
     if m != k - 2 or not cliqued(k, m) or best.symbols <= found.target + 1e-9:
         return best
+    best = reordered(best, options, found)
+    if best.symbols <= found.target + 1e-9:
+        return best
     pairs = m * sum(int(np.count_nonzero(needs)) for _, _, needs in found.groups)
     for tilt in range(min(SPLIT_TILTS, TILTED_PAIRS // max(pairs, 1)) + 1):
         other = tilted_split(found, k, m, tilt)
@@ -565,6 +574,35 @@ def _group_costs(moves_bytes: bytes, k: int, m: int) -> GroupCosts:
         if best.symbols <= found.target + 1e-9:
             break
     return best
+
+
+ORDER_TRIES = 32  # the groups' senders in other orders, for their paths (section 2f)
+
+
+def reordered(best: GroupCosts, options: list[GroupCosts], found: Unpathed) -> GroupCosts:
+    """Section 2f: ``options`` with every demanding group's members sending in the order drawn
+    from seed ``1, 2, ...`` (eq. (1) holds in any order), with their paths (section 2d): the
+    first at or below the converse, else the fewest symbols of ``best`` and those tried."""
+    members = [g for g, _, needs in found.groups if needs.any()]
+    for trial in range(1, ORDER_TRIES + 1):
+        rng = np.random.default_rng(trial)
+        orders = tuple(tuple(int(w) for w in rng.permutation(g)) for g in members)
+        for costs in options:
+            other = with_path_counts(replace(costs, orders=orders), found)
+            if other.symbols < best.symbols:
+                best = other
+            if best.symbols <= found.target + 1e-9:
+                return best
+    return best
+
+
+def sending_order(members: list[int] | tuple[int, ...], orders: Orders) -> list[int]:
+    """The positions of a group's ``members`` in the order they send (section 2f): as
+    ``orders`` lists that group, else as numbered."""
+    for order in orders:
+        if sorted(order) == sorted(members):
+            return [list(members).index(w) for w in order]
+    return list(range(len(members)))
 
 
 def tilted_split(found: Unpathed, k: int, m: int, tilt: int) -> GroupCosts | None:
@@ -583,7 +621,8 @@ def tilted_split(found: Unpathed, k: int, m: int, tilt: int) -> GroupCosts | Non
 
 def with_path_counts(costs: GroupCosts, found: Unpathed) -> GroupCosts:
     """``costs`` with its symbols' types and the paths across them (section 2d)."""
-    types = group_types(found.kept_needs if costs.cliques_pay else found.plain_needs)
+    needs = found.kept_needs if costs.cliques_pay else found.plain_needs
+    types = group_types(needs, costs.orders)
     if costs.cliques_pay:
         assert costs.deal is not None
         types.update(dealt_types(costs.buckets, costs.deal))
@@ -592,14 +631,16 @@ def with_path_counts(costs: GroupCosts, found: Unpathed) -> GroupCosts:
     return replace(costs, types=dict(types), paths=tuple(paths.find_paths(types)))
 
 
-def group_types(needs: list[tuple[tuple[int, ...], np.ndarray]]) -> Counter:
+def group_types(needs: list[tuple[tuple[int, ...], np.ndarray]], orders: Orders = ()) -> Counter:
     """The groups' symbols by type (section 2d): member ``u`` of ``J`` needs sub-pieces held
-    by ``J - u``."""
+    by ``J - u``; the members send in ``orders``' order where it lists the group (2f)."""
     out: Counter = Counter()
     for members, slots in needs:
         mask = sum(1 << w for w in members)
-        segments = [[(int(n), mask & ~(1 << w))] for w, n in zip(members, slots, strict=True)]
-        out.update(paths.clique_type_counts(list(members), segments))
+        at = sending_order(members, orders)
+        senders = [members[i] for i in at]
+        segments = [[(int(slots[i]), mask & ~(1 << members[i]))] for i in at]
+        out.update(paths.clique_type_counts(senders, segments))
     return out
 
 
