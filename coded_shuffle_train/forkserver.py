@@ -45,15 +45,21 @@ def forkable() -> bool:
 
     server = getattr(fs, "_forkserver", None)
     params = set(inspect.signature(fs.main).parameters)
-    keyed = "authkey_r" in params
     return (
         threading.active_count() == 1
         and not logging.getLogger().handlers
         and server is not None
         and all(hasattr(server, f) for f in FIELDS)
         and {"listener_fd", "alive_r", "preload"} <= params <= KNOWN_PARAMETERS
-        and (not keyed or hasattr(server, "_forkserver_authkey"))
+        and (not keyed() or hasattr(server, "_forkserver_authkey"))
     )
+
+
+def keyed() -> bool:
+    """Whether the standard library's server proves its clients by a key (Python 3.14)."""
+    import multiprocessing.forkserver as fs
+
+    return "authkey_r" in inspect.signature(fs.main).parameters
 
 
 def server_pid() -> int | None:
@@ -101,7 +107,7 @@ def _fork_server() -> None:
     from multiprocessing import connection, resource_tracker
 
     server = fs._forkserver
-    keyed = "authkey_r" in inspect.signature(fs.main).parameters
+    with_key = keyed()
     resource_tracker.ensure_running()  # before the fork: the server and the ranks share it
     with socket.socket(socket.AF_UNIX) as listener:
         address = connection.arbitrary_address("AF_UNIX")
@@ -109,12 +115,12 @@ def _fork_server() -> None:
         os.chmod(address, 0o600)
         listener.listen()
         alive_r, alive_w = os.pipe()
-        key_r, key_w = os.pipe() if keyed else (None, None)
+        key_r, key_w = os.pipe() if with_key else (None, None)
         pid = os.fork()
         if pid == 0:
             _serve(listener.fileno(), alive_r, alive_w, key_r, key_w)
         os.close(alive_r)
-        if keyed:
+        if with_key:
             key = os.urandom(AUTHKEY_BYTES)
             os.close(key_r)
             os.write(key_w, key)
@@ -154,7 +160,10 @@ def stop() -> None:
 
 def remove_folder() -> None:
     """Removes the folder of the server's socket, which ``multiprocessing`` removes at the
-    interpreter's exit: the command's fast exit after a successful run skips that."""
-    import multiprocessing.util
+    interpreter's exit: the command's fast exit after a successful run skips that (none made,
+    under ``spawn``: none made here either)."""
+    import multiprocessing
 
-    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    folder = multiprocessing.current_process()._config.get("tempdir")  # get_temp_dir's own
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)

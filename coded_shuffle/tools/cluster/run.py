@@ -255,12 +255,12 @@ def run_hosts(
     get ``grace`` seconds, then every process in the cluster is killed.
     """
     logs.mkdir(parents=True, exist_ok=True)
+    results = [HostResult(i, None, logs / f"h{i}.log") for i in range(cluster.hosts)]
+    files = [r.log.open("w") for r in results]
     # the hosts' temporary files (torchrun's log folders, the ranks' error files) in a folder
     # of the run's own, removed when it ends: torch leaves them in the system's otherwise
     scratch = tempfile.TemporaryDirectory(prefix=f"coded-shuffle-{cluster.run_id}-")
     env = {**os.environ, **host_env(min_hosts), "TMPDIR": scratch.name}
-    results = [HostResult(i, None, logs / f"h{i}.log") for i in range(cluster.hosts)]
-    files = [r.log.open("w") for r in results]
     procs: list[subprocess.Popen] = []
     echo = None
 
