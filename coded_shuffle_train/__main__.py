@@ -8,7 +8,8 @@ measured on this machine, as JSON (``coded-shuffle predict --job`` prices the ru
 
 import sys
 
-from .entry import check_main, exit_now, profile_main, torchrun_main
+from .entry import check_main, profile_main, torchrun_main
+from .fast_exit import exit_now
 
 if sys.argv[1:2] == ["--check"]:
     check_main(sys.argv[2:])

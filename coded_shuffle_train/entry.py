@@ -173,16 +173,6 @@ def follow_world(cfg: Config, world: int, rank: int) -> None:
     cfg.workers = world - 1
 
 
-def exit_now() -> None:
-    """Ends this process at once after a successful run: its files are written and its
-    process group destroyed, and the interpreter's own teardown with torch and numba loaded
-    would take about a second more on every host (the local launcher's ranks skip it too)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 @record
 def torchrun_main(argv: list[str]) -> None:
     """``torchrun ... -m coded_shuffle_train [overrides]``: compose the config here, run this

@@ -25,7 +25,10 @@ import os
 import shutil
 import signal
 import socket
+import tempfile
 import threading
+
+from coded_shuffle.tools.tempdirs import SERVER_SOCKET_TAIL, socket_base
 
 # multiprocessing.forkserver.main's parameters (Python 3.10 to 3.14) and the server's fields
 KNOWN_PARAMETERS = frozenset(
@@ -88,6 +91,20 @@ def start() -> None:
     _fork_server()
 
 
+def socket_folder() -> str:
+    """The folder of the server's socket, ``multiprocessing``'s temporary folder, made here
+    when none is yet: under the system's temporary folder where the socket's path fits, else
+    under a short one (:func:`~coded_shuffle.tools.tempdirs.socket_base`; Python 3.11 and 3.12
+    would fail to bind it)."""
+    from multiprocessing import util
+
+    before, tempfile.tempdir = tempfile.tempdir, socket_base(SERVER_SOCKET_TAIL)
+    try:
+        return util.get_temp_dir()
+    finally:
+        tempfile.tempdir = before
+
+
 def start_standard() -> None:
     """``multiprocessing``'s own start: a fresh interpreter that imports the preload (a sweep
     that switches to ``forkserver`` after its first job: threads of that job's agent may
@@ -96,6 +113,7 @@ def start_standard() -> None:
     import multiprocessing.forkserver
 
     multiprocessing.set_forkserver_preload(PRELOAD)
+    socket_folder()
     multiprocessing.forkserver.ensure_running()
 
 
@@ -109,6 +127,7 @@ def _fork_server() -> None:
     server = fs._forkserver
     with_key = keyed()
     resource_tracker.ensure_running()  # before the fork: the server and the ranks share it
+    socket_folder()
     with socket.socket(socket.AF_UNIX) as listener:
         address = connection.arbitrary_address("AF_UNIX")
         listener.bind(address)

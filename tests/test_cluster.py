@@ -20,6 +20,7 @@ from coded_shuffle.costs.wire import DGRAM_HEADER_BYTES as DGRAM_HEAD
 from coded_shuffle.tools import cli
 from coded_shuffle.tools.cluster import netns, run
 from coded_shuffle.tools.records import metrics_path, read_metrics
+from coded_shuffle.tools.tempdirs import socket_base
 from tests.ranks import is_root
 
 ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
@@ -306,6 +307,10 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
         assert 0 <= feedback < 0.01 * r["broadcast_bytes"], r
     record = json.loads((run_dir / "cluster.json").read_text())
     assert [h["exit_code"] for h in record["hosts"]] == [0, 0, 0]
+    # the hosts' scratch folder (their fork servers' sockets inside: under a short base, as
+    # this TMPDIR is too deep for a socket's path) is gone, the killed host's files with it
+    for base in (temporary, Path(socket_base(100, str(temporary)))):
+        assert not list(base.glob(f"coded-shuffle-{record['run_id']}-*")), base
     cpu = record["machine_cpu"]  # the machine was busy running the hosts' processes
     assert 0 < cpu["busy_share"] <= 1 and cpu["cores"] >= 1
     parts = cpu["user_share"] + cpu["system_share"] + cpu["softirq_share"]

@@ -2,11 +2,13 @@
 (docs/transports.md, "The emulated cluster").
 
 Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>`` inside
-its namespace, with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code
-path, rendezvous by address. With ``--min-hosts M`` the nodes are elastic instead (``--nnodes M:P``,
-torch's c10d rendezvous at host 0, every node named by its address, so that host 0, whose address
-sorts first, is rank 0: the master): after a failure the agents start the job again with the hosts
-that are left (``--lose``: a host gone for good). The first form runs the training job (``-m
+its namespace (for the training job ``python -m coded_shuffle_train.node`` with the same options:
+torchrun's node, its ranks forked from one server that imported torch once), with gloo on the
+host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code path, rendezvous by address.
+With ``--min-hosts M`` the nodes are elastic instead (``--nnodes M:P``, torch's c10d rendezvous
+at host 0, every node named by its address, so that host 0, whose address sorts first, is rank
+0: the master): after a failure the agents start the job again with the hosts that are left
+(``--lose``: a host gone for good). The first form runs the training job (``-m
 coded_shuffle_train``; ``workers = P - 1`` is set, and ``dist.elastic`` with ``--min-hosts``), the
 second any torchrun script. Host 0's output goes to the console, every host's to ``LOGS/h<i>.log``;
 ``cluster.json`` beside them records the rates and what every NIC sent and received. When a host
@@ -34,6 +36,7 @@ from coded_shuffle.distributed.transports import REGISTRY, Transport
 from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.cluster.faults import Fault, Faults
 from coded_shuffle.tools.cluster.netns import IFACE, Cluster
+from coded_shuffle.tools.tempdirs import SERVER_SOCKET_TAIL, socket_base
 
 MASTER_PORT = 29500
 # elastic rendezvous: a lost node is dropped after two missed 1 s keep-alives, and a round
@@ -156,6 +159,7 @@ def pacing_overrides(overrides: Sequence[str], rates: Sequence[int], master_rate
 
 
 JOB_MODULE = "coded_shuffle_train"  # the training job's module: ``-m`` runs it on every host
+NODE_MODULE = f"{JOB_MODULE}.node"  # torchrun for the job, its ranks forked from one server
 
 
 def check_training_config(overrides: Sequence[str]) -> None:
@@ -222,10 +226,11 @@ def torchrun_argv(
             "--local-addr",
             cluster.address(host),
         ]
+    job = list(target[:2]) == ["-m", JOB_MODULE]
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        NODE_MODULE if job else "torch.distributed.run",
         *nodes,
         "--nproc-per-node",
         str(cluster.procs(host)),
@@ -259,7 +264,9 @@ def run_hosts(
     files = [r.log.open("w") for r in results]
     # the hosts' temporary files (torchrun's log folders, the ranks' error files) in a folder
     # of the run's own, removed when it ends: torch leaves them in the system's otherwise
-    scratch = tempfile.TemporaryDirectory(prefix=f"coded-shuffle-{cluster.run_id}-")
+    prefix = f"coded-shuffle-{cluster.run_id}-"
+    tail = len(f"/{prefix}XXXXXXXX") + SERVER_SOCKET_TAIL  # each node's fork server inside
+    scratch = tempfile.TemporaryDirectory(prefix=prefix, dir=socket_base(tail))
     env = {**os.environ, **host_env(min_hosts), "TMPDIR": scratch.name}
     procs: list[subprocess.Popen] = []
     echo = None

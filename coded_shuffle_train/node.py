@@ -1,0 +1,58 @@
+"""``python -m coded_shuffle_train.node [torchrun's options] -m coded_shuffle_train [overrides]``:
+one host's node of the training job, as ``torchrun`` with the same arguments runs it (torch's
+own parser and launch configuration), but with the job's ranks forked from the project's fork
+server (:mod:`coded_shuffle_train.forkserver`) instead of started as fresh interpreters: a host
+imports torch once, where ``torchrun`` imports it in its agent and again in every rank.
+``coded-shuffle cluster`` starts it on every host that runs the job (docs/transports.md)."""
+
+from __future__ import annotations
+
+import sys
+
+from . import forkserver
+from .fast_exit import exit_now
+
+PACKAGE = "coded_shuffle_train"  # the one target a node runs: the training job's module
+
+
+def main(argv: list[str]) -> None:
+    """Parse ``argv`` as ``torchrun`` does, then launch the job's ranks on this node from the
+    fork server; a failed rank fails the node as it fails ``torchrun`` (torch's error record)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if not (args.module and args.training_script == PACKAGE):
+        target = f"{'-m ' if args.module else ''}{args.training_script}"
+        refuse(f"runs -m {PACKAGE}, not {target} (torchrun runs a script)")
+    if args.standalone:
+        refuse("--standalone: on one machine, coded-shuffle-train is the launcher")
+    args.start_method = "forkserver"
+    if args.master_port is None:  # as torchrun's own run() sets it
+        args.master_port = 29500
+    forkserver.start()  # torch imported, no thread or logging handler yet: fork it from here
+    config, _, _ = config_from_args(args)
+    record(elastic_launch(config, rank))(list(args.training_script_args))
+
+
+def refuse(why: str) -> None:
+    print(f"python -m {PACKAGE}.node: error: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def rank(overrides: list[str]) -> None:
+    """One rank, in a process forked from the server (which imported the job): as ``python
+    -m coded_shuffle_train [overrides]`` under ``torchrun`` (this process never imports it)."""
+    from .entry import torchrun_main
+
+    torchrun_main(overrides)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    finally:
+        forkserver.stop()
+    forkserver.remove_folder()
+    exit_now()  # every rank is over and its files written: skip tearing torch down
