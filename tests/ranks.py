@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import subprocess
@@ -80,10 +81,26 @@ def _rank(rank, world, port, netns, target, args, out) -> None:
         out.put((rank, "error", traceback.format_exc()))
 
 
+@functools.cache
+def warm() -> None:
+    """What a rank would load for itself, loaded once in this process before it forks any:
+    ``torch._dynamo`` (DDP's constructor imports it), scipy's solvers (a plan's program) and
+    the codec's compiled kernel, as the launcher's fork server does
+    (``coded_shuffle_train/preload.py``). Four ranks of an own loop took 16 s of CPU without,
+    1.5 s with."""
+    import scipy.optimize  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+
+    from coded_shuffle.codec import kernel
+
+    kernel.warm()
+
+
 def run_ranks(
     world: int, target: Callable[..., Any], *args: Any, netns: str | None = None
 ) -> list[Any]:
     """``target(rank, world, *args)`` on every rank; the results in rank order."""
+    warm()
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     port = free_port() if netns is None else 29400 + os.getpid() % 500
