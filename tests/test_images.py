@@ -81,7 +81,7 @@ def test_a_folder_of_images_of_any_size_packs_and_trains_in_the_job_and_an_own_l
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},  # torchrun's logs
     )
     assert loop.returncode == 0, loop.stderr[-2000:]
     epochs = [ln for ln in loop.stdout.splitlines() if ln.startswith("epoch ")]
