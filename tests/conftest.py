@@ -1,9 +1,13 @@
 """Test tiers: every test that starts processes (``distributed``) is ``slow`` too, so that
 ``pytest -m "not slow"`` runs every module's logic in a couple of minutes (README:
-Development); how pytest-xdist's two workers share the tests."""
+Development); how pytest-xdist's two workers share the tests; ``--cpu-report FILE``: the CPU
+seconds of every test (docs/testing.md, "Where the time goes")."""
 
 from __future__ import annotations
 
+import json
+import resource
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +15,39 @@ import pytest
 
 from coded_shuffle.tools.records import METRICS, read_metrics
 from tests.helpers import EXCESS, JOB, SCHEMES, TRANSPORTS, run_job
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-report",
+        metavar="FILE",
+        help="append every test's wall and CPU seconds (its worker's and the child processes "
+        "it waited for) to FILE, one JSON line each (scripts/suite_cpu.py sums them)",
+    )
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """This process's CPU seconds and those of the children it waited for (theirs include
+    the children they waited for in turn: a job's ranks, reaped by its fork server)."""
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    report = item.config.getoption("--cpu-report")
+    if report is None:
+        yield
+        return
+    (own, children), start = cpu_seconds(), time.perf_counter()
+    yield  # setup (a session fixture's too, in its first user), call and teardown
+    (own_after, children_after), wall = cpu_seconds(), time.perf_counter() - start
+    line = {"test": item.nodeid, "wall": wall, "own": own_after - own}
+    line["children"] = children_after - children
+    with open(report, "a") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
