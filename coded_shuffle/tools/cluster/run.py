@@ -2,9 +2,10 @@
 (docs/transports.md, "The emulated cluster").
 
 Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>`` inside
-its namespace (for the training job ``python -m coded_shuffle_train.node`` with the same options:
-torchrun's node, its ranks forked from one server that imported torch once), with gloo on the
-host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code path, rendezvous by address.
+its namespace (for the training job ``python -m coded_shuffle_train.node`` with the same options,
+but for elastic nodes: torchrun's node, its ranks forked from one server that imported torch
+once), with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code path,
+rendezvous by address.
 With ``--min-hosts M`` the nodes are elastic instead (``--nnodes M:P``, torch's c10d rendezvous
 at host 0, every node named by its address, so that host 0, whose address sorts first, is rank
 0: the master): after a failure the agents start the job again with the hosts that are left
@@ -226,11 +227,15 @@ def torchrun_argv(
             "--local-addr",
             cluster.address(host),
         ]
-    job = list(target[:2]) == ["-m", JOB_MODULE]
+    # the job's own node where every host is in the one rendezvous round; elastic nodes keep
+    # torchrun: a node's fork server imports the job beside its agent and holds up its join,
+    # and an elastic round closes 1 s after the minimum of nodes joined (one suite run started
+    # the job on two of three hosts so)
+    own = list(target[:2]) == ["-m", JOB_MODULE] and min_hosts is None
     return [
         sys.executable,
         "-m",
-        NODE_MODULE if job else "torch.distributed.run",
+        NODE_MODULE if own else "torch.distributed.run",
         *nodes,
         "--nproc-per-node",
         str(cluster.procs(host)),
