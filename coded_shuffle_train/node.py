@@ -3,7 +3,7 @@ one host's node of the training job, as ``torchrun`` with the same arguments run
 own parser and launch configuration), but with the job's ranks forked from the project's fork
 server (:mod:`coded_shuffle_train.forkserver`) instead of started as fresh interpreters: a host
 imports torch once, where ``torchrun`` imports it in its agent and again in every rank.
-``coded-shuffle cluster`` starts it on every host that runs the job (docs/transports.md)."""
+``coded-shuffle cluster`` starts it on every host of a job on fixed nodes (docs/transports.md)."""
 
 from __future__ import annotations
 

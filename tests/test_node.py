@@ -1,5 +1,5 @@
 """``python -m coded_shuffle_train.node``: torchrun's node for the training job, its ranks forked
-from one server (the emulated cluster runs it on every host: ``tests/test_cluster.py``), and the
+from one server (the emulated cluster's fixed nodes run it: ``tests/test_cluster.py``), and the
 short folder its server's socket takes where the temporary folder is too deep for one."""
 
 from __future__ import annotations
