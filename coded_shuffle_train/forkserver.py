@@ -27,8 +27,12 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
+from typing import NoReturn
 
 from coded_shuffle.tools.tempdirs import SERVER_SOCKET_TAIL, socket_base
+
+from .fast_exit import exit_now
 
 # multiprocessing.forkserver.main's parameters (Python 3.10 to 3.14) and the server's fields
 KNOWN_PARAMETERS = frozenset(
@@ -175,6 +179,18 @@ def stop() -> None:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def run_command(command: Callable[[], None]) -> NoReturn:
+    """Runs a command whose ranks this server forks (the local launcher's, a node's): the
+    server stopped whatever happens; after a success its folder removed and the process ended
+    at once (every job is over and its files written: torch is not torn down)."""
+    try:
+        command()
+    finally:
+        stop()
+    remove_folder()
+    exit_now()
 
 
 def remove_folder() -> None:

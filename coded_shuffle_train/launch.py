@@ -158,14 +158,7 @@ def check_overrides(argv: list[str]) -> None:
 
 def main() -> None:
     """Console script ``coded-shuffle-train``."""
-    try:
-        run_app(sys.argv[1:])
-    finally:
-        forkserver.stop()
-    forkserver.remove_folder()
-    from .fast_exit import exit_now
-
-    exit_now()  # every job is over and its files written: skip tearing torch down
+    forkserver.run_command(lambda: run_app(sys.argv[1:]))
 
 
 def run_app(argv: list[str]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 
 from . import forkserver
-from .fast_exit import exit_now
 
 PACKAGE = "coded_shuffle_train"  # the one target a node runs: the training job's module
 
@@ -50,9 +49,4 @@ def rank(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    finally:
-        forkserver.stop()
-    forkserver.remove_folder()
-    exit_now()  # every rank is over and its files written: skip tearing torch down
+    forkserver.run_command(lambda: main(sys.argv[1:]))

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from coded_shuffle.tools.ranks import free_port
+from coded_shuffle_train.rank_imports import load
 
 CLONE_NEWNET = 0x40000000
 
@@ -81,19 +82,9 @@ def _rank(rank, world, port, netns, target, args, out) -> None:
         out.put((rank, "error", traceback.format_exc()))
 
 
-@functools.cache
-def warm() -> None:
-    """What a rank would load for itself, loaded once in this process before it forks any:
-    ``torch._dynamo`` (DDP's constructor imports it), scipy's solvers (a plan's program) and
-    the codec's compiled kernel, as the launcher's fork server does
-    (``coded_shuffle_train/preload.py``). Four ranks of an own loop took 16 s of CPU without,
-    1.5 s with."""
-    import scipy.optimize  # noqa: F401
-    import torch._inductor.config  # noqa: F401
-
-    from coded_shuffle.codec import kernel
-
-    kernel.warm()
+# what a rank would load for itself, loaded once in this process before it forks any, as the
+# launcher's fork server does: four ranks of an own loop took 16 s of CPU without, 1.5 s with
+warm = functools.cache(load)
 
 
 def run_ranks(

@@ -175,10 +175,15 @@ def check_training_config(overrides: Sequence[str]) -> None:
         raise UsageError(re.sub(r"^[\w .-]+: error: ", "", lines[-1]))
 
 
+def runs_job(target: Sequence[str]) -> bool:
+    """Whether the hosts' target is the training job (``-m coded_shuffle_train ...``), not a
+    script."""
+    return list(target[:2]) == ["-m", JOB_MODULE]
+
+
 def max_restarts(target: Sequence[str]) -> int:
     """``dist.max_restarts`` of the training job (0 for a script or when not given)."""
-    job = list(target[:2]) == ["-m", JOB_MODULE]
-    value = _override(target, "dist.max_restarts") if job else None
+    value = _override(target, "dist.max_restarts") if runs_job(target) else None
     return int(value) if value and value.isdigit() else 0
 
 
@@ -231,7 +236,7 @@ def torchrun_argv(
     # torchrun: a node's fork server imports the job beside its agent and holds up its join,
     # and an elastic round closes 1 s after the minimum of nodes joined (one suite run started
     # the job on two of three hosts so)
-    own = list(target[:2]) == ["-m", JOB_MODULE] and min_hosts is None
+    own = runs_job(target) and min_hosts is None
     return [
         sys.executable,
         "-m",
