@@ -1,13 +1,26 @@
 """Plain rank processes on this host: a script started once per rank with the environment
 ``torchrun`` would give it, and no launcher that would notice a fault for it (how the tests
-and ``scripts/unclosed_loops.py`` run an own loop as a job)."""
+and ``scripts/unclosed_loops.py`` run an own loop as a job).
+
+The ranks are forked from one interpreter that imported torch and the library first (a rank
+process imports them in about 4 s of CPU here; forked, it does not), then run the script as
+``python SCRIPT`` runs it: as ``__main__``, its folder first on the path, its output its own,
+and the interpreter's exit (``atexit``, threads joined) at its end. Run as ``python -m
+coded_shuffle.tools.ranks SPEC``, this module is that interpreter: it forks every rank, then
+writes each one's exit code as it ends.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import runpy
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -18,28 +31,166 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(script: list[str], world: int, cwd: Path) -> list[subprocess.Popen]:
-    """``python SCRIPT...`` once per rank of a ``world``, in ``cwd``, output piped."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "LOCAL_RANK": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *script],
-                cwd=cwd,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """What ``torchrun`` tells rank ``rank`` of a ``world`` on one host."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "LOCAL_RANK": "0",
+    }
+
+
+class Rank:
+    """One rank's process, as much of :class:`subprocess.Popen` as its users take: ``pid``,
+    ``returncode``, :meth:`poll`, :meth:`wait`, :meth:`communicate` (text) and :meth:`kill`.
+    Its exit code comes from the interpreter it was forked from (its parent)."""
+
+    def __init__(self, pid: int, stdout: int, stderr: int) -> None:
+        self.pid, self.returncode = pid, None
+        self.stdout = os.fdopen(stdout, encoding="utf-8", errors="replace")
+        self.stderr = os.fdopen(stderr, encoding="utf-8", errors="replace")
+        self.ended = threading.Event()
+        self.readers: list[threading.Thread] = []
+        self.texts = ["", ""]
+
+    def end(self, code: int) -> None:
+        self.returncode = code
+        self.ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # ended: its parent reports it
+                os.kill(self.pid, signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Its whole output and error output, once it ended (TimeoutExpired: ``timeout``; a
+        later call goes on reading)."""
+        if not self.readers:
+            for i, file in enumerate((self.stdout, self.stderr)):
+                reader = threading.Thread(target=self._read, args=(i, file), daemon=True)
+                reader.start()
+                self.readers.append(reader)
+        for reader in self.readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
+        self.wait(timeout)
+        return self.texts[0], self.texts[1]
+
+    def _read(self, i: int, file) -> None:
+        with file:
+            self.texts[i] = file.read()
+
+
+def start_ranks(script: list[str], world: int, cwd: Path) -> list[Rank]:
+    """``python SCRIPT...`` once per rank of a ``world``, in ``cwd``, output piped (forked from
+    one interpreter: module docstring)."""
+    pipes = [os.pipe() for _ in range(2 * world)]
+    status_r, status_w = os.pipe()
+    spec = {
+        "script": script,
+        "world": world,
+        "port": free_port(),
+        "fds": [[pipes[2 * r][1], pipes[2 * r + 1][1]] for r in range(world)],
+        "status": status_w,
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "coded_shuffle.tools.ranks", json.dumps(spec)],
+        cwd=cwd,
+        env=env,
+        pass_fds=[w for _, w in pipes] + [status_w],
+        stdin=subprocess.DEVNULL,
+    )
+    for _, w in [*pipes, (status_r, status_w)]:
+        os.close(w)
+    status = os.fdopen(status_r, encoding="utf-8")
+    started = [status.readline().split() for _ in range(world)]
+    if not all(started):
+        parent.wait()
+        raise RuntimeError(
+            f"the ranks' parent ended (exit {parent.returncode}) before forking them"
         )
-    return procs
+    ranks = [
+        Rank(int(pid), pipes[2 * r][0], pipes[2 * r + 1][0]) for r, (_, pid) in enumerate(started)
+    ]
+    threading.Thread(target=_report_ends, args=(status, ranks, parent), daemon=True).start()
+    return ranks
+
+
+def _report_ends(status, ranks: list[Rank], parent: subprocess.Popen) -> None:
+    """Each rank's exit code as its parent writes it (``RANK CODE`` lines)."""
+    with status:
+        for line in status:
+            rank, code = map(int, line.split())
+            ranks[rank].end(code)
+    parent.wait()
+    for r in ranks:  # the parent itself died: what never ended is lost with it
+        if r.returncode is None:
+            r.end(parent.returncode or -signal.SIGKILL)
+
+
+def _preload() -> None:
+    """What every rank of an own loop imports (torch's distributed package, the library and
+    scipy's solvers) and the codec's kernel warmed: its serial kernel only, so that no numba
+    thread exists at the fork."""
+    import scipy.optimize  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    from coded_shuffle.codec import kernel
+    from coded_shuffle.distributed.shuffle import CodedShuffle  # noqa: F401
+
+    kernel.warm()
+
+
+def _serve(spec: dict) -> None:
+    """Forks every rank (:func:`_run_rank`), then writes ``RANK CODE`` as each one ends."""
+    _preload()
+    status = os.fdopen(spec["status"], "w", buffering=1)
+    ranks = {}
+    for rank in range(spec["world"]):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            status.close()
+            _run_rank(rank, spec)
+        ranks[pid] = rank
+        status.write(f"{rank} {pid}\n")
+    for fd in (fd for pair in spec["fds"] for fd in pair):
+        os.close(fd)
+    while ranks:
+        pid, code = os.wait()
+        if pid in ranks:
+            status.write(f"{ranks.pop(pid)} {os.waitstatus_to_exitcode(code)}\n")
+
+
+def _run_rank(rank: int, spec: dict) -> None:
+    """In the forked child: its output on its own pipes, its environment, then the script as
+    ``__main__``; ends the process (the interpreter's own exit)."""
+    out, err = spec["fds"][rank]
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in (fd for pair in spec["fds"] for fd in pair):
+        os.close(fd)
+    os.environ.update(rank_env(rank, spec["world"], spec["port"]))
+    script = spec["script"]
+    sys.argv = list(script)
+    path = Path(script[0]).resolve()
+    sys.path[0] = str(path.parent)
+    runpy.run_path(str(path), run_name="__main__")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    _serve(json.loads(sys.argv[1]))
