@@ -1,6 +1,7 @@
-"""``python -m coded_shuffle_train.node``: torchrun's node for the training job, its ranks forked
-from one server (the emulated cluster's fixed nodes run it: ``tests/test_cluster.py``), and the
-short folder its server's socket takes where the temporary folder is too deep for one."""
+"""``python -m coded_shuffle_train.node``: torchrun's node for the training job or a script, its
+ranks forked from one server (the emulated cluster's fixed nodes run it:
+``tests/test_cluster.py``), and the short folder its server's socket takes where the temporary
+folder is too deep for one."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from coded_shuffle_train import node
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--nnodes", "1", "train.py", "x=1"], "runs -m coded_shuffle_train, not train.py"),
-        (["--nnodes", "1", "-m", "other"], "runs -m coded_shuffle_train, not -m other"),
+        (["--nnodes", "1", "-m", "other"], "runs -m coded_shuffle_train or a script, not -m other"),
+        (["--no-python", "train.sh"], "--no-python: a node forks Python ranks"),
         (["--standalone", "-m", "coded_shuffle_train"], "--standalone: on one machine"),
     ],
 )

@@ -2,10 +2,10 @@
 (docs/transports.md, "The emulated cluster").
 
 Host ``i`` runs ``torchrun --nnodes P --nproc-per-node 1 --node-rank i --master-addr <h0>`` inside
-its namespace (for the training job ``python -m coded_shuffle_train.node`` with the same options,
-but for elastic nodes: torchrun's node, its ranks forked from one server that imported torch
-once), with gloo on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code path,
-rendezvous by address.
+its namespace (``python -m coded_shuffle_train.node`` with the same options but for elastic
+nodes: torchrun's node, its ranks forked from one server that imported torch once), with gloo
+on the host's NIC (``GLOO_SOCKET_IFNAME=eth0``): the real multi-host code path, rendezvous by
+address.
 With ``--min-hosts M`` the nodes are elastic instead (``--nnodes M:P``, torch's c10d rendezvous
 at host 0, every node named by its address, so that host 0, whose address sorts first, is rank
 0: the master): after a failure the agents start the job again with the hosts that are left
@@ -160,7 +160,7 @@ def pacing_overrides(overrides: Sequence[str], rates: Sequence[int], master_rate
 
 
 JOB_MODULE = "coded_shuffle_train"  # the training job's module: ``-m`` runs it on every host
-NODE_MODULE = f"{JOB_MODULE}.node"  # torchrun for the job, its ranks forked from one server
+NODE_MODULE = f"{JOB_MODULE}.node"  # torchrun's node, its ranks forked from one server
 
 
 def check_training_config(overrides: Sequence[str]) -> None:
@@ -232,15 +232,14 @@ def torchrun_argv(
             "--local-addr",
             cluster.address(host),
         ]
-    # the job's own node where every host is in the one rendezvous round; elastic nodes keep
+    # the project's node where every host is in the one rendezvous round; elastic nodes keep
     # torchrun: a node's fork server imports the job beside its agent and holds up its join,
     # and an elastic round closes 1 s after the minimum of nodes joined (one suite run started
     # the job on two of three hosts so)
-    own = runs_job(target) and min_hosts is None
     return [
         sys.executable,
         "-m",
-        NODE_MODULE if own else "torch.distributed.run",
+        NODE_MODULE if min_hosts is None else "torch.distributed.run",
         *nodes,
         "--nproc-per-node",
         str(cluster.procs(host)),
