@@ -41,6 +41,7 @@ KNOWN_PARAMETERS = frozenset(
 FIELDS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
 AUTHKEY_BYTES = 32  # multiprocessing.forkserver._AUTHKEY_LEN (Python 3.14)
 PRELOAD = ["__main__", "coded_shuffle_train.preload"]  # for a server started the standard way
+AGENT_LOG = "torch.distributed.elastic.multiprocessing.api"  # where torch's agent logs a failure
 
 
 def forkable() -> bool:
@@ -185,12 +186,26 @@ def run_command(command: Callable[[], None]) -> NoReturn:
     """Runs a command whose ranks this server forks (the local launcher's, a node's): the
     server stopped whatever happens; after a success its folder removed and the process ended
     at once (every job is over and its files written: torch is not torn down)."""
+    logging.getLogger(AGENT_LOG).addFilter(drop_join_traceback)
     try:
         command()
     finally:
         stop()
     remove_folder()
     exit_now()
+
+
+def drop_join_traceback(record: logging.LogRecord) -> bool:
+    """A log filter: torch's agent logs a rank that exited (``ProcessExitedException``: "process
+    0 terminated with exit code 1") with the traceback of its own join, nothing of the rank's,
+    and torch's log formatter imports ``torch._dynamo`` to format a traceback: 2 s of CPU on
+    the failure's path, in a process that never needed it. The line stays, that traceback
+    goes (a rank's own, ``ProcessRaisedException``, stays)."""
+    from torch.multiprocessing.spawn import ProcessExitedException
+
+    if record.exc_info and isinstance(record.exc_info[1], ProcessExitedException):
+        record.exc_info, record.exc_text = None, None
+    return True
 
 
 def remove_folder() -> None:
