@@ -83,3 +83,22 @@ def test_logging_set_up_keeps_the_server_from_being_forked(single_threaded):
     """Hydra's handlers, once its app runs: every rank would log through them."""
     single_threaded.handlers.append(logging.StreamHandler())
     assert not forkserver.forkable()
+
+
+def test_a_rank_that_exited_is_logged_without_the_agents_join_traceback():
+    """torch's agent logs an exited rank with the traceback of its own join, which torch's log
+    formatter would import ``torch._dynamo`` to format: the line stays, that traceback goes; a
+    rank's own (raised in it) stays."""
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        info = (type(exc), exc, None)
+        return logging.LogRecord(
+            forkserver.AGENT_LOG, logging.ERROR, "api.py", 1, "failed", (), info
+        )
+
+    exited = record(ProcessExitedException("process 0 terminated", 0, 1, exit_code=1))
+    assert forkserver.drop_join_traceback(exited) and exited.exc_info is None
+    assert exited.getMessage() == "failed"
+    raised = record(ProcessRaisedException("Traceback ... ValueError", 0, 1))
+    assert forkserver.drop_join_traceback(raised) and raised.exc_info is not None
