@@ -13,7 +13,7 @@ import sys
 
 from . import forkserver
 
-PACKAGE = "coded_shuffle_train"  # the one target a node runs: the training job's module
+PACKAGE = "coded_shuffle_train"  # the one module a node runs (-m): the training job
 
 
 def main(argv: list[str]) -> None:
