@@ -7,13 +7,12 @@ from __future__ import annotations
 
 
 def load() -> None:
-    """``torch._dynamo`` (DDP's constructor imports it; ``torch._inductor.config`` imports it,
-    and torch.distributed imports that on first use), scipy's solvers (every rank's plan may
-    solve a program: 0.3 s of CPU a rank) and the codec's compiled kernel, warmed (numba's CPU
-    target set up and the kernel loaded from its cache: most of a second a process)."""
-    import scipy.optimize  # noqa: F401
+    """What an own loop's rank loads (:func:`~coded_shuffle.tools.ranks.load_own_loop_imports`:
+    the library, scipy's solvers, the codec's kernel warmed) and ``torch._dynamo`` (DDP's
+    constructor imports it; ``torch._inductor.config`` imports it, and torch.distributed
+    imports that on first use)."""
     import torch._inductor.config  # noqa: F401
 
-    from coded_shuffle.codec import kernel
+    from coded_shuffle.tools.ranks import load_own_loop_imports
 
-    kernel.warm()
+    load_own_loop_imports()

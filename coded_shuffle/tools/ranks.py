@@ -140,10 +140,12 @@ def _report_ends(status, ranks: list[Rank], parent: subprocess.Popen) -> None:
             r.end(parent.returncode or -signal.SIGKILL)
 
 
-def _preload() -> None:
-    """What every rank of an own loop imports (torch's distributed package, the library and
-    scipy's solvers) and the codec's kernel warmed: its serial kernel only, so that no numba
-    thread exists at the fork."""
+def load_own_loop_imports() -> None:
+    """What every rank of an own loop would load for itself, for a process that forks ranks to
+    load once: torch's distributed package, the library, scipy's solvers (a rank's plan may
+    solve a program: 0.3 s of CPU a rank) and the codec's compiled kernel, warmed (numba's CPU
+    target set up and the kernel loaded from its cache: most of a second a process). Warming
+    runs the serial kernel only, so that no numba thread exists at the fork."""
     import scipy.optimize  # noqa: F401
     import torch.distributed  # noqa: F401
 
@@ -155,7 +157,7 @@ def _preload() -> None:
 
 def _serve(spec: dict) -> None:
     """Forks every rank (:func:`_run_rank`), then writes ``RANK CODE`` as each one ends."""
-    _preload()
+    load_own_loop_imports()
     status = os.fdopen(spec["status"], "w", buffering=1)
     ranks = {}
     for rank in range(spec["world"]):
