@@ -4,6 +4,7 @@ maps of this process."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import torch
 from coded_shuffle.codec import buffers
 from coded_shuffle.distributed.delivery import Delivery, WorkerStore
 from coded_shuffle.math.schemes import get_scheme
+from coded_shuffle.tools.warm import WarmStarter
 from coded_shuffle_train.compose import CONF_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +37,10 @@ RUNS = [
     "decentralized/peer-unicast T=2",  # the workers send their own symbols
     "cycles/blocking",  # dist.prefetch=false: every other run prefetches
 ]
+# what a job command imports (the launcher, Hydra; its fork server's preload: torch._dynamo, the
+# jobs, scipy's solvers, the codec's kernel), for the warm server that forks the tests' jobs
+WARM_IMPORTS = ("coded_shuffle_train.launch", "coded_shuffle_train.preload")
+_WARM: list[WarmStarter] = []
 
 
 def compose(*overrides: str):
@@ -56,15 +62,22 @@ def train_command() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "coded_shuffle_train.launch"]
 
 
+def warm_jobs() -> WarmStarter:
+    """This test process's server of job commands (:mod:`coded_shuffle.tools.warm`: torch and
+    the jobs imported once, each command forked), started at its first job."""
+    if not _WARM:
+        _WARM.append(WarmStarter(WARM_IMPORTS))
+        atexit.register(_WARM[0].close)
+    return _WARM[0]
+
+
 def run_job(
     args: list[str], cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """``coded-shuffle-train ARGS`` in ``cwd``, its output captured (``env``: added to this
-    process's environment)."""
+    process's environment), forked from :func:`warm_jobs`."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run(
-        train_command() + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return warm_jobs().run(train_command() + args, cwd, env, timeout)
 
 
 def read_summary(run_dir: Path) -> dict:

@@ -21,6 +21,7 @@ from coded_shuffle.tools import cli
 from coded_shuffle.tools.cluster import netns, run
 from coded_shuffle.tools.records import metrics_path, read_metrics
 from coded_shuffle.tools.tempdirs import socket_base
+from tests.helpers import train_command, warm_jobs
 from tests.ranks import is_root
 
 ROOT_ONLY = pytest.mark.skipif(not is_root(), reason="network namespaces need root")
@@ -232,22 +233,18 @@ def test_a_cluster_run_survives_a_killed_host_verifies_every_epoch_and_leaves_no
     run_dir, local = tmp_path / "run", tmp_path / "local"
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    unbroken = subprocess.Popen(  # the same job, on one machine, meanwhile (it mostly sleeps)
+    unbroken = warm_jobs().popen(  # the same job, on one machine, meanwhile (it mostly sleeps)
         [
-            sys.executable,
-            "-m",
-            "coded_shuffle_train.launch",
+            *train_command(),
             "scheme=uncoded",
             "workers=2",
             *LONG,
             "epochs=4",
             f"hydra.run.dir={local}",
         ],
-        cwd=tmp_path,
+        tmp_path,
+        {**os.environ, "TMPDIR": str(temporary)},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(temporary)},
     )
     args = [
         "--hosts",
@@ -342,19 +339,11 @@ def test_workers_multicast_their_own_coded_symbols_on_a_shared_medium(tmp_path):
     before = our_namespaces()
     run_dir, local = tmp_path / "run", tmp_path / "local"
     job = ["scheme=decentralized", "storage=2", *SMALL]
-    unbroken = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "coded_shuffle_train.launch",
-            *job,
-            "workers=3",
-            f"hydra.run.dir={local}",
-        ],
-        cwd=tmp_path,
+    unbroken = warm_jobs().popen(
+        [*train_command(), *job, "workers=3", f"hydra.run.dir={local}"],
+        tmp_path,
+        dict(os.environ),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     args = [
         "--hosts",

@@ -6,9 +6,7 @@ floats, bad items stop the launcher in one line; real jobs on the tests' image s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from coded_shuffle.errors import UsageError
 from coded_shuffle.tools.records import read_metrics
 from coded_shuffle_train import data, shuffle_sgd
 from coded_shuffle_train.shuffle_sgd import model_inputs
-from tests.helpers import compose
+from tests.helpers import compose, run_job
 from tests.image_sets import TinyImages
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,19 +102,11 @@ def test_bad_data_sets_are_one_usage_error_before_any_process(overrides, message
 
 
 def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)}
+    """The job on a data set (``tests.image_sets`` importable by its ranks)."""
     flags = [a for a in args if a == "-m"]  # Hydra's multirun flag before the overrides
     overrides = [a for a in args if a != "-m"]
-    command = [
-        sys.executable,
-        "-m",
-        "coded_shuffle_train.launch",
-        *flags,
-        "data=dataset",
-        "model=cnn",
-    ]
-    command += overrides
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    command = [*flags, "data=dataset", "model=cnn", *overrides]
+    return run_job(command, cwd, timeout=300, env={"PYTHONPATH": str(REPO)})
 
 
 def test_an_unimportable_dataset_stops_the_command_in_one_line(tmp_path):
@@ -143,23 +133,12 @@ def test_jobs_on_the_tests_image_set_and_the_digits_verify_every_epoch(tmp_path)
     out = _train([*job, f"hydra.run.dir={tmp_path}/digits"], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     pack(tmp_path / "packed", ["data=dataset", TINY, TINY_TEST])
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "coded_shuffle_train.launch",
-            "data=file",
-            f"data.path={tmp_path / 'packed'}",
-            "model=cnn",
-            "scheme=cycles",
-            *job,
-            f"hydra.run.dir={tmp_path}/file",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    packed = ["data=file", f"data.path={tmp_path / 'packed'}", "model=cnn", "scheme=cycles"]
+    out = run_job(
+        [*packed, *job, f"hydra.run.dir={tmp_path}/file"],
+        tmp_path,
         timeout=300,
-        env={**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(REPO)},
+        env={"PYTHONPATH": str(REPO)},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = {}

@@ -22,6 +22,7 @@ import pytest
 
 from coded_shuffle.elastic import make_problem, make_settings, simulate
 from coded_shuffle.tools.records import metrics_path, read_metrics, recorded_lines
+from tests.helpers import train_command, warm_jobs
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,23 +32,17 @@ N, D = 360, 20  # coded_shuffle_train/conf/job/elastic_gd.yaml defaults
 
 
 class Job:
-    """The job in a subprocess; its output goes to a file (a full pipe would stall it)."""
+    """The job forked from the tests' warm server; its output goes to a file (a full pipe
+    would stall it)."""
 
     def __init__(self, args: list[str], run_dir: Path) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.log = run_dir.parent / f"{run_dir.name}.log"
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "coded_shuffle_train.launch",
-                    *BASE,
-                    *args,
-                    f"hydra.run.dir={run_dir}",
-                ],
-                cwd=ROOT,
-                env=env,
+            self.proc = warm_jobs().popen(
+                [*train_command(), *BASE, *args, f"hydra.run.dir={run_dir}"],
+                ROOT,
+                env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

@@ -12,7 +12,6 @@ writes each one's exit code as it ends.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import runpy
@@ -22,6 +21,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from .forked import Forked
 
 
 def free_port() -> int:
@@ -42,57 +43,7 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     }
 
 
-class Rank:
-    """One rank's process, as much of :class:`subprocess.Popen` as its users take: ``pid``,
-    ``returncode``, :meth:`poll`, :meth:`wait`, :meth:`communicate` (text) and :meth:`kill`.
-    Its exit code comes from the interpreter it was forked from (its parent)."""
-
-    def __init__(self, pid: int, stdout: int, stderr: int) -> None:
-        self.pid, self.returncode = pid, None
-        self.stdout = os.fdopen(stdout, encoding="utf-8", errors="replace")
-        self.stderr = os.fdopen(stderr, encoding="utf-8", errors="replace")
-        self.ended = threading.Event()
-        self.readers: list[threading.Thread] = []
-        self.texts = ["", ""]
-
-    def end(self, code: int) -> None:
-        self.returncode = code
-        self.ended.set()
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self.ended.wait(timeout):
-            raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
-        return self.returncode  # type: ignore[return-value]
-
-    def kill(self) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):  # ended: its parent reports it
-                os.kill(self.pid, signal.SIGKILL)
-
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        """Its whole output and error output, once it ended (TimeoutExpired: ``timeout``; a
-        later call goes on reading)."""
-        if not self.readers:
-            for i, file in enumerate((self.stdout, self.stderr)):
-                reader = threading.Thread(target=self._read, args=(i, file), daemon=True)
-                reader.start()
-                self.readers.append(reader)
-        for reader in self.readers:
-            reader.join(timeout)
-            if reader.is_alive():
-                raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
-        self.wait(timeout)
-        return self.texts[0], self.texts[1]
-
-    def _read(self, i: int, file) -> None:
-        with file:
-            self.texts[i] = file.read()
-
-
-def start_ranks(script: list[str], world: int, cwd: Path) -> list[Rank]:
+def start_ranks(script: list[str], world: int, cwd: Path) -> list[Forked]:
     """``python SCRIPT...`` once per rank of a ``world``, in ``cwd``, output piped (forked from
     one interpreter: module docstring)."""
     pipes = [os.pipe() for _ in range(2 * world)]
@@ -122,13 +73,13 @@ def start_ranks(script: list[str], world: int, cwd: Path) -> list[Rank]:
             f"the ranks' parent ended (exit {parent.returncode}) before forking them"
         )
     ranks = [
-        Rank(int(pid), pipes[2 * r][0], pipes[2 * r + 1][0]) for r, (_, pid) in enumerate(started)
+        Forked(int(pid), pipes[2 * r][0], pipes[2 * r + 1][0]) for r, (_, pid) in enumerate(started)
     ]
     threading.Thread(target=_report_ends, args=(status, ranks, parent), daemon=True).start()
     return ranks
 
 
-def _report_ends(status, ranks: list[Rank], parent: subprocess.Popen) -> None:
+def _report_ends(status, ranks: list[Forked], parent: subprocess.Popen) -> None:
     """Each rank's exit code as its parent writes it (``RANK CODE`` lines)."""
     with status:
         for line in status:
