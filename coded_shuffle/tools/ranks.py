@@ -22,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .forked import Forked
+from coded_shuffle.tools.forked import Forked
 
 
 def free_port() -> int:

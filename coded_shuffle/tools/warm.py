@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .forked import Forked
+from coded_shuffle.tools.forked import Forked
 
 MESSAGE_BYTES = 1 << 20  # one request: its argv and environment as JSON
 
