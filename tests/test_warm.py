@@ -4,7 +4,9 @@ own exit), and what it cannot run is refused in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -105,3 +107,18 @@ def test_what_it_cannot_run_is_refused_in_one_line():
 def test_a_preload_that_fails_stops_the_start_in_one_line():
     with pytest.raises(RuntimeError, match="did not start: ModuleNotFoundError: No module named"):
         WarmStarter(["no_such_module_here"])
+
+
+def test_a_server_that_dies_ends_what_it_had_not_reported(probe, tmp_path):
+    command, env = probe
+    warm = WarmStarter(["json"])
+    process = warm.popen([*command, "--sleep"], tmp_path, env, stdout=subprocess.DEVNULL)
+    try:
+        warm.server.kill()
+        assert process.wait(30) == -9
+        with pytest.raises((RuntimeError, OSError)):
+            warm.popen(command, tmp_path, env)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)  # its orphan, still asleep
+        warm.close()

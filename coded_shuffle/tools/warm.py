@@ -49,6 +49,7 @@ class WarmStarter:
         )
         theirs.close()
         self.sock, self.lock, self.ids = ours, threading.Lock(), itertools.count()
+        self.closing = False
         self.started: dict[int, Forked] = {}
         self.waiting: dict[int, tuple[threading.Event, list[int]]] = {}
         reply = json.loads(self.sock.recv(MESSAGE_BYTES) or b'{"error": "ended"}')
@@ -104,6 +105,7 @@ class WarmStarter:
     def close(self) -> None:
         """Ends the server (what it forked goes on). ``shutdown`` first: the reply reader's
         ``recv`` holds the socket open past a plain ``close``, and the server would wait on."""
+        self.closing = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
@@ -128,6 +130,11 @@ class WarmStarter:
         with self.lock:
             for event, _ in self.waiting.values():
                 event.set()
+        if not self.closing:  # the server died: what it had not reported is lost with it
+            self.server.wait()
+            for process in self.started.values():
+                if process.returncode is None:
+                    process.end(-signal.SIGKILL)
 
 
 def _output(spec: Any, own: int) -> tuple[int, int | None]:
