@@ -150,6 +150,42 @@ def test_multicast_sends_a_slow_worker_only_what_it_keeps(drop):
         assert repairs > 0 and ingress[1] < fast, ingress
 
 
+def _kept_in_quarters(worker: int) -> np.ndarray:
+    """Runs of 256 rows in four classes: workers 1 and 2 keep their own class and the
+    shared fourth (half the rows each, three quarters together), worker 3 every row."""
+    rows = np.arange(MC_ROWS)
+    cls = (rows // 256) % 4
+    return rows if worker == 3 else rows[(cls == worker - 1) | (cls == 3)]
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
+@pytest.mark.parametrize(("lanes", "drop", "share"), [(2, 0.0, 0.5), (1, 0.0, 0.75), (1, 0.2, 0)])
+def test_slow_workers_in_one_lane_hear_what_either_keeps(lanes, drop, share):
+    """Workers 1 and 2 slow (100 and 50 of 200 Mbit/s), each keeping half the rows, three
+    quarters together: in a lane each (``slow_lanes=2``) each hears its own half, in one lane
+    (``slow_lanes=1``, slowest first) both hear the three quarters either keeps; every kept
+    row exact, losses repaired in the shared lane too."""
+    options = {
+        **MC_BASE,
+        "drop": drop,
+        "receiver_rates": ["100mbit", "50mbit", "200mbit"],
+        "slow_lanes": lanes,
+    }
+    with private_netns() as ns:
+        results = run_ranks(WORLD, _multicast_stream, options, 2, _kept_in_quarters, netns=ns)
+    assert all(r[0] for r in results)
+    assert all(r[5] == [1, 2] for r in results)
+    egress, _, repairs, control, *_ = results[0][1]
+    ingress = [r[1][1] for r in results[1:]]
+    if drop:
+        assert repairs > 0 and max(ingress[:2]) < ingress[2], ingress
+        return
+    assert repairs == 0 and ingress[2] >= egress - control  # the fast worker: every datagram
+    for heard in ingress[:2]:
+        assert share - 0.08 < heard / ingress[2] < share + 0.08, ingress
+
+
 @pytest.mark.distributed
 @pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
 def test_multicast_parity_rebuilds_single_losses_where_they_happen():

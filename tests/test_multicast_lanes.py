@@ -5,19 +5,21 @@ the master interleaves the groups."""
 from __future__ import annotations
 
 import ipaddress
+import itertools
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coded_shuffle.distributed.transports.multicast.lanes import (
-    SLOW_MAX,
+    SLOW_LANES,
     Lanes,
     datagram_groups,
     datagram_keeps,
     group_address,
+    lane_cuts,
     memberships,
-    slow_workers,
+    slow_lanes,
 )
 from coded_shuffle.distributed.transports.multicast.pacing import Pacer
 
@@ -56,28 +58,69 @@ def test_a_datagram_is_kept_where_a_kept_message_has_a_byte_in_it(stream):
     assert np.array_equal(got, want)
 
 
+@st.composite
+def lanes_of(draw, workers: int) -> tuple[tuple[int, ...], ...]:
+    """Some of ``workers`` workers, in at most :data:`SLOW_LANES` lanes."""
+    slow = draw(st.permutations(range(1, workers + 1)))[: draw(st.integers(0, workers))]
+    count = min(len(slow), draw(st.integers(1, SLOW_LANES)))
+    inner = st.integers(1, len(slow) - 1)
+    cuts = sorted(draw(st.sets(inner, max_size=count - 1))) if len(slow) > 1 else []
+    bounds = [0, *cuts, len(slow)]
+    return tuple(tuple(slow[a:b]) for a, b in itertools.pairwise(bounds) if b > a)
+
+
 @given(streams(), st.data())
 @settings(max_examples=100, deadline=None)
-def test_a_slow_worker_joins_exactly_the_groups_of_the_datagrams_it_keeps(stream, data):
+def test_a_slow_worker_joins_exactly_the_groups_of_what_its_lane_keeps(stream, data):
     sizes, keeps, d = stream
     workers = keeps.shape[0]
-    slow = tuple(data.draw(st.permutations(range(1, workers + 1)))[: min(workers, SLOW_MAX)])
-    groups = datagram_groups(keeps, sizes, d, slow)
+    lanes = data.draw(lanes_of(workers))
+    groups = datagram_groups(keeps, sizes, d, lanes)
     kept = datagram_keeps(keeps, sizes, d)
     for w in range(1, workers + 1):
-        joined = np.isin(groups, memberships(w, slow))
-        assert np.array_equal(joined, kept[w - 1]) if w in slow else joined.all()
+        joined = np.isin(groups, memberships(w, lanes))
+        lane = [ln for ln in lanes if w in ln]
+        want = kept[[v - 1 for v in lane[0]]].any(axis=0) if lane else np.ones_like(joined)
+        assert np.array_equal(joined, want)
 
 
-def test_slow_workers_are_those_below_the_rate_slowest_first_and_at_most_four():
-    assert slow_workers(400, [400, 200, 400, 100]) == (4, 2)
-    assert slow_workers(400, [400] * 4) == ()
-    assert slow_workers(400, [100] * (SLOW_MAX + 1)) == ()  # too many: one group, slowest pace
+def test_slow_workers_are_those_below_the_rate_slowest_first_a_lane_each():
+    assert slow_lanes(400, [400, 200, 400, 100]) == ((4,), (2,))
+    assert slow_lanes(400, [400] * 4) == ()
+    assert slow_lanes(400, [100] * 4) == ((1,), (2,), (3,), (4,))
+
+
+def test_more_slow_workers_than_lanes_share_them_by_rate():
+    assert slow_lanes(400, [200] * 5 + [400]) == ((1,), (2,), (3,), (4, 5))
+    assert slow_lanes(400, [300, 100, 100, 50, 400], 2) == ((4,), (2, 3, 1))
+    assert slow_lanes(400, [100, 50, 400], 1) == ((2, 1),)
+    assert slow_lanes(400, [100, 50, 400], 0) == ()  # none: the stream at the slowest's pace
+
+
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=9), st.integers(1, SLOW_LANES))
+@settings(max_examples=200, deadline=None)
+def test_lane_cuts_are_the_least_worst_lane_of_every_way_to_cut(rates, lanes):
+    """Against every cut of the sorted rates into at most ``lanes`` runs: the worst lane's
+    ``len / its slowest's rate`` is the least there is."""
+    rates = sorted(rates)
+    lanes = min(lanes, len(rates))
+    cuts = lane_cuts(rates, lanes)
+    assert cuts[0] == 0 and cuts[-1] == len(rates) and len(cuts) == lanes + 1
+    assert all(a < b for a, b in itertools.pairwise(cuts))
+
+    def worst(bounds):
+        return max((b - a) / rates[a] for a, b in itertools.pairwise(bounds))
+
+    inner = range(1, len(rates))
+    best = min(
+        worst([0, *c, len(rates)]) for k in range(lanes) for c in itertools.combinations(inner, k)
+    )
+    assert worst(cuts) == best
 
 
 def test_group_addresses_are_distinct_multicast_addresses_beside_the_base():
     for base in ("239.255.1.1", "239.255.255.254", "224.0.0.250"):
-        got = [group_address(base, g) for g in range(2**SLOW_MAX)]
+        got = [group_address(base, g) for g in range(2**SLOW_LANES)]
         assert got[0] == base and len(set(got)) == len(got)
         assert all(ipaddress.ip_address(a).is_multicast for a in got)
 

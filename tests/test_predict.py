@@ -134,7 +134,25 @@ def test_a_receiver_aware_multicast_waits_for_the_master_or_what_a_slow_worker_k
     master's link (every datagram, ``1`` unit) and the slow worker's (twice its share)."""
     k, rc = 4, 15 * MB
     slow = Network("switch", 400e6, 400e6, worker_rates=(400e6, 400e6, 400e6, 200e6))
-    reach = Reach(4.0, (rc // 2, rc // 2), (4, 4), (rc,) * 3 + (int(kept * rc),))
+    every, share = (True,) * 10, (True,) * round(10 * kept) + (False,) * round(10 - 10 * kept)
+    reach = Reach(4.0, (rc // 10,) * 10, (4,) * 10, (every,) * 3 + (share,))
+    unit = slow.datagrams(rc) / (slow.pace_share * 50e6)
+    got = seconds("multicast", rc, Traffic(k, rc, 2 * rc), slow, reach) - slow.overhead_seconds
+    assert got == pytest.approx(units * unit, rel=1e-3)
+
+
+@pytest.mark.parametrize(("apart", "units"), [(False, 1.0), (True, 1.2)])
+def test_more_slow_workers_than_lanes_share_one_priced_by_what_either_keeps(apart, units):
+    """Five of six workers at half rate, four lanes (``SLOW_LANES``): workers 4 and 5 share
+    one, which takes what either keeps at half rate (the same 30% of the stream: 0.6 of the
+    master's time; 30% each apart: 1.2); the stream takes the longer of that and the master's
+    link (``1`` unit)."""
+    k, rc = 6, 15 * MB
+    slow = Network("switch", 400e6, 400e6, worker_rates=(200e6,) * 5 + (400e6,))
+    assert slow.relay_order(k) == (6, 1, 2, 3, 4, 5)
+    first, last = (True,) * 3 + (False,) * 7, (False,) * 7 + (True,) * 3
+    fifth = last if apart else first
+    reach = Reach(6.0, (rc // 10,) * 10, (6,) * 10, ((True,) * 10,) + (first,) * 4 + (fifth,))
     unit = slow.datagrams(rc) / (slow.pace_share * 50e6)
     got = seconds("multicast", rc, Traffic(k, rc, 2 * rc), slow, reach) - slow.overhead_seconds
     assert got == pytest.approx(units * unit, rel=1e-3)

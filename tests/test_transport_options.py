@@ -156,6 +156,8 @@ def test_the_job_names_its_hydra_keys():
         REGISTRY["multicast"].validate(4, JOB_NAMES)
     with pytest.raises(UsageError, match=r"^dist\.multicast\.rate 'x' cannot be parsed"):
         REGISTRY["multicast"].validate(4, JOB_NAMES, rate="x")
+    with pytest.raises(UsageError, match=r"^dist\.multicast\.slow_lanes=5 out of range 0\.\.4$"):
+        REGISTRY["multicast"].validate(4, JOB_NAMES, rate="1gbit", slow_lanes=5)
     with pytest.raises(UsageError, match=r"^dist\.transport='smoke' unknown"):
         transport_class("smoke", JOB_NAMES)
 

@@ -94,10 +94,14 @@ class Network:
         rates = self.worker_rates or (self.rate,) * workers
         return fastest_first(dict(enumerate(rates, start=1)))
 
+    def nics(self, workers: int) -> tuple[float, ...]:
+        """Every worker's NIC in bytes/s, worker 1 first."""
+        return tuple(r / 8 for r in self.worker_rates or (self.rate,) * workers)
+
     def receivers(self, workers: int) -> tuple[float, ...]:
         """Every worker's NIC in bytes/s, in :meth:`relay_order`."""
-        rates = self.worker_rates or (self.rate,) * workers
-        return tuple(rates[w - 1] / 8 for w in self.relay_order(workers))
+        nics = self.nics(workers)
+        return tuple(nics[w - 1] for w in self.relay_order(workers))
 
     def others(self) -> str:
         """The NICs whose rate is not ``rate`` (the master's, a worker's), as outputs name
@@ -143,13 +147,18 @@ class Reach:
     stream's order) of ``sizes[i]`` bytes crosses the links into positions ``1 ..
     ends[i]``; ``links``, the links a byte crosses on average with the reach tables (network
     bytes / stream bytes: ``K`` when every relay forwards everything; less where later
-    workers keep nothing); ``kept``, the bytes of the messages each worker keeps a row of,
-    in the same order (what a receiver-aware multicast sends a slow worker)."""
+    workers keep nothing); ``keepers``, per worker in the same order, which messages it keeps a
+    row of (what a receiver-aware multicast sends a slow worker)."""
 
     links: float
     sizes: tuple[int, ...]
     ends: tuple[int, ...]
-    kept: tuple[int, ...] = ()  # per position: the bytes of the messages that worker keeps
+    keepers: tuple[tuple[bool, ...], ...] = ()  # per position, per message: a row of it kept
+
+    def heard(self, positions: Sequence[int]) -> int:
+        """The bytes of the messages any worker at ``positions`` (``1..K``) keeps a row of."""
+        keeps = np.asarray(self.keepers, dtype=bool)[[p - 1 for p in positions]].any(axis=0)
+        return int(np.asarray(self.sizes, dtype=np.int64) @ keeps)
 
 
 @dataclass(frozen=True)
@@ -226,8 +235,7 @@ def chain_reach_of(
     program), the parts' streams one after the other."""
     workers = plan.plans[0].num_workers
     order = range(1, workers + 1) if order is None else order
-    network, sizes, ends = 0, [], []
-    kept = np.zeros(workers, dtype=np.int64)
+    network, sizes, ends, keeps = 0, [], [], []
     parts = byte_parts(point_bytes, plan.fractions)
     for part, b in zip(plan.plans, parts, strict=True):
         sub = subpoint_bytes(b, part.splits)
@@ -235,10 +243,11 @@ def chain_reach_of(
         keep = [program.symbol_ids for program in decode_plan(part)]
         keepers = message_keepers(keep, part.num_symbols, sub, chunk_bytes)
         reach = chain_reach(keepers, order)
-        kept += keepers.astype(np.int64) @ np.asarray(mine, dtype=np.int64)
+        keeps.append(np.asarray(keepers, dtype=bool))
         network += chain_bytes(mine, reach, part.num_workers)
         sizes += [int(x) for x in mine]
         ends += [int(x) for x in reach]
     stream = sum(sizes)
-    in_order = tuple(int(kept[w - 1]) for w in order)
+    every = np.concatenate(keeps, axis=1)  # (K, messages)
+    in_order = tuple(tuple(bool(x) for x in every[w - 1]) for w in order)
     return Reach(network / stream if stream else 0.0, tuple(sizes), tuple(ends), in_order)

@@ -92,13 +92,13 @@ from coded_shuffle.distributed.transports.multicast.feedback import (
 )
 from coded_shuffle.distributed.transports.multicast.lanes import (
     IP_MULTICAST_ALL,
-    SLOW_MAX,
+    SLOW_LANES,
     Lanes,
     datagram_groups,
     datagram_keeps,
     group_address,
     memberships,
-    slow_workers,
+    slow_lanes,
 )
 from coded_shuffle.distributed.transports.multicast.options import (
     MulticastOptions,
@@ -128,9 +128,10 @@ __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailab
 class MulticastCost(BroadcastCost):
     """``R_c`` in full datagrams once, on any topology, paced at ``pace_share`` of the
     slowest NIC, the master's or a worker's: every receiver takes the whole stream. Where some
-    workers are slower than the master and the fastest worker (at most ``SLOW_MAX``, and
-    ``reach`` says what each keeps), a slow worker takes only the datagrams it keeps, at its
-    own rate, and the stream lasts as long as its busiest link (:mod:`.lanes`)."""
+    workers are slower than the master and the fastest worker (and ``reach`` says what each
+    keeps), a slow worker's lane (:func:`~.lanes.slow_lanes`, ``SLOW_LANES`` of them, the
+    default) takes only the datagrams any of its workers keeps, at its slowest's rate, and the
+    stream lasts as long as its busiest link (:mod:`.lanes`)."""
 
     paced = True
 
@@ -139,13 +140,16 @@ class MulticastCost(BroadcastCost):
         top = min(net.master_rate / 8, rates[0])
         if net.topology == "shared":
             top = min(top, net.rate / 8)
-        slow = [i for i, r in enumerate(rates) if r < top]
-        if reach is None or not reach.kept or not slow or len(slow) > SLOW_MAX:
+        workers = net.nics(traffic.workers)
+        lanes = slow_lanes(top, workers, SLOW_LANES)  # as the transport cuts them
+        if reach is None or not reach.keepers or not lanes:
             return net.datagrams(stream) / (net.pace_share * min(top, rates[-1]))
+        position = {w: p for p, w in enumerate(net.relay_order(traffic.workers), start=1)}
         scale = stream / max(sum(reach.sizes), 1)  # the reach's sizes scaled to the stream
         busy = net.datagrams(stream) / top
-        for i in slow:
-            busy = max(busy, net.datagrams(reach.kept[i] * scale) / rates[i])
+        for lane in lanes:
+            heard = reach.heard([position[w] for w in lane]) * scale
+            busy = max(busy, net.datagrams(heard) / workers[lane[0] - 1])
         return busy / net.pace_share
 
 
@@ -219,14 +223,16 @@ class Multicast(Transport):
         self.tail: float | None = None  # the latest a datagram came in a drain (None: no drain)
 
     def _receivers(self, rates: Sequence[float]) -> None:
-        """The slow workers that get groups of their own (:mod:`~.lanes`: the master's
-        streams), their paces and the groups' addresses; where the workers send
-        (``peer-multicast``) or more are slow than groups allow, the pace is the slowest's."""
-        self.slow_workers = () if self.peer_sends else slow_workers(self.rate, rates)
-        self.slow_rates = [rates[w - 1] for w in self.slow_workers]
-        if rates and not self.slow_workers:
+        """The lanes of slow workers (:mod:`~.lanes`: the master's streams), each lane's pace
+        (its slowest's) and the groups' addresses; where the workers send (``peer-multicast``)
+        the pace is the slowest's."""
+        most = int(self.options.slow_lanes)
+        self.lanes = () if self.peer_sends else slow_lanes(self.rate, rates, most)
+        self.slow_workers = sorted(w for lane in self.lanes for w in lane)
+        self.slow_rates = [rates[lane[0] - 1] for lane in self.lanes]
+        if rates and not self.lanes:
             self.rate = min(self.rate, *rates)
-        count = 2 ** len(self.slow_workers)
+        count = 2 ** len(self.lanes)
         self.addresses = [(group_address(self.group, g), self.port) for g in range(count)]
 
     @property
@@ -265,7 +271,7 @@ class Multicast(Transport):
     def _join(self, sock: socket.socket) -> None:
         """A receiver's socket bound to the job's group and joined to it; with slow workers
         (:mod:`~.lanes`), bound to the port and joined to this worker's groups alone."""
-        if not self.slow_workers:
+        if not self.lanes:
             sock.bind((self.group, self.port))
             sock.setsockopt(
                 socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(self.group, self.ifindex)
@@ -273,7 +279,7 @@ class Multicast(Transport):
             return
         sock.setsockopt(socket.IPPROTO_IP, IP_MULTICAST_ALL, 0)
         sock.bind(("0.0.0.0", self.port))
-        for g in memberships(self.peer.rank, self.slow_workers):
+        for g in memberships(self.peer.rank, self.lanes):
             group = self.addresses[g][0]
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreqn(group, self.ifindex))
 
@@ -302,6 +308,7 @@ class Multicast(Transport):
             "group": self.group,
             "port": self.port,
             "slow_workers": list(self.slow_workers),
+            "slow_lanes": [list(lane) for lane in self.lanes],
         }
 
     def close(self) -> None:
@@ -356,7 +363,7 @@ class Multicast(Transport):
         n, d = self._count(total), self.datagram_bytes
         data = self.buffers.empty(n, d).numpy().reshape(-1)  # kept for repairs
         data[total:] = 0  # the last datagram's padding: parity covers whole datagrams
-        if self.slow_workers:
+        if self.lanes:
             resend = self._serve_lanes(data, total, messages, self._groups(stream, keepers))
         else:
             resend = self._serve_one(data, total, messages)
@@ -394,7 +401,7 @@ class Multicast(Transport):
         not known, the group every worker joined."""
         if keepers is None:
             return np.full(self._count(stream.total), len(self.addresses) - 1, dtype=np.int64)
-        return datagram_groups(keepers, stream.sizes, self.datagram_bytes, self.slow_workers)
+        return datagram_groups(keepers, stream.sizes, self.datagram_bytes, self.lanes)
 
     def _serve_one(
         self, data: np.ndarray, total: int, messages: Iterable[torch.Tensor]
@@ -497,7 +504,7 @@ class Multicast(Transport):
         as before). Counted as feedback."""
         assert self.batch is not None
         head = (self.job, self.stream_id, rnd)
-        groups = self.addresses if self.slow_workers else [None]
+        groups = self.addresses if self.lanes else [None]
         self._control(egress=sum(self.batch.send_end(head, to) for to in groups))
 
     def _control_round_done(self, dsts: Sequence[int]) -> None:
@@ -567,7 +574,7 @@ class Multicast(Transport):
         goes to ``deliver`` as soon as all of its datagrams are in, past a lost one too
         (:class:`~.receive.Handover`: checks and decoding overlap the transfer and the repair). A
         slow worker (:mod:`~.lanes`) waits for, and is given, only the messages it keeps
-        (``keeps``)."""
+        (``keeps``); what its lane brings for the others is read and counted, and dropped."""
         d = self.datagram_bytes
         edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(edges[-1])

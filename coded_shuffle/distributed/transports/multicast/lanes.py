@@ -13,10 +13,15 @@ real ones) sends each port only the groups its host joined. The master interleav
 (:class:`Lanes`): every batch waits for its own pace at the master's NIC and at each slow
 worker's that it reaches, and the earliest batch goes first, so the fast workers' share fills
 what the slow ones leave of the master's link.
+
+Where more workers are slow than there may be bits (``SLOW_LANES``: ``2 ** 4`` groups, within
+Linux's 20 memberships a socket), the slow workers of nearest rates share a bit, a **lane**:
+it hears the datagrams any of them keeps, at its slowest's pace (:func:`slow_lanes`).
 """
 
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 from collections import deque
@@ -26,19 +31,49 @@ import numpy as np
 
 from coded_shuffle.distributed.transports.multicast.pacing import Pacer
 
-SLOW_MAX = 4  # slow workers that get their own groups: 16 groups, within Linux's 20 per socket
+SLOW_LANES = 4  # lanes of slow workers: 16 groups, within Linux's 20 memberships a socket
 IP_MULTICAST_ALL = 49  # linux/in.h: 0 = a socket hears only the groups it joined
 
+Lane = tuple[int, ...]  # slow workers (``1..K``) that share one bit of the group's number
 
-def slow_workers(rate: float, receiver_rates: Sequence[float]) -> tuple[int, ...]:
+
+def slow_lanes(
+    rate: float, receiver_rates: Sequence[float], most: int = SLOW_LANES
+) -> tuple[Lane, ...]:
     """The workers (``1..K``; ``receiver_rates[w - 1]``: worker ``w``'s pace) slower than
-    ``rate``, slowest first, ties by number; () where there are none or more than
-    :data:`SLOW_MAX` (then the stream is paced for the slowest, one group)."""
+    ``rate``, slowest first (ties by number), in at most ``most`` lanes: one each where there
+    are that few; else runs of that order, cut where the longest lane's time is least
+    (:func:`lane_cuts`). () where none is slow or ``most`` is 0 (then the stream is paced
+    for the slowest, one group: a network that floods every group to every port)."""
     slow = sorted(
         (w for w, r in enumerate(receiver_rates, start=1) if r < rate),
         key=lambda w: (receiver_rates[w - 1], w),
     )
-    return tuple(slow) if len(slow) <= SLOW_MAX else ()
+    if len(slow) <= most or not most:
+        return tuple((w,) for w in slow) if most else ()
+    cuts = lane_cuts([receiver_rates[w - 1] for w in slow], most)
+    return tuple(tuple(slow[a:b]) for a, b in itertools.pairwise(cuts))
+
+
+def lane_cuts(rates: Sequence[float], lanes: int) -> list[int]:
+    """Where to cut ``rates`` (ascending) into ``lanes`` runs, ``[0, ..., len(rates)]``, so
+    that the largest ``len(run) / run[0]`` is least: a lane of ``m`` workers, each keeping
+    about a share ``f`` of the stream, hears up to ``m f`` of it at its slowest's rate.
+    Exact (dynamic programming over the cuts, ``O(lanes n^2)``); of equal cuts, the earliest."""
+    n = len(rates)
+    worst = [[np.inf] * (n + 1) for _ in range(lanes + 1)]  # worst[l][j]: rates[:j] in l runs
+    back = [[0] * (n + 1) for _ in range(lanes + 1)]
+    worst[0][0] = 0.0
+    for lane in range(1, lanes + 1):
+        for j in range(lane, n + 1):
+            for i in range(lane - 1, j):
+                cost = max(worst[lane - 1][i], (j - i) / rates[i])
+                if cost < worst[lane][j]:
+                    worst[lane][j], back[lane][j] = cost, i
+    cuts = [n]
+    for lane in range(lanes, 0, -1):
+        cuts.append(back[lane][cuts[-1]])
+    return cuts[::-1]
 
 
 def group_address(base: str, group: int) -> str:
@@ -48,14 +83,14 @@ def group_address(base: str, group: int) -> str:
     return socket.inet_ntoa(struct.pack("!I", value ^ group))
 
 
-def memberships(worker: int, slow: Sequence[int]) -> list[int]:
-    """The groups worker ``worker`` joins: every one for a fast worker, those with its bit for
-    a slow one."""
-    every = range(2 ** len(slow))
-    if worker not in slow:
+def memberships(worker: int, lanes: Sequence[Lane]) -> list[int]:
+    """The groups worker ``worker`` joins: every one for a fast worker, those with its lane's
+    bit for a slow one."""
+    every = range(2 ** len(lanes))
+    mine = [b for b, lane in enumerate(lanes) if worker in lane]
+    if not mine:
         return list(every)
-    bit = 1 << slow.index(worker)
-    return [g for g in every if g & bit]
+    return [g for g in every if g >> mine[0] & 1]
 
 
 def datagram_keeps(keeps: np.ndarray, sizes: Sequence[int], d: int) -> np.ndarray:
@@ -76,20 +111,25 @@ def datagram_keeps(keeps: np.ndarray, sizes: Sequence[int], d: int) -> np.ndarra
 
 
 def datagram_groups(
-    keeps: np.ndarray, sizes: Sequence[int], d: int, slow: Sequence[int]
+    keeps: np.ndarray, sizes: Sequence[int], d: int, lanes: Sequence[Lane]
 ) -> np.ndarray:
-    """Each datagram's group: bit ``b`` set where slow worker ``slow[b]`` keeps it
+    """Each datagram's group: bit ``b`` set where a worker of ``lanes[b]`` keeps it
     (``keeps``: ``(K, M)``, every worker's messages)."""
-    kept = datagram_keeps(keeps[[w - 1 for w in slow]], sizes, d)  # (len(slow), n)
-    bits = np.left_shift(1, np.arange(len(slow), dtype=np.int64))
+    keeps = np.asarray(keeps, dtype=bool)
+    either = np.zeros((len(lanes), keeps.shape[1]), dtype=bool)
+    for b, lane in enumerate(lanes):  # at most SLOW_LANES
+        either[b] = keeps[[w - 1 for w in lane]].any(axis=0)
+    kept = datagram_keeps(either, sizes, d)  # (lanes, n)
+    bits = np.left_shift(1, np.arange(len(lanes), dtype=np.int64))
     return bits @ kept.astype(np.int64)
 
 
 class Lanes:
     """The master's datagrams of one round, queued by group, sent batch by batch: each batch
-    waits for the master's pace and for that of every slow worker its group reaches; of the
-    groups with datagrams queued, the one that may go earliest goes (on a tie, the one that
-    reaches more slow workers: it has the narrower way)."""
+    waits for the master's pace and for that of every lane its group reaches (``slow``: one
+    pace per lane, its slowest worker's); of the groups with datagrams queued, the one that
+    may go earliest goes (on a tie, the one that reaches more lanes: it has the narrower
+    way)."""
 
     def __init__(
         self, groups: np.ndarray, master: Pacer, slow: Sequence[Pacer], capacity: int

@@ -11,6 +11,7 @@ from pathlib import Path
 from coded_shuffle.costs.model import BACKGROUND_SHARE
 from coded_shuffle.costs.rates import parse_rate
 from coded_shuffle.distributed.transports.base import KeyName
+from coded_shuffle.distributed.transports.multicast.lanes import SLOW_LANES
 from coded_shuffle.errors import UsageError
 
 # a receiver's socket buffer: seconds of the stream at a few hundred Mbit/s, so that a
@@ -68,6 +69,11 @@ class MulticastOptions:
     """Each worker's pacing (worker 1 first), where some are slower than ``rate``: the master
     sends a slow worker only the datagrams it keeps, at its rate, the rest beside them at
     ``rate`` (:mod:`~.lanes`; on a network that snoops IGMP); null: every worker at ``rate``."""
+    slow_lanes: int = SLOW_LANES
+    """Lanes of slow workers, 0..4: where more workers are slower than ``rate``, those of
+    nearest rates share one, which hears what any of them keeps at its slowest's pace
+    (:func:`~.lanes.slow_lanes`); ``2 ** slow_lanes`` groups at most. 0: one group, paced for
+    the slowest (a network that does not snoop IGMP floods every group to every port)."""
     group: str | None = None
     """IPv4 multicast group of the job; null: 239.255.x.y derived from the job's identifier."""
     port: int | None = None
@@ -103,6 +109,8 @@ class MulticastOptions:
         if self.master_rate is not None:
             parse_rate(self.master_rate, name("master_rate"))
         self._check_receivers(world_size, name)
+        if not 0 <= int(self.slow_lanes) <= SLOW_LANES:
+            raise UsageError(f"{name('slow_lanes')}={self.slow_lanes} out of range 0..{SLOW_LANES}")
         try:
             first = int(socket.inet_aton(str(self.group))[0]) if self.group is not None else 239
         except OSError:
