@@ -48,11 +48,11 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
     egress, ingress, repairs, control, parity, *_ = zip(*(r[1] for r in results), strict=True)
     datagrams = math.ceil(L / 512)
     # the first stream carries parity: one 512-byte datagram per block of 32 (20-byte header)
-    assert parity[0] == math.ceil(datagrams / 32) * (DGRAM_HEAD + 512) and parity[1:] == (
-        0,
-        0,
-        0,
-    )
+    # and one per column of each square of 32 blocks that has two blocks or more
+    squares = [_columns(datagrams - q * 1024) for q in range(math.ceil(datagrams / 1024))]
+    blocks = math.ceil(datagrams / 32)
+    assert parity[0] == (blocks + sum(squares)) * (DGRAM_HEAD + 512)
+    assert parity[1:] == (0, 0, 0)
     if drop == 0:
         assert repairs[0] == 0
     else:
@@ -63,9 +63,9 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
     # what each worker missed, one bit per datagram, and its count of lost or late (4 bytes)
     bitmap = math.ceil(datagrams / 8) + 4
     if drop == 0:  # one round: every datagram and parity, "round sent" (4 bytes), the union
-        # (a receiver stops reading once it has every datagram: the last block's parity and
-        # the round's end, sent after it, are not read in this stream)
-        heard = parity[0] - (DGRAM_HEAD + 512)
+        # (a receiver stops reading once it has every datagram: the last block's parity, the
+        # last square's columns and the round's end, sent after it, are not read in this stream)
+        heard = parity[0] - (1 + squares[-1]) * (DGRAM_HEAD + 512)
         assert list(ingress[1:]) == [L + DGRAM_HEAD * datagrams + heard + 4 + bitmap] * (WORLD - 1)
         # each worker sends its bitmap (the master sends the union to each one itself)
         assert control[1:] == (bitmap, bitmap, bitmap)
@@ -73,6 +73,12 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
         assert control[0] == 4 * (WORLD - 1) + bitmap * (WORLD - 1) + DGRAM_HEAD
     else:  # datagrams dropped at the receivers were not counted as received
         assert all(i < egress[0] for i in ingress[1:])
+
+
+def _columns(datagrams: int) -> int:
+    """Column parity datagrams of a square of ``datagrams`` (blocks of 32): one per column
+    of 32 (as many as its datagrams), none for a square of one block."""
+    return min(32, datagrams) if datagrams > 32 else 0
 
 
 def _multicast_stream(
@@ -257,7 +263,7 @@ def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
     else:
         pytest.fail("no run of three without a lost datagram on an unlimited network")
     datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
-    parity = math.ceil(datagrams / 32) * (DGRAM_HEAD + 512)  # one stream's
+    parity = (math.ceil(datagrams / 32) + _columns(datagrams)) * (DGRAM_HEAD + 512)  # one stream's
     assert results[0][1][4] == parity
     assert results[0][4] == [200_000_000] * 2
 

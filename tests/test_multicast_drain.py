@@ -28,7 +28,11 @@ from coded_shuffle.distributed.transports.multicast.drain import (
     _drain,
     header_layout,
 )
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
+from coded_shuffle.distributed.transports.multicast.parity import (
+    FLAG_PARITY,
+    Parity,
+    square_columns,
+)
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
 JOB, STREAM, D = 0x0BAD_F00D_1234_5678, 3, 1000
@@ -178,13 +182,11 @@ def test_a_stranger_another_round_and_held_datagrams_are_left_to_the_round(loopb
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_parity_of_a_whole_block_is_dropped_in_the_loop_and_parity_that_rebuilds_is_not(
-    loopbacks, gro
-):
+def test_parity_is_taken_in_the_loop_and_rebuilds_what_its_block_lacks(loopbacks, gro):
     """Blocks of 8 datagrams, each followed by its parity (as the master sends a stream's
-    first round): the loop drops the parity of a block it holds whole, counting its bytes;
-    the one of the block that lacks datagram 11 goes to the round, which rebuilds it (the
-    last block's parity comes after the round is complete: it is not read)."""
+    first round): the loop keeps every parity datagram, counting its bytes, and the one of
+    the block that lacks datagram 11 rebuilds it there (the last block's parity comes after
+    the round is complete: it is not read). Nothing is left to the round."""
     loopback = loopbacks(gro)
     total, block = 32 * D, 8
     data = stream(total, seed=4)
@@ -197,8 +199,29 @@ def test_parity_of_a_whole_block_is_dropped_in_the_loop_and_parity_that_rebuilds
     loopback.receive(now, sent)
     assert np.array_equal(now.out, data) and now.have.all()
     assert now.rebuilt == 1 and now.count == 32 and now.received == 31
-    assert loopback.taken == 31 and loopback.handed == 1  # block 1's parity only
+    assert loopback.taken == 31 and loopback.handed == 0
     assert now.counts.ingress == sent
+
+
+@pytest.mark.parametrize("gro", [True, False])
+def test_column_parity_in_the_loop_rebuilds_a_block_that_lost_two(loopbacks, gro):
+    """Squares of 2 blocks of 8: block 1 lost datagrams 9 and 10; after the square, its
+    columns' parity (as the master sends it in one batch) rebuilds 9 and 10 from column
+    parity and block 1's, in the loop; the last block's parity and the columns, read."""
+    loopback = loopbacks(gro)
+    total, block, depth = 16 * D, 8, 2
+    data = stream(total, seed=5)
+    n = -(-total // D)
+    now = new_round(total, block=block)
+    now.parity = Parity(total, D, block, depth)
+    sent = loopback.send(data, list(range(0, 8)), total) + loopback.send_parity(data, block, 0)
+    sent += loopback.send(data, [8], total) + loopback.send(data, list(range(11, 16)), total)
+    sent += loopback.send_parity(data, block, 1)
+    columns = square_columns(data.reshape(n, D), block)
+    sent += SendBatch(loopback.tx, block, D).send_columns(columns, 0, (JOB, STREAM, 0))
+    loopback.receive(now, sent)
+    assert np.array_equal(now.out, data) and now.have.all()
+    assert now.rebuilt == 2 and now.received == 14 and loopback.handed == 0
 
 
 def test_a_loop_on_a_complete_round_reads_nothing(loopbacks):
@@ -275,7 +298,8 @@ def test_the_compiled_loop_reads_the_header_where_its_definition_puts_it(header)
             round_head = np.array([(JOB, STREAM, 0, 2, 0)], dtype=header).view(np.uint8)
             have, out = np.zeros(5, dtype=bool), np.zeros(5 * D, dtype=np.uint8)
             for _ in range(50):
-                _drain(net.rx.fileno(), net.drain._io(), round_head, have, out, 5, 0, layout)
+                parity = Parity(5 * D, D, 0).arrays
+                _drain(net.rx.fileno(), net.drain._io(), round_head, have, out, 5, parity, layout)
                 if have.all() or net.drain.state[STATUS] == OTHER:
                     break
                 net.poller.poll(100)

@@ -19,8 +19,10 @@ Two things keep the rate up where receivers lose datagrams:
   2 MiB of wire bytes, so a busy CPU does not slow the pace.
 * **Parity**: after every ``parity_block`` datagrams of a stream's first round the master
   sends their XOR, so a receiver that lost one datagram of a block rebuilds it when the
-  parity arrives, without waiting for a repair round. Parity is sent while the network loses
-  datagrams (the first stream, and every stream after a lossy one) and not after a clean one.
+  parity arrives, without waiting for a repair round; after every ``parity_depth`` blocks, a
+  column parity per position in a block, which rebuilds one of two a block lost
+  (:mod:`~.parity`). Parity is sent while the network loses datagrams (the first stream, and
+  every stream after a lossy one) and not after a clean one.
 
 Repairs and parity datagrams are counted (:attr:`HostBytes.repairs`, :attr:`HostBytes.parity`),
 and so is the feedback (:attr:`HostBytes.control`, its share of a host's egress). ``drop``
@@ -114,7 +116,7 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     send_buffer_bytes,
     sleep_until,
 )
-from coded_shuffle.distributed.transports.multicast.parity import Parity
+from coded_shuffle.distributed.transports.multicast.parity import Parity, square_columns
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
 from coded_shuffle.math.worker_program import first_missing
 
@@ -180,6 +182,7 @@ class Multicast(Transport):
         self.frame_bytes = wire_bytes(DGRAM_HEADER_BYTES + self.datagram_bytes, self.mtu)
         self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
         self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
+        self.parity_depth = int(o.parity_depth)
         self.slow = float(o.slow_seconds) if peer.rank == 1 else 0.0
         self.tx = self._open(send=True) if peer.rank == 0 or self.peer_sends else None
         self.sock = self._open(send=False) if peer.rank > 0 else None
@@ -300,6 +303,7 @@ class Multicast(Transport):
             "rate_bits": self.rate,
             "pace_bits": round(self.pace.bits),
             "parity_block": self.parity_block if self.parity else 0,
+            "parity_depth": self.parity_depth if self.parity else 0,
             "datagram_bytes": self.datagram_bytes,
             "batch_datagrams": self.batch.capacity if self.batch else 0,
             "gso": bool(self.batch and self.batch.gso),
@@ -413,6 +417,7 @@ class Multicast(Transport):
             self.counts.egress += self._send(data, np.arange(ready, done), 0, pacer, total)
             if block:
                 sent = self._send_parity(data, ready, done, block, pacer)
+                sent += self._send_columns(data, ready, done, block, pacer)
                 self.counts.egress += sent
                 self.counts.parity += sent
         return lambda todo, rnd: self._send(
@@ -482,6 +487,29 @@ class Multicast(Transport):
             pacer.wait()
             sent += self.batch.send_parity(data, some, block, (self.job, self.stream_id, 0))
             pacer.sent(len(some))
+        return sent
+
+    def _send_columns(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:
+        """The column parity of every square (``parity_depth`` blocks) that ends in ``[lo,
+        hi)`` (:mod:`~.parity`; the last may be shorter: it ends with the stream; none for a
+        square of one block, whose columns would be its datagrams again)."""
+        assert self.batch is not None
+        if not self.parity_depth:
+            return 0
+        d = self.datagram_bytes
+        n, size = data.size // d, self.parity_depth * block
+        rows, sent = data.reshape(-1, d), 0
+        for q in range(lo // size, -(-hi // size)):
+            end = min(n, (q + 1) * size)
+            if not lo < end <= hi or end - q * size <= block:
+                continue
+            columns = square_columns(rows[q * size : end], block)[: end - q * size]
+            for at in range(0, block, self.batch.capacity):
+                some = columns[at : at + self.batch.capacity]
+                pacer.wait()
+                head = (self.job, self.stream_id, 0)
+                sent += self.batch.send_columns(some, q * block + at, head)
+                pacer.sent(some.shape[0])
         return sent
 
     def _send(self, data: np.ndarray, todo: np.ndarray, rnd: int, pacer: Pacer, size: int) -> int:
@@ -586,7 +614,7 @@ class Multicast(Transport):
         if keeps is not None and self.peer.rank in self.slow_workers:
             given = np.asarray(keeps, dtype=bool)
             have = ~datagram_keeps(given, sizes, d)[0]  # the others' datagrams never come
-        parity = Parity(total, d, self.parity_block)
+        parity = Parity(total, d, self.parity_block, self.parity_depth)
         handover = Handover(edges, d, given, lambda j: deliver(j, flat[edges[j] : edges[j + 1]]))
         rnd, foreign = 0, self.counts.foreign
         while True:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_COLUMN, FLAG_PARITY
 
 UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
 FLAG_END = 2  # a round's last datagram: its header alone, after every datagram of the round
@@ -143,6 +143,17 @@ class SendBatch:
         payload = self.rows["payload"]
         for i, b in enumerate(blocks):
             np.bitwise_xor.reduce(rows[b * block : (b + 1) * block], axis=0, out=payload[i])
+        return self._flush(k, k * self.segment)
+
+    def send_columns(self, columns: np.ndarray, first: int, stream: tuple[int, int, int]) -> int:
+        """Column parity datagrams ``columns`` (at most ``capacity`` rows of ``d`` bytes),
+        numbered ``first``, ``first + 1``, ..., with header ``stream`` and the column parity
+        flags, in one call; returns the bytes handed over."""
+        k = columns.shape[0]
+        head = self.rows["head"][:k]
+        head["job"], head["stream"], head["round"] = stream
+        head["seq"], head["flags"] = np.arange(first, first + k), FLAG_PARITY | FLAG_COLUMN
+        self.rows["payload"][:k] = columns
         return self._flush(k, k * self.segment)
 
     def send_end(self, stream: tuple[int, int, int], to: tuple[str, int] | None = None) -> int:

@@ -6,11 +6,11 @@ cost the interpreter tens of microseconds (the call, its control message, the so
 address, the headers' comparison, the copy) on top of the kernel's copy (docs/benchmarks.md,
 "Multicast at the cluster's default MTU"). :class:`Drain` reads (``recvmsg`` through libc,
 never waiting) and takes every read of the common case (this round's data datagrams from the
-stream's sender, full, numbered one after the other, none held yet; parity datagrams of
-blocks that lack nothing, which rebuild nothing: dropped) in a numba-compiled loop, until the
-socket is empty, the round holds every datagram, or a read is anything else: that read is
-left in the buffer for :class:`~.receive.Round` to take apart (a parity datagram that can
-rebuild one among them).
+stream's sender, full, numbered one after the other, none held yet; this round's parity
+datagrams, blocks' and columns', each kept and what it rebuilds rebuilt:
+:func:`~.parity.rebuild`) in a numba-compiled loop, until the socket is empty, the round
+holds every datagram, or a read is anything else: that read is left in the buffer for
+:class:`~.receive.Round` to take apart.
 """
 
 from __future__ import annotations
@@ -26,14 +26,22 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     RECEIVE_BYTES,
     UDP_GRO,
 )
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY
+from coded_shuffle.distributed.transports.multicast.parity import (
+    COLUMN,
+    DEPTH,
+    FLAG_COLUMN,
+    FLAG_PARITY,
+    ROW,
+    Parity,
+    rebuild,
+)
 from coded_shuffle.distributed.transports.multicast.receive import Round
 
 EMPTY, OTHER, DONE = 0, 1, 2  # the socket held nothing more; a read for Round; all held
 NAME_BYTES = 16  # a sockaddr_in
 CONTROL_BYTES = 64  # room for the coalescing control message (and any other)
-STATE = ("status", "nbytes", "segment", "taken", "ingress")
-STATUS, NBYTES, SEGMENT, TAKEN, INGRESS = range(len(STATE))
+STATE = ("status", "nbytes", "segment", "taken", "ingress", "rebuilt")
+STATUS, NBYTES, SEGMENT, TAKEN, INGRESS, REBUILT = range(len(STATE))
 # struct msghdr (x86-64 and every LP64 Linux), as 8-byte words: name, namelen, iov, iovlen,
 # control, controllen, flags
 NAME, NAMELEN, IOV, IOVLEN, CONTROL, CONTROLLEN, FLAGS = range(7)
@@ -93,20 +101,24 @@ def _segment(control: np.ndarray, length: int, nbytes: int) -> int:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _lacking(have: np.ndarray, block: int, b: int, lo: int, hi: int) -> int:
-    """Datagrams of parity block ``b`` that ``have`` lacks, those numbered ``lo .. hi - 1``
-    (taken by the read in hand) aside."""
-    lacking = 0
-    for j in range(b * block, min(have.size, (b + 1) * block)):
-        lacking += not have[j] and not lo <= j < hi
-    return lacking
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
 def _flags(buf: np.ndarray, at: int, layout: np.ndarray) -> int:
     """The flags of the datagram at ``buf[at]`` (``layout``: :func:`header_layout`)."""
     f = at + layout[FLAGS_AT]
     return np.int64(buf[f]) | (np.int64(buf[f + 1]) << 8)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _kind(flags: int, parity: tuple[np.ndarray, ...]) -> int:
+    """What a datagram with ``flags`` is: data (-1), a block's parity (``ROW``), a column's
+    (``COLUMN``), or none of these in this stream (-2: it sends no such parity)."""
+    rows, _, cols, _, dims, _ = parity
+    if flags == 0:
+        return -1
+    if flags == FLAG_PARITY and rows.shape[0] > 0:
+        return ROW
+    if flags == FLAG_PARITY | FLAG_COLUMN and dims[DEPTH] > 0 and cols.shape[0] > 0:
+        return COLUMN
+    return -2
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -116,40 +128,35 @@ def _common(
     segment: int,
     head: np.ndarray,
     have: np.ndarray,
-    block: int,
+    parity: tuple[np.ndarray, ...],
     layout: np.ndarray,
 ) -> int:
     """The data datagrams in a read of the common case (-1: it is not), after checking every
     header (laid out as ``layout`` says: :func:`header_layout`) against ``head`` (this
     round's, sequence number and flags aside): data datagrams not held yet, numbered one
-    after the other, and parity datagrams of blocks (of ``block`` datagrams) that lack
-    nothing once the read's data are in: these rebuild nothing and are dropped (counted)."""
+    after the other, and parity datagrams of this stream's kinds (``parity``: the round's,
+    :attr:`~.parity.Parity.arrays`), numbered within their kind's."""
     hb = layout[HEADER_BYTES]
     d = segment - hb
     k = nbytes // segment
     if d <= 0 or k * segment != nbytes or k > GRO_MAX_SEGMENTS or k == 0:
         return -1
+    _, rows_held, _, cols_held, _, _ = parity
     first, data = -1, 0
     for i in range(k):
         at = i * segment
         for b in range(hb):
             if layout[MASK + b] and buf[at + b] != head[b]:
                 return -1
-        seq, flags = _u32(buf, at + layout[SEQ_AT]), _flags(buf, at, layout)
-        if flags == 0:  # data
+        seq, kind = _u32(buf, at + layout[SEQ_AT]), _kind(_flags(buf, at, layout), parity)
+        if kind == -1:  # data
             if first < 0:
                 first = seq
             if seq != first + data or seq >= have.size or have[seq]:
                 return -1
             data += 1
-        elif flags != FLAG_PARITY or block == 0:
+        elif kind == -2 or seq >= (rows_held.size if kind == ROW else cols_held.size):
             return -1
-    for i in range(k):  # every parity datagram's block whole with the data read
-        at = i * segment
-        if _flags(buf, at, layout) == FLAG_PARITY:
-            b = _u32(buf, at + layout[SEQ_AT])
-            if b * block >= have.size or _lacking(have, block, b, first, first + data):
-                return -1
     return data
 
 
@@ -161,20 +168,22 @@ def _drain(
     have: np.ndarray,
     out: np.ndarray,
     missing: int,
-    block: int,
+    parity: tuple[np.ndarray, ...],
     layout: np.ndarray,
 ) -> None:
-    """Reads until the socket is empty, ``missing`` datagrams were taken, or a read is not
-    the common case (left in the buffer; its size and segment in ``state``). ``io``: the
-    ``msghdr``, its name, the sender's address, its control buffer, the read buffer and the
-    state; ``out``: the round's slots, ``out.size // have.size`` stream bytes per datagram;
-    ``block``: datagrams per parity datagram (0: none); ``layout``: the header's
-    (:func:`header_layout`)."""
+    """Reads until the socket is empty, ``missing`` datagrams were taken or rebuilt, or a
+    read is not the common case (left in the buffer; its size and segment in ``state``).
+    ``io``: the ``msghdr``, its name, the sender's address, its control buffer, the read
+    buffer and the state; ``out``: the round's slots, ``out.size // have.size`` stream bytes
+    per datagram; ``parity``: the round's (:attr:`~.parity.Parity.arrays`); ``layout``: the
+    header's (:func:`header_layout`)."""
     msg, name, source, control, buf, state = io
+    rows, rows_held, cols, cols_held, _, _ = parity
     d, hb = out.size // have.size, layout[HEADER_BYTES]
     state[TAKEN] = 0
     state[INGRESS] = 0
-    while state[TAKEN] < missing:
+    state[REBUILT] = 0
+    while state[TAKEN] + state[REBUILT] < missing:
         msg[NAMELEN] = name.size
         msg[CONTROLLEN] = control.size
         msg[FLAGS] = 0
@@ -191,17 +200,29 @@ def _drain(
             for b in range(source.size):
                 same = same and name[b] == source[b]
             if same:
-                k = _common(buf, nbytes, segment, head, have, block, layout)
+                k = _common(buf, nbytes, segment, head, have, parity, layout)
         if k < 0:
             state[STATUS] = OTHER
             return
         for i in range(nbytes // segment):
             at = i * segment
-            if _flags(buf, at, layout) == 0:  # data (parity datagrams rebuild nothing: dropped)
+            if _flags(buf, at, layout) == 0:  # data
                 seq = _u32(buf, at + layout[SEQ_AT])
                 out[seq * d : (seq + 1) * d] = buf[at + hb : at + segment]
                 have[seq] = True
         state[TAKEN] += k
+        for i in range(nbytes // segment):  # after the data: a block may now lack one
+            at = i * segment
+            kind = _kind(_flags(buf, at, layout), parity)
+            if kind < 0:
+                continue
+            index = _u32(buf, at + layout[SEQ_AT])
+            store, held = (rows, rows_held) if kind == ROW else (cols, cols_held)
+            if held[index]:
+                continue
+            store[index] = buf[at + hb : at + segment]
+            held[index] = True
+            state[REBUILT] += rebuild(kind, index, out, have, parity)
         state[INGRESS] += nbytes
     state[STATUS] = DONE
 
@@ -245,7 +266,7 @@ class Drain:
         read of no socket, which takes nothing."""
         head = np.zeros(DGRAM_HEADER.itemsize, dtype=np.uint8)
         none, one = np.zeros(1, dtype=bool), np.zeros(1, dtype=np.uint8)
-        _drain(-1, self._io(), head, none, one, 1, 0, self.layout)
+        _drain(-1, self._io(), head, none, one, 1, Parity(1, 1, 0).arrays, self.layout)
 
     def run(self, now: Round) -> int:
         """Takes the common reads into ``now``'s slots (its counts updated); returns
@@ -253,11 +274,12 @@ class Drain:
         describe the read left in the buffer, :meth:`sender` where it came from)."""
         slots = now.out[: now.have.size * now.d]
         missing = now.have.size - now.count
-        block = now.parity.block
-        _drain(self.fd, self._io(), now.head, now.have, slots, missing, block, self.layout)
-        taken = int(self.state[TAKEN])
-        now.count += taken
+        parity = now.parity.arrays
+        _drain(self.fd, self._io(), now.head, now.have, slots, missing, parity, self.layout)
+        taken, rebuilt = int(self.state[TAKEN]), int(self.state[REBUILT])
+        now.count += taken + rebuilt
         now.received += taken
+        now.rebuilt += rebuilt
         now.counts.ingress += int(self.state[INGRESS])
         return int(self.state[STATUS])
 

@@ -1,45 +1,174 @@
 """``multicast``'s parity datagrams at a receiver: the XOR of a block of datagrams rebuilds
-the one datagram of the block it lacks, without waiting for a repair round."""
+the one datagram of the block it lacks, without waiting for a repair round; column parity
+over a square of blocks rebuilds one of two a block lost, and the block's parity the other.
+
+A square is ``depth`` blocks of ``block`` datagrams; its column ``c`` is the datagram at
+position ``c`` of each of its blocks, and its column parity their XOR (the last block and
+the last square may be short: they end with the stream, and what lies past it is zeros). A
+loss is then lost for good only where it lies on the corners of a rectangle of losses (two
+blocks of one square that each lost two, in the same two columns): at 1% loss about one
+stream in ten of ``K = 4`` receivers, against a block lost twice in nearly every stream.
+
+The rebuilding is compiled (:func:`rebuild`): the receiver's compiled loop
+(:mod:`.drain`) calls it for the parity datagrams it reads, and :class:`Parity` for those the
+interpreter takes apart.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 FLAG_PARITY = 1
+FLAG_COLUMN = 4  # with FLAG_PARITY: a column parity datagram (its number: the column's)
+ROW, COLUMN = 0, 1  # the kinds of parity: a block's, a column's
+N, TOTAL, BLOCK, DEPTH = range(4)  # a stream's parity dimensions, as :func:`rebuild` takes them
+
+
+def column_members(c: int, n: int, block: int, depth: int) -> range:
+    """The datagrams (of ``n``) that column ``c`` covers."""
+    square, position = divmod(c, block)
+    lo = square * depth * block
+    return range(lo + position, min(n, lo + depth * block), block)
+
+
+def square_columns(rows: np.ndarray, block: int) -> np.ndarray:
+    """``(block, d)``: the column parity of one square's datagrams ``rows`` (``(m, d)``,
+    ``m`` at most ``depth * block``; a short last block is padded with zeros)."""
+    m, d = rows.shape
+    whole = m // block
+    out = np.zeros((block, d), dtype=np.uint8)
+    if whole:
+        np.bitwise_xor.reduce(rows[: whole * block].reshape(whole, block, d), axis=0, out=out)
+    rest = rows[whole * block :]
+    out[: rest.shape[0]] ^= rest
+    return out
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _fill(
+    kind: int,
+    index: int,
+    out: np.ndarray,
+    have: np.ndarray,
+    store: np.ndarray,
+    held: np.ndarray,
+    dims: np.ndarray,
+) -> int:
+    """The one datagram that parity ``index`` of ``kind`` covers and ``have`` lacks, rebuilt
+    from the parity (``store[index]``, if ``held``) and the others; its number, or -1 where
+    it lacks none or more than one."""
+    if index >= held.size or not held[index]:
+        return -1
+    n, block, depth = dims[N], dims[BLOCK], dims[DEPTH]
+    if kind == ROW:
+        lo, hi, step = index * block, min(n, (index + 1) * block), 1
+    else:
+        square, position = index // block, index % block
+        lo, hi, step = (
+            square * depth * block + position,
+            min(n, (square + 1) * depth * block),
+            block,
+        )
+    miss = -1
+    for j in range(lo, hi, step):
+        if not have[j]:
+            if miss >= 0:
+                return -1
+            miss = j
+    if miss < 0:
+        return -1
+    d = store.shape[1]
+    for x in range(dims[TOTAL], out.size):  # zero padding, as in the master's parity
+        out[x] = 0
+    at = miss * d
+    out[at : at + d] = store[index]
+    for j in range(lo, hi, step):
+        if j != miss:
+            out[at : at + d] ^= out[j * d : (j + 1) * d]
+    have[miss] = True
+    return miss
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def rebuild(
+    kind: int,
+    index: int,
+    out: np.ndarray,
+    have: np.ndarray,
+    parity: tuple[np.ndarray, ...],
+) -> int:
+    """What parity ``index`` of ``kind`` rebuilds, and what each datagram it rebuilt lets its
+    block's and its column's parity rebuild in turn; returns how many. ``parity``: the
+    blocks' parity and which are in, the columns' and which are in, the dimensions
+    (``N, TOTAL, BLOCK, DEPTH``) and a stack of ``N`` slots (:attr:`Parity.arrays`)."""
+    rows, rows_held, cols, cols_held, dims, stack = parity
+    if kind == ROW:
+        first = _fill(ROW, index, out, have, rows, rows_held, dims)
+    else:
+        first = _fill(COLUMN, index, out, have, cols, cols_held, dims)
+    if first < 0:
+        return 0
+    block, depth = dims[BLOCK], dims[DEPTH]
+    stack[0], top, count = first, 1, 1
+    while top > 0 and depth > 0:
+        top -= 1
+        j = stack[top]
+        got = _fill(ROW, j // block, out, have, rows, rows_held, dims)
+        if got >= 0:
+            stack[top], top, count = got, top + 1, count + 1
+        column = j // (depth * block) * block + j % block
+        got = _fill(COLUMN, column, out, have, cols, cols_held, dims)
+        if got >= 0:
+            stack[top], top, count = got, top + 1, count + 1
+    return count
 
 
 class Parity:
     """A receiver's parity datagrams of one stream, and the datagrams they rebuild."""
 
-    def __init__(self, total: int, d: int, block: int) -> None:
+    def __init__(self, total: int, d: int, block: int, depth: int = 0) -> None:
         self.n, self.d, self.block, self.total = -(-total // d), d, block, total
+        self.depth = depth if block else 0
         n = self.n
         blocks = -(-n // block) if block else 0
         self.data = np.zeros((blocks, d), dtype=np.uint8)
         self.have = np.zeros(blocks, dtype=bool)
+        columns = -(-blocks // self.depth) * block if self.depth else 0
+        self.columns = np.zeros((columns, d), dtype=np.uint8)
+        self.column_have = np.zeros(columns, dtype=bool)
+        dims = np.array([n, total, block, self.depth], dtype=np.int64)
+        stack = np.zeros(max(n, 1), dtype=np.int64)
+        self.arrays = (self.data, self.have, self.columns, self.column_have, dims, stack)
 
-    def receive(self, b: int, payload: memoryview, out: np.ndarray, have: np.ndarray) -> list:
-        """Keeps block ``b``'s parity; returns the datagrams it rebuilt (none or one)."""
-        if not self.block or b >= self.have.size or self.have[b]:
-            return []
-        self.data[b, : len(payload)] = np.frombuffer(payload, dtype=np.uint8)
-        self.have[b] = True
-        return self._rebuild(b, out, have)
-
-    def _rebuild(self, b: int, out: np.ndarray, have: np.ndarray) -> list:
-        lo, hi = b * self.block, min(self.n, (b + 1) * self.block)
-        missing = np.flatnonzero(~have[lo:hi])
-        if missing.size != 1:
-            return []
-        j, d = lo + int(missing[0]), self.d
-        # zero padding, as in the master's parity (another datagram may have landed there)
-        out[self.total :] = 0
-        out[j * d : (j + 1) * d] = 0
-        rows = out[lo * d : hi * d].reshape(-1, d)
-        out[j * d : (j + 1) * d] = np.bitwise_xor.reduce(rows, axis=0) ^ self.data[b]
-        have[j] = True
-        return [j]
+    def receive(
+        self, b: int, payload: memoryview, out: np.ndarray, have: np.ndarray, column: bool = False
+    ) -> int:
+        """Keeps block ``b``'s parity (or column ``b``'s); returns how many datagrams it
+        rebuilt, with those that these in turn let the other parity rebuild."""
+        store, held = (self.columns, self.column_have) if column else (self.data, self.have)
+        if not self.block or b >= held.size or held[b]:
+            return 0
+        store[b, : len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        held[b] = True
+        return rebuild(COLUMN if column else ROW, b, out, have, self.arrays)
 
     def rebuild_all(self, out: np.ndarray, have: np.ndarray) -> int:
-        """Every block whose parity is in and that lacks exactly one datagram, rebuilt."""
-        return sum(len(self._rebuild(int(b), out, have)) for b in np.flatnonzero(self.have))
+        """Every block and column whose parity is in and that lacks exactly one datagram,
+        rebuilt, and what that lets the others rebuild."""
+        if not self.block:
+            return 0
+        blocks = self.have.size
+        lacks = np.zeros(blocks * self.block, dtype=np.int64)
+        lacks[: self.n] = ~have[: self.n]
+        rebuilt = 0
+        for b in np.flatnonzero(self.have & (lacks.reshape(blocks, -1).sum(axis=1) == 1)):
+            rebuilt += rebuild(ROW, int(b), out, have, self.arrays)
+        if self.depth:
+            square = self.depth * self.block
+            every = np.zeros(self.column_have.size // self.block * square, dtype=np.int64)
+            every[: self.n] = ~have[: self.n]
+            by_column = every.reshape(-1, self.depth, self.block).sum(axis=1).reshape(-1)
+            for c in np.flatnonzero(self.column_have & (by_column == 1)):
+                rebuilt += rebuild(COLUMN, int(c), out, have, self.arrays)
+        return rebuilt

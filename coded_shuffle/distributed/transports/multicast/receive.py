@@ -18,7 +18,7 @@ import numpy as np
 from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import FLAG_END, headers, payloads
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_COLUMN, FLAG_PARITY, Parity
 
 
 @dataclass
@@ -81,7 +81,7 @@ class Round:
         self.counts.ingress += nbytes
         payload = buffer[DGRAM_HEADER_BYTES:nbytes]
         if flags & FLAG_PARITY:
-            self._parity(seq, payload)
+            self._parity(seq, payload, bool(flags & FLAG_COLUMN))
         elif seq < self.have.size and not self.have[seq]:
             self.out[seq * self.d : seq * self.d + payload.size] = payload
             self.have[seq] = True
@@ -177,7 +177,8 @@ class Round:
         self._data(buffer, head["seq"], now & ~parity, sizes, segment)
         for i in np.flatnonzero(now & parity):  # after the data: a block may now lack one
             start = i * segment + DGRAM_HEADER_BYTES
-            self._parity(int(head["seq"][i]), buffer[start : i * segment + sizes[i]])
+            column = bool(flags[i] & FLAG_COLUMN)
+            self._parity(int(head["seq"][i]), buffer[start : i * segment + sizes[i]], column)
 
     def _data(
         self,
@@ -207,10 +208,10 @@ class Round:
         self.count += seq.size
         self.received += seq.size
 
-    def _parity(self, block: int, payload: np.ndarray) -> None:
-        rebuilt = self.parity.receive(block, memoryview(payload), self.out, self.have)
-        self.rebuilt += len(rebuilt)
-        self.count += len(rebuilt)
+    def _parity(self, block: int, payload: np.ndarray, column: bool = False) -> None:
+        rebuilt = self.parity.receive(block, memoryview(payload), self.out, self.have, column)
+        self.rebuilt += rebuilt
+        self.count += rebuilt
 
 
 class Handover:
