@@ -6,8 +6,9 @@ A square is ``depth`` blocks of ``block`` datagrams; its column ``c`` is the dat
 position ``c`` of each of its blocks, and its column parity their XOR (the last block and
 the last square may be short: they end with the stream, and what lies past it is zeros). A
 loss is then lost for good only where it lies on the corners of a rectangle of losses (two
-blocks of one square that each lost two, in the same two columns): at 1% loss about one
-stream in ten of ``K = 4`` receivers, against a block lost twice in nearly every stream.
+blocks of one square that each lost two, in the same two columns): at 1% loss none to two
+streams in ten of ``K = 4`` receivers needed a repair round, against nearly every stream with
+block parity alone (docs/benchmarks.md, "Column parity").
 
 The rebuilding is compiled (:func:`rebuild`): the receiver's compiled loop
 (:mod:`.drain`) calls it for the parity datagrams it reads, and :class:`Parity` for those the
