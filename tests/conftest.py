@@ -10,12 +10,15 @@ import compileall
 import json
 import os
 import resource
+import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from coded_shuffle.distributed.transports.multicast.batches import enable_gro
 from coded_shuffle.tools.records import METRICS, read_metrics
 from tests.helpers import EXCESS, JOB, SCHEMES, TRANSPORTS, run_job
 
@@ -137,3 +140,26 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             key += "/gloo" if key == "uncoded/chain" else ""
             found[key] = metrics.parent
     return found
+
+
+@pytest.fixture
+def udp_pair() -> Iterator[Callable[[bool], tuple[socket.socket, socket.socket]]]:
+    """Makes ``(rx, tx)``: a UDP receiver on 127.0.0.1 (4 MiB buffer, reads time out after
+    2 s, coalescing where asked) and a sender connected to it; all closed after the test."""
+    made: list[socket.socket] = []
+
+    def make(gro: bool) -> tuple[socket.socket, socket.socket]:
+        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        made.extend((rx, tx))
+        rx.bind(("127.0.0.1", 0))
+        rx.settimeout(2.0)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        if gro:
+            enable_gro(rx)
+        tx.connect(rx.getsockname())
+        return rx, tx
+
+    yield make
+    for sock in made:
+        sock.close()

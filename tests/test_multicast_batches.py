@@ -26,7 +26,6 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     UDP_GRO,
     SendBatch,
     batch_datagrams,
-    enable_gro,
     gather_seconds,
     segment_size,
 )
@@ -177,77 +176,55 @@ def test_a_round_drops_strangers_and_later_streams_and_counts_late_ones():
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_datagrams_sent_in_a_batch_arrive_whole_over_loopback(gro):
+def test_datagrams_sent_in_a_batch_arrive_whole_over_loopback(udp_pair, gro):
     """A batch through the kernel (segmented where it can, coalesced where the receiver asks)
     arrives as the same datagrams: every read taken apart gives the stream byte for byte."""
     d, total = 1000, 50 * 1000 - 123
     data = stream_bytes(total, d, seed=1)
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.settimeout(2.0)
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-        if gro:
-            enable_gro(rx)
-        tx.connect(rx.getsockname())
-        batch = SendBatch(tx, 16, d)
-        seqs = np.arange(data.size // d)
-        sent = sum(
-            batch.send(data, seqs[i : i + 16], (JOB, STREAM, 0), total)
-            for i in range(0, seqs.size, 16)
-        )
-        assert sent == total + DGRAM_HEADER_BYTES * seqs.size
-        r = new_round(total, d=d)
-        reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
-        into = [memoryview(reads)[:RECEIVE_BYTES]]
-        calls = 0
-        while not r.have.all():
-            nbytes, ancdata, _, _ = rx.recvmsg_into(into, GRO_CMSG_BYTES)
-            r.take(reads, nbytes, segment_size(ancdata, nbytes))
-            calls += 1
-    finally:
-        rx.close()
-        tx.close()
+    rx, tx = udp_pair(gro)
+    batch = SendBatch(tx, 16, d)
+    seqs = np.arange(data.size // d)
+    sent = sum(
+        batch.send(data, seqs[i : i + 16], (JOB, STREAM, 0), total) for i in range(0, seqs.size, 16)
+    )
+    assert sent == total + DGRAM_HEADER_BYTES * seqs.size
+    r = new_round(total, d=d)
+    reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
+    into = [memoryview(reads)[:RECEIVE_BYTES]]
+    calls = 0
+    while not r.have.all():
+        nbytes, ancdata, _, _ = rx.recvmsg_into(into, GRO_CMSG_BYTES)
+        r.take(reads, nbytes, segment_size(ancdata, nbytes))
+        calls += 1
     assert np.array_equal(r.out[:total], data[:total]) and r.received == seqs.size
     assert batch.gso  # the kernel segmented every batch (Linux >= 4.18)
     assert (calls < seqs.size) == gro  # coalesced only where the receiver asked
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_parity_datagrams_sent_in_one_batch_rebuild_what_their_blocks_lack(gro):
+def test_parity_datagrams_sent_in_one_batch_rebuild_what_their_blocks_lack(udp_pair, gro):
     """``SendBatch.send_parity``: the parity of several blocks in one call (the stream's last
     block short, its padding zero) arrives as datagrams a round takes apart, coalesced or
     not: each rebuilds the one datagram its block lacks."""
     d, block, total = 1000, 4, 10 * 1000 - 77
     data = stream_bytes(total, d, seed=2)
     data[total:] = 0
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.settimeout(2.0)
-        if gro:
-            enable_gro(rx)
-        tx.connect(rx.getsockname())
-        batch = SendBatch(tx, 16, d)
-        r = new_round(total, d=d, block=block)
-        lost = [1, 6, 9]  # one in each block
-        r.out[:total] = data[:total]
-        r.have[:] = True
-        r.have[lost] = False
-        r.out.reshape(-1, d)[lost] = 0
-        r.count = r.have.size - len(lost)
-        sent = batch.send_parity(data, [0, 1, 2], block, (JOB, STREAM, 0))
-        assert sent == 3 * (DGRAM_HEADER_BYTES + d)
-        reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
-        into = [memoryview(reads)[:RECEIVE_BYTES]]
-        while r.counts.ingress < sent:
-            nbytes, ancdata, _, _ = rx.recvmsg_into(into, GRO_CMSG_BYTES)
-            r.take(reads, nbytes, segment_size(ancdata, nbytes))
-    finally:
-        rx.close()
-        tx.close()
+    rx, tx = udp_pair(gro)
+    batch = SendBatch(tx, 16, d)
+    r = new_round(total, d=d, block=block)
+    lost = [1, 6, 9]  # one in each block
+    r.out[:total] = data[:total]
+    r.have[:] = True
+    r.have[lost] = False
+    r.out.reshape(-1, d)[lost] = 0
+    r.count = r.have.size - len(lost)
+    sent = batch.send_parity(data, [0, 1, 2], block, (JOB, STREAM, 0))
+    assert sent == 3 * (DGRAM_HEADER_BYTES + d)
+    reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
+    into = [memoryview(reads)[:RECEIVE_BYTES]]
+    while r.counts.ingress < sent:
+        nbytes, ancdata, _, _ = rx.recvmsg_into(into, GRO_CMSG_BYTES)
+        r.take(reads, nbytes, segment_size(ancdata, nbytes))
     assert r.have.all() and r.rebuilt == 3
     assert np.array_equal(r.out[:total], data[:total])
 

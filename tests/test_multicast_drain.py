@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,7 +17,6 @@ from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import (
     RECEIVE_BYTES,
     SendBatch,
-    enable_gro,
 )
 from coded_shuffle.distributed.transports.multicast.drain import (
     DONE,
@@ -41,14 +40,8 @@ JOB, STREAM, D = 0x0BAD_F00D_1234_5678, 3, 1000
 class Loopback:
     """A sender and a receiver (coalescing where asked) on 127.0.0.1, and a drain on it."""
 
-    def __init__(self, gro: bool) -> None:
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.bind(("127.0.0.1", 0))
-        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-        if gro:
-            enable_gro(self.rx)
-        self.tx.connect(self.rx.getsockname())
+    def __init__(self, rx: socket.socket, tx: socket.socket) -> None:
+        self.rx, self.tx = rx, tx
         self.reads = np.zeros(RECEIVE_BYTES + D, dtype=np.uint8)
         self.drain = Drain(self.rx, self.reads)
         self.drain.expect(self.tx.getsockname())
@@ -85,23 +78,11 @@ class Loopback:
             elif status == DONE:
                 break  # the round holds every datagram: what is left is read no more
 
-    def close(self) -> None:
-        self.rx.close()
-        self.tx.close()
-
 
 @pytest.fixture
-def loopbacks() -> Iterator[Callable[[bool], Loopback]]:
-    """Makes fresh loopback pairs (coalescing or not), closed after the test."""
-    made: list[Loopback] = []
-
-    def make(gro: bool = True) -> Loopback:
-        made.append(Loopback(gro))
-        return made[-1]
-
-    yield make
-    for pair in made:
-        pair.close()
+def loopbacks(udp_pair) -> Callable[[bool], Loopback]:
+    """Makes fresh loopback pairs (coalescing or not: ``udp_pair``), closed after the test."""
+    return lambda gro=True: Loopback(*udp_pair(gro))
 
 
 def stream(total: int, seed: int = 0) -> np.ndarray:
@@ -280,7 +261,7 @@ MOVED = np.dtype(
 
 
 @pytest.mark.parametrize("header", [DGRAM_HEADER, MOVED], ids=["defined", "moved"])
-def test_the_compiled_loop_reads_the_header_where_its_definition_puts_it(header):
+def test_the_compiled_loop_reads_the_header_where_its_definition_puts_it(loopbacks, header):
     """Datagrams framed with a header laid out otherwise: the loop, given that layout (as
     :func:`header_layout` derives it from the one definition), takes them all; with the
     other layout it takes none (every header differs from the round's)."""
@@ -288,26 +269,23 @@ def test_the_compiled_loop_reads_the_header_where_its_definition_puts_it(header)
     data = rng.integers(0, 256, (5, D), dtype=np.uint8)
     wrong = MOVED if header is DGRAM_HEADER else DGRAM_HEADER
     for layout, takes in ((header_layout(header), True), (header_layout(wrong), False)):
-        net = Loopback(gro=False)
-        try:
-            net.drain.layout = layout
-            for seq, row in enumerate(data):
-                head = np.array([(JOB, STREAM, seq, 2, 0)], dtype=header).view(np.uint8)
-                net.tx.sendmsg([head, row])
-            assert net.poller.poll(2000)
-            round_head = np.array([(JOB, STREAM, 0, 2, 0)], dtype=header).view(np.uint8)
-            have, out = np.zeros(5, dtype=bool), np.zeros(5 * D, dtype=np.uint8)
-            for _ in range(50):
-                parity = Parity(5 * D, D, 0).arrays
-                _drain(net.rx.fileno(), net.drain._io(), round_head, have, out, 5, parity, layout)
-                if have.all() or net.drain.state[STATUS] == OTHER:
-                    break
-                net.poller.poll(100)
-            assert have.all() == takes
-            if takes:
-                assert out.tobytes() == data.tobytes()
-        finally:
-            net.close()
+        net = loopbacks(False)
+        net.drain.layout = layout
+        for seq, row in enumerate(data):
+            head = np.array([(JOB, STREAM, seq, 2, 0)], dtype=header).view(np.uint8)
+            net.tx.sendmsg([head, row])
+        assert net.poller.poll(2000)
+        round_head = np.array([(JOB, STREAM, 0, 2, 0)], dtype=header).view(np.uint8)
+        have, out = np.zeros(5, dtype=bool), np.zeros(5 * D, dtype=np.uint8)
+        parity = Parity(5 * D, D, 0).arrays
+        for _ in range(50):
+            _drain(net.rx.fileno(), net.drain._io(), round_head, have, out, 5, parity, layout)
+            if have.all() or net.drain.state[STATUS] == OTHER:
+                break
+            net.poller.poll(100)
+        assert have.all() == takes
+        if takes:
+            assert out.tobytes() == data.tobytes()
 
 
 def test_a_header_the_loop_cannot_read_is_refused_when_its_layout_is_derived():

@@ -4,8 +4,6 @@ rebuild exactly what a peeling decoder can, byte for byte."""
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,14 +14,12 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     GRO_CMSG_BYTES,
     RECEIVE_BYTES,
     SendBatch,
-    enable_gro,
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.parity import (
     FLAG_COLUMN,
     FLAG_PARITY,
     Parity,
-    column_members,
     square_columns,
 )
 
@@ -44,11 +40,19 @@ def _master(total: int, d: int, block: int, depth: int, seed: int) -> tuple:
     return data, blocks, columns
 
 
+def _column(c: int, n: int, block: int, depth: int) -> range:
+    """The datagrams (of ``n``) that column ``c`` covers: position ``c % block`` of each
+    block of square ``c // block`` (``depth`` blocks)."""
+    square, position = divmod(c, block)
+    lo = square * depth * block
+    return range(lo + position, min(n, lo + depth * block), block)
+
+
 def _peeled(lost: set, n: int, block: int, depth: int, got_rows: set, got_columns: set) -> set:
     """What a peeling decoder leaves missing: while a block or a column whose parity came
     lacks exactly one datagram, that one is rebuilt."""
     groups = [range(b * block, min(n, (b + 1) * block)) for b in sorted(got_rows)]
-    groups += [column_members(c, n, block, depth) for c in sorted(got_columns)]
+    groups += [_column(c, n, block, depth) for c in sorted(got_columns)]
     missing = set(lost)
     while True:
         single = [set(g) & missing for g in groups if len(set(g) & missing) == 1]
@@ -88,8 +92,7 @@ def test_parity_rebuilds_exactly_what_peeling_can_in_any_order(case):
     if not late:
         data_in()
     for column, b in arrivals:
-        payload = memoryview((columns if column else blocks)[b].tobytes())
-        parity.receive(b, payload, out, have, column)
+        parity.receive(b, (columns if column else blocks)[b], out, have, column)
     if late:
         data_in()
         parity.rebuild_all(out, have)
@@ -109,38 +112,28 @@ def test_columns_rebuild_a_block_that_lost_two(with_columns):
     parity = Parity(total, d, block, depth if with_columns else 0)
     out, have = data.copy(), np.ones(16, dtype=bool)
     out[4 * d : 6 * d], have[[4, 5]] = 0, False
-    assert parity.receive(1, memoryview(blocks[1].tobytes()), out, have) == 0  # lacks two
-    rebuilt = parity.receive(0, memoryview(columns[0].tobytes()), out, have, column=True)
+    assert parity.receive(1, blocks[1], out, have) == 0  # lacks two
+    rebuilt = parity.receive(0, columns[0], out, have, column=True)
     assert rebuilt == (2 if with_columns else 0)
     assert have.all() == with_columns and np.array_equal(out, data) == with_columns
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_column_parity_sent_in_one_batch_arrives_as_column_datagrams(gro):
+def test_column_parity_sent_in_one_batch_arrives_as_column_datagrams(udp_pair, gro):
     """``SendBatch.send_columns`` over loopback: each datagram carries the column parity
     flags and its column's number, and its payload byte for byte."""
     d, k, first = 500, 6, 40
     columns = np.random.default_rng(4).integers(0, 256, (k, d), dtype=np.uint8)
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind(("127.0.0.1", 0))
-        rx.settimeout(2.0)
-        if gro:
-            enable_gro(rx)
-        tx.connect(rx.getsockname())
-        sent = SendBatch(tx, 16, d).send_columns(columns, first, (7, 9, 0))
-        assert sent == k * (DGRAM_HEADER_BYTES + d)
-        reads = np.empty(RECEIVE_BYTES, dtype=np.uint8)
-        got = []
-        while len(got) < k:
-            nbytes, ancdata, _, _ = rx.recvmsg_into([memoryview(reads)], GRO_CMSG_BYTES)
-            segment = segment_size(ancdata, nbytes)
-            for at in range(0, nbytes, segment):
-                got.append(reads[at : at + segment].copy())
-    finally:
-        rx.close()
-        tx.close()
+    rx, tx = udp_pair(gro)
+    sent = SendBatch(tx, 16, d).send_columns(columns, first, (7, 9, 0))
+    assert sent == k * (DGRAM_HEADER_BYTES + d)
+    reads = np.empty(RECEIVE_BYTES, dtype=np.uint8)
+    got = []
+    while len(got) < k:
+        nbytes, ancdata, _, _ = rx.recvmsg_into([memoryview(reads)], GRO_CMSG_BYTES)
+        segment = segment_size(ancdata, nbytes)
+        for at in range(0, nbytes, segment):
+            got.append(reads[at : at + segment].copy())
     heads = np.stack([g[:DGRAM_HEADER_BYTES] for g in got]).view(DGRAM_HEADER).reshape(-1)
     assert heads["seq"].tolist() == list(range(first, first + k))
     assert (heads["flags"] == FLAG_PARITY | FLAG_COLUMN).all() and (heads["stream"] == 9).all()

@@ -116,7 +116,11 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     send_buffer_bytes,
     sleep_until,
 )
-from coded_shuffle.distributed.transports.multicast.parity import Parity, square_columns
+from coded_shuffle.distributed.transports.multicast.parity import (
+    Parity,
+    ending_in,
+    square_columns,
+)
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
 from coded_shuffle.math.worker_program import first_missing
 
@@ -479,9 +483,7 @@ class Multicast(Transport):
         shorter: it ends with the stream)."""
         assert self.batch is not None
         n, step = data.size // self.datagram_bytes, self.batch.capacity
-        ends = range(lo // block, -(-hi // block))
-        blocks = [b for b in ends if lo < min(n, (b + 1) * block) <= hi]
-        sent = 0
+        blocks, sent = ending_in(lo, hi, block, n), 0
         for at in range(0, len(blocks), step):  # a batch of them per pause, as the data's
             some = blocks[at : at + step]
             pacer.wait()
@@ -499,11 +501,11 @@ class Multicast(Transport):
         d = self.datagram_bytes
         n, size = data.size // d, self.parity_depth * block
         rows, sent = data.reshape(-1, d), 0
-        for q in range(lo // size, -(-hi // size)):
+        for q in ending_in(lo, hi, size, n):
             end = min(n, (q + 1) * size)
-            if not lo < end <= hi or end - q * size <= block:
+            if end - q * size <= block:
                 continue
-            columns = square_columns(rows[q * size : end], block)[: end - q * size]
+            columns = square_columns(rows[q * size : end], block)
             for at in range(0, block, self.batch.capacity):
                 some = columns[at : at + self.batch.capacity]
                 pacer.wait()

@@ -8,7 +8,7 @@ address, the headers' comparison, the copy) on top of the kernel's copy (docs/be
 never waiting) and takes every read of the common case (this round's data datagrams from the
 stream's sender, full, numbered one after the other, none held yet; this round's parity
 datagrams, blocks' and columns', each kept and what it rebuilds rebuilt:
-:func:`~.parity.rebuild`) in a numba-compiled loop, until the socket is empty, the round
+:func:`~.parity.keep`) in a numba-compiled loop, until the socket is empty, the round
 holds every datagram, or a read is anything else: that read is left in the buffer for
 :class:`~.receive.Round` to take apart.
 """
@@ -33,7 +33,7 @@ from coded_shuffle.distributed.transports.multicast.parity import (
     FLAG_PARITY,
     ROW,
     Parity,
-    rebuild,
+    keep,
 )
 from coded_shuffle.distributed.transports.multicast.receive import Round
 
@@ -178,7 +178,6 @@ def _drain(
     per datagram; ``parity``: the round's (:attr:`~.parity.Parity.arrays`); ``layout``: the
     header's (:func:`header_layout`)."""
     msg, name, source, control, buf, state = io
-    rows, rows_held, cols, cols_held, _, _ = parity
     d, hb = out.size // have.size, layout[HEADER_BYTES]
     state[TAKEN] = 0
     state[INGRESS] = 0
@@ -216,13 +215,8 @@ def _drain(
             kind = _kind(_flags(buf, at, layout), parity)
             if kind < 0:
                 continue
-            index = _u32(buf, at + layout[SEQ_AT])
-            store, held = (rows, rows_held) if kind == ROW else (cols, cols_held)
-            if held[index]:
-                continue
-            store[index] = buf[at + hb : at + segment]
-            held[index] = True
-            state[REBUILT] += rebuild(kind, index, out, have, parity)
+            index, payload = _u32(buf, at + layout[SEQ_AT]), buf[at + hb : at + segment]
+            state[REBUILT] += keep(kind, index, payload, out, have, parity)
         state[INGRESS] += nbytes
     state[STATUS] = DONE
 

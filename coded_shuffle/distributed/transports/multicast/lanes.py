@@ -49,8 +49,10 @@ def slow_lanes(
         (w for w, r in enumerate(receiver_rates, start=1) if r < rate),
         key=lambda w: (receiver_rates[w - 1], w),
     )
-    if len(slow) <= most or not most:
-        return tuple((w,) for w in slow) if most else ()
+    if not most:
+        return ()
+    if len(slow) <= most:
+        return tuple((w,) for w in slow)
     cuts = lane_cuts([receiver_rates[w - 1] for w in slow], most)
     return tuple(tuple(slow[a:b]) for a, b in itertools.pairwise(cuts))
 

@@ -26,11 +26,10 @@ ROW, COLUMN = 0, 1  # the kinds of parity: a block's, a column's
 N, TOTAL, BLOCK, DEPTH = range(4)  # a stream's parity dimensions, as :func:`rebuild` takes them
 
 
-def column_members(c: int, n: int, block: int, depth: int) -> range:
-    """The datagrams (of ``n``) that column ``c`` covers."""
-    square, position = divmod(c, block)
-    lo = square * depth * block
-    return range(lo + position, min(n, lo + depth * block), block)
+def ending_in(lo: int, hi: int, size: int, n: int) -> list[int]:
+    """The units of ``size`` datagrams (blocks, squares; the last ends with the stream's
+    ``n``) whose last datagram lies in ``[lo, hi)``: those whose parity may go now."""
+    return [u for u in range(lo // size, -(-hi // size)) if lo < min(n, (u + 1) * size) <= hi]
 
 
 def square_columns(rows: np.ndarray, block: int) -> np.ndarray:
@@ -125,6 +124,26 @@ def rebuild(
     return count
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def keep(
+    kind: int,
+    index: int,
+    payload: np.ndarray,
+    out: np.ndarray,
+    have: np.ndarray,
+    parity: tuple[np.ndarray, ...],
+) -> int:
+    """Parity datagram ``index`` of ``kind`` (``payload``) kept, unless it is held already or
+    the stream has no such parity; returns how many datagrams it rebuilt (:func:`rebuild`)."""
+    rows, rows_held, cols, cols_held, _, _ = parity
+    store, held = (rows, rows_held) if kind == ROW else (cols, cols_held)
+    if index >= held.size or held[index]:
+        return 0
+    store[index, : payload.size] = payload
+    held[index] = True
+    return rebuild(kind, index, out, have, parity)
+
+
 class Parity:
     """A receiver's parity datagrams of one stream, and the datagrams they rebuild."""
 
@@ -143,16 +162,11 @@ class Parity:
         self.arrays = (self.data, self.have, self.columns, self.column_have, dims, stack)
 
     def receive(
-        self, b: int, payload: memoryview, out: np.ndarray, have: np.ndarray, column: bool = False
+        self, b: int, payload: np.ndarray, out: np.ndarray, have: np.ndarray, column: bool = False
     ) -> int:
         """Keeps block ``b``'s parity (or column ``b``'s); returns how many datagrams it
-        rebuilt, with those that these in turn let the other parity rebuild."""
-        store, held = (self.columns, self.column_have) if column else (self.data, self.have)
-        if not self.block or b >= held.size or held[b]:
-            return 0
-        store[b, : len(payload)] = np.frombuffer(payload, dtype=np.uint8)
-        held[b] = True
-        return rebuild(COLUMN if column else ROW, b, out, have, self.arrays)
+        rebuilt, with those that these in turn let the other parity rebuild (:func:`keep`)."""
+        return keep(COLUMN if column else ROW, b, payload, out, have, self.arrays)
 
     def rebuild_all(self, out: np.ndarray, have: np.ndarray) -> int:
         """Every block and column whose parity is in and that lacks exactly one datagram,

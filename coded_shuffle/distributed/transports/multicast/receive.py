@@ -209,7 +209,7 @@ class Round:
         self.received += seq.size
 
     def _parity(self, block: int, payload: np.ndarray, column: bool = False) -> None:
-        rebuilt = self.parity.receive(block, memoryview(payload), self.out, self.have, column)
+        rebuilt = self.parity.receive(block, payload, self.out, self.have, column)
         self.rebuilt += rebuilt
         self.count += rebuilt
 
