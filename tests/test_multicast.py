@@ -24,6 +24,11 @@ from coded_shuffle.distributed.transports import (
 from coded_shuffle.distributed.transports.framing import (
     KIND_SYMBOLS,
 )
+from coded_shuffle.distributed.transports.multicast.parity import (
+    LOSS_PRIOR,
+    repairs,
+    window_edges,
+)
 from tests.links import (
     STRANGER,
     WORLD,
@@ -41,17 +46,19 @@ MC_ROWS, MC_WIDTH = 2000, 64  # about 260 datagrams of 512 bytes
 @pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
 @pytest.mark.parametrize("drop", [0.0, 0.3])
 def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
-    options = {"rate": "200mbit", "datagram_bytes": 512, "drop": drop}
+    """Every byte delivered and counted; with 30% lost and no parity (which would rebuild
+    the losses of so short a stream), by repair rounds."""
+    window = 0 if drop else 2048
+    options = {"rate": "200mbit", "datagram_bytes": 512, "drop": drop, "parity_window": window}
     with private_netns() as ns:
         results = run_ranks(WORLD, deliver_rows, "multicast", options, netns=ns)
     check_rows(results, WORLD, "multicast")
     egress, ingress, repairs, control, parity, *_ = zip(*(r[1] for r in results), strict=True)
     datagrams = math.ceil(L / 512)
-    # the first stream carries parity: one 512-byte datagram per block of 32 (20-byte header)
-    # and one per column of each square of 32 blocks that has two blocks or more
-    squares = [_columns(datagrams - q * 1024) for q in range(math.ceil(datagrams / 1024))]
-    blocks = math.ceil(datagrams / 32)
-    assert parity[0] == (blocks + sum(squares)) * (DGRAM_HEAD + 512)
+    # the first stream carries parity: the repairs of each window of 2,048 datagrams for the
+    # loss assumed before any report, 512 bytes each (20-byte header)
+    windows = _windows(datagrams) if window else [0]
+    assert parity[0] == sum(windows) * (DGRAM_HEAD + 512)
     assert parity[1:] == (0, 0, 0)
     if drop == 0:
         assert repairs[0] == 0
@@ -63,9 +70,9 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
     # what each worker missed, one bit per datagram, and its count of lost or late (4 bytes)
     bitmap = math.ceil(datagrams / 8) + 4
     if drop == 0:  # one round: every datagram and parity, "round sent" (4 bytes), the union
-        # (a receiver stops reading once it has every datagram: the last block's parity, the
-        # last square's columns and the round's end, sent after it, are not read in this stream)
-        heard = parity[0] - (1 + squares[-1]) * (DGRAM_HEAD + 512)
+        # (a receiver stops reading once it has every datagram: the last window's repairs and
+        # the round's end, sent after it, are not read in this stream)
+        heard = parity[0] - windows[-1] * (DGRAM_HEAD + 512)
         assert list(ingress[1:]) == [L + DGRAM_HEAD * datagrams + heard + 4 + bitmap] * (WORLD - 1)
         # each worker sends its bitmap (the master sends the union to each one itself)
         assert control[1:] == (bitmap, bitmap, bitmap)
@@ -75,10 +82,9 @@ def test_multicast_repairs_what_receivers_miss_and_counts_it(drop):
         assert all(i < egress[0] for i in ingress[1:])
 
 
-def _columns(datagrams: int) -> int:
-    """Column parity datagrams of a square of ``datagrams`` (blocks of 32): one per column
-    of 32 (as many as its datagrams), none for a square of one block."""
-    return min(32, datagrams) if datagrams > 32 else 0
+def _windows(datagrams: int, window: int = 2048, loss: float = LOSS_PRIOR) -> list[int]:
+    """The repair datagrams of each window of a stream of ``datagrams``."""
+    return [repairs(int(size), loss) for size in np.diff(window_edges(datagrams, window))]
 
 
 def _multicast_stream(
@@ -195,10 +201,11 @@ def test_slow_workers_in_one_lane_hear_what_either_keeps(lanes, drop, share):
 @pytest.mark.distributed
 @pytest.mark.skipif(not is_root(), reason="multicast runs only inside a private namespace (root)")
 def test_multicast_parity_rebuilds_single_losses_where_they_happen():
-    """3% of the datagrams lost at every receiver, parity every 8 datagrams: losses are
-    rebuilt as the parity arrives. Every stream exact, the parity counted in the master's
-    egress (the model: every datagram once, 20-byte headers, repairs, parity, feedback)."""
-    options = {**MC_BASE, "drop": 0.03, "parity_block": 8}
+    """3% of the datagrams lost at every receiver, windows of 64 datagrams: losses are
+    rebuilt as each window's repairs arrive. Every stream exact, the parity counted in the
+    master's egress (the model: every datagram once, 20-byte headers, repairs, parity,
+    feedback), the second stream's sized by the first's loss."""
+    options = {**MC_BASE, "drop": 0.03, "parity_window": 64}
     with private_netns() as ns:
         results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
     assert all(r[0] for r in results)
@@ -225,7 +232,7 @@ def test_multicast_repair_rounds_resend_every_missed_datagram_and_slow_down():
     """30% lost at every receiver, no parity: a round re-sends every datagram some receiver
     missed, so about log(260 * 3) / log(1 / 0.3) rounds suffice (a repair of only the first
     missing datagram per round would need hundreds); the pace falls below the rate."""
-    options = {**MC_BASE, "drop": 0.3, "parity_block": 0}
+    options = {**MC_BASE, "drop": 0.3, "parity_window": 0}
     with private_netns() as ns:
         results = run_ranks(WORLD, _multicast_stream, options, 1, netns=ns)
     assert all(r[0] for r in results)
@@ -239,7 +246,7 @@ def test_multicast_repair_rounds_resend_every_missed_datagram_and_slow_down():
 def test_multicast_with_a_slowed_receiver_delivers_exactly_and_slows_down():
     """Rank 1 sleeps after every datagram, with a small socket buffer: it loses datagrams
     the others get; the repairs bring it every byte and the master's pace falls."""
-    options = {**MC_BASE, "slow_seconds": 0.0005, "rcvbuf_bytes": 8192, "parity_block": 0}
+    options = {**MC_BASE, "slow_seconds": 0.0005, "rcvbuf_bytes": 8192, "parity_window": 0}
     with private_netns() as ns:
         results = run_ranks(WORLD, _multicast_stream, options, 2, netns=ns)
     assert all(r[0] for r in results)
@@ -263,7 +270,7 @@ def test_multicast_sends_parity_only_while_the_network_loses_datagrams():
     else:
         pytest.fail("no run of three without a lost datagram on an unlimited network")
     datagrams = math.ceil(framed(MC_ROWS, MC_WIDTH, 4096) / 512)
-    parity = (math.ceil(datagrams / 32) + _columns(datagrams)) * (DGRAM_HEAD + 512)  # one stream's
+    parity = sum(_windows(datagrams)) * (DGRAM_HEAD + 512)  # one stream's
     assert results[0][1][4] == parity
     assert results[0][4] == [200_000_000] * 2
 
@@ -283,7 +290,7 @@ def _strangers_at_the_group(transport) -> None:
 def test_multicast_drops_datagrams_not_from_the_jobs_master_and_counts_them():
     """Every worker hears both strangers' datagrams and drops them (two each, counted), the
     delivery is exact; the group and port came from the job's identifier."""
-    options = {"rate": "200mbit", "datagram_bytes": 512, "parity_block": 0}
+    options = {"rate": "200mbit", "datagram_bytes": 512, "parity_window": 0}
     with private_netns() as ns:
         results = run_ranks(
             WORLD, deliver_rows, "multicast", options, _strangers_at_the_group, netns=ns

@@ -29,7 +29,13 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     gather_seconds,
     segment_size,
 )
-from coded_shuffle.distributed.transports.multicast.parity import Parity
+from coded_shuffle.distributed.transports.multicast.parity import (
+    FLAG_PARITY,
+    REPAIRS_SHIFT,
+    STRIDE,
+    Parity,
+    encode,
+)
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
 from coded_shuffle.math.worker_program import first_missing
 
@@ -67,11 +73,11 @@ def run_of(
     return buf, end
 
 
-def new_round(total: int, rnd: int = 0, d: int = D, block: int = 0) -> Round:
+def new_round(total: int, rnd: int = 0, d: int = D, window: int = 0) -> Round:
     n = -(-total // d)
     out, have = np.zeros(n * d, dtype=np.uint8), np.zeros(n, dtype=bool)
     debug = Debug(0.0, 0.0, np.random.default_rng(0))
-    return Round(JOB, STREAM, rnd, out, have, Parity(total, d, block), HostBytes(), debug)
+    return Round(JOB, STREAM, rnd, out, have, Parity(total, d, window), HostBytes(), debug)
 
 
 def test_a_batch_is_a_millisecond_at_the_rate_within_the_kernels_limits():
@@ -202,24 +208,25 @@ def test_datagrams_sent_in_a_batch_arrive_whole_over_loopback(udp_pair, gro):
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_parity_datagrams_sent_in_one_batch_rebuild_what_their_blocks_lack(udp_pair, gro):
-    """``SendBatch.send_parity``: the parity of several blocks in one call (the stream's last
-    block short, its padding zero) arrives as datagrams a round takes apart, coalesced or
-    not: each rebuilds the one datagram its block lacks."""
-    d, block, total = 1000, 4, 10 * 1000 - 77
+def test_repairs_sent_in_one_batch_rebuild_what_their_window_lacks(udp_pair, gro):
+    """``SendBatch.send_repairs``: a window's repairs in one call (the stream's last
+    datagram short, its padding zero) arrive as datagrams a round takes apart, coalesced or
+    not: the last solves the window, which lacks three datagrams."""
+    d, window, total, count = 1000, 16, 16 * 1000 - 77, 8
     data = stream_bytes(total, d, seed=2)
     data[total:] = 0
     rx, tx = udp_pair(gro)
-    batch = SendBatch(tx, 16, d)
-    r = new_round(total, d=d, block=block)
-    lost = [1, 6, 9]  # one in each block
+    r = new_round(total, d=d, window=window)
+    lost = [1, 6, 15]
     r.out[:total] = data[:total]
     r.have[:] = True
     r.have[lost] = False
     r.out.reshape(-1, d)[lost] = 0
     r.count = r.have.size - len(lost)
-    sent = batch.send_parity(data, [0, 1, 2], block, (JOB, STREAM, 0))
-    assert sent == 3 * (DGRAM_HEADER_BYTES + d)
+    payloads = np.empty((count, d), dtype=np.uint8)
+    encode(data.reshape(-1, d), payloads)
+    sent = SendBatch(tx, 16, d).send_repairs(payloads, 0, count, (JOB, STREAM, 0))
+    assert sent == count * (DGRAM_HEADER_BYTES + d)
     reads = np.empty(RECEIVE_BYTES + d, dtype=np.uint8)
     into = [memoryview(reads)[:RECEIVE_BYTES]]
     while r.counts.ingress < sent:
@@ -229,28 +236,34 @@ def test_parity_datagrams_sent_in_one_batch_rebuild_what_their_blocks_lack(udp_p
     assert np.array_equal(r.out[:total], data[:total])
 
 
-def test_parity_in_an_in_order_run_rebuilds_the_one_datagram_its_block_lacks():
-    """Blocks of 8 datagrams, each followed by its parity datagram in the same run (as the
-    master sends them while the network loses datagrams); datagram 3 never arrives: the
-    parity of block 0 rebuilds it, and the stream is whole."""
-    total, block = 8 * 6 * D - 37, 8
+def test_repairs_in_an_in_order_run_rebuild_what_their_window_lacks():
+    """Windows of 16 datagrams, each followed by its 6 repairs in the same run (as the
+    master sends them while the network loses datagrams); datagrams 3 and 20 never arrive:
+    their windows' repairs rebuild them, and the stream is whole."""
+    total, window, count = 16 * 3 * D - 37, 16, 6
     data = stream_bytes(total)
     n = data.size // D
-    r = new_round(total)
-    r.parity = Parity(total, D, block)
+    r = new_round(total, window=window)
     segment = DGRAM_HEADER_BYTES + D
-    for b in range(n // block):
-        seqs = [s for s in range(b * block, (b + 1) * block) if s != 3]
+    flags = FLAG_PARITY | count << REPAIRS_SHIFT
+    for w in range(n // window):
+        seqs = [s for s in range(w * window, (w + 1) * window) if s not in (3, 20)]
         buf, nbytes = run_of(data, seqs, total)
-        parity = np.bitwise_xor.reduce(data[b * block * D : (b + 1) * block * D].reshape(-1, D))
-        head = np.array([(JOB, STREAM, b, 0, 1)], dtype=DGRAM_HEADER).view(np.uint8)
-        buf[nbytes : nbytes + segment] = np.concatenate([head, parity])
-        r.take(buf, nbytes + segment if nbytes % segment == 0 else nbytes, segment)
-        if nbytes % segment:  # the stream's short last datagram ends its run: parity alone
+        payloads = np.empty((count, D), dtype=np.uint8)
+        encode(data.reshape(n, D)[w * window : (w + 1) * window], payloads)
+        heads = np.array(
+            [(JOB, STREAM, w * STRIDE + i, 0, flags) for i in range(count)], dtype=DGRAM_HEADER
+        ).view(np.uint8)
+        repaired = np.concatenate([heads.reshape(count, -1), payloads], axis=1).reshape(-1)
+        if nbytes % segment == 0:
+            buf[nbytes : nbytes + repaired.size] = repaired
+            r.take(buf, nbytes + repaired.size, segment)
+        else:  # the stream's short last datagram ends its run: the repairs in a run of their own
+            r.take(buf, nbytes, segment)
             one = np.zeros(RECEIVE_BYTES, dtype=np.uint8)
-            one[:segment] = np.concatenate([head, parity])
-            r.take(one, segment, segment)
-    assert r.rebuilt == 1 and r.have.all() and r.received == n - 1
+            one[: repaired.size] = repaired
+            r.take(one, repaired.size, segment)
+    assert r.rebuilt == 2 and r.have.all() and r.received == n - 2
     assert np.array_equal(r.out[:total], data[:total])
 
 

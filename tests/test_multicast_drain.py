@@ -28,9 +28,10 @@ from coded_shuffle.distributed.transports.multicast.drain import (
     header_layout,
 )
 from coded_shuffle.distributed.transports.multicast.parity import (
-    FLAG_PARITY,
+    STRIDE,
     Parity,
-    square_columns,
+    encode,
+    repairs,
 )
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
 
@@ -55,12 +56,15 @@ class Loopback:
         batch = SendBatch(self.tx, max(len(seqs), 1), D)
         return batch.send(data, np.asarray(seqs), (JOB, STREAM, rnd), total)
 
-    def send_parity(self, data: np.ndarray, block: int, b: int, rnd: int = 0) -> int:
-        """Block ``b``'s parity datagram (the XOR of its ``block`` datagrams), as the master
-        sends it; the bytes sent."""
-        rows = data.reshape(-1, D)[b * block : (b + 1) * block]
-        head = np.array([(JOB, STREAM, b, rnd, FLAG_PARITY)], dtype=DGRAM_HEADER).view(np.uint8)
-        return self.tx.sendmsg([head, np.bitwise_xor.reduce(rows, axis=0)])
+    def send_repairs(self, data: np.ndarray, window: int, w: int, which: range) -> int:
+        """Repairs ``which`` of window ``w`` (of ``window`` datagrams; as many as a loss of 1%
+        calls for), in one batch, as the master sends them; the bytes sent."""
+        rows = data.reshape(-1, D)[w * window : (w + 1) * window]
+        payloads = np.empty((repairs(rows.shape[0], 0.01), D), dtype=np.uint8)
+        encode(rows, payloads)
+        batch = SendBatch(self.tx, len(which), D)
+        head = (JOB, STREAM, 0)
+        return batch.send_repairs(payloads[which], w * STRIDE + which[0], len(payloads), head)
 
     def receive(self, now: Round, sent: int, others: list[tuple[str, int]] | None = None) -> None:
         """Reads until ``sent`` bytes of the sender's are counted: the drain's, and the rest
@@ -91,11 +95,11 @@ def stream(total: int, seed: int = 0) -> np.ndarray:
     return data
 
 
-def new_round(total: int, rnd: int = 0, block: int = 0) -> Round:
+def new_round(total: int, rnd: int = 0, window: int = 0) -> Round:
     n = -(-total // D)
     out, have = np.zeros(n * D, dtype=np.uint8), np.zeros(n, dtype=bool)
     debug = Debug(0.0, 0.0, np.random.default_rng(0))
-    return Round(JOB, STREAM, rnd, out, have, Parity(total, D, block), HostBytes(), debug)
+    return Round(JOB, STREAM, rnd, out, have, Parity(total, D, window), HostBytes(), debug)
 
 
 @pytest.mark.parametrize("gro", [True, False])
@@ -163,46 +167,29 @@ def test_a_stranger_another_round_and_held_datagrams_are_left_to_the_round(loopb
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_parity_is_taken_in_the_loop_and_rebuilds_what_its_block_lacks(loopbacks, gro):
-    """Blocks of 8 datagrams, each followed by its parity (as the master sends a stream's
-    first round): the loop keeps every parity datagram, counting its bytes, and the one of
-    the block that lacks datagram 11 rebuilds it there (the last block's parity comes after
-    the round is complete: it is not read). Nothing is left to the round."""
+@pytest.mark.parametrize("last_lost", [False, True])
+def test_repairs_are_taken_in_the_loop_and_rebuild_what_their_window_lacks(
+    loopbacks, gro, last_lost
+):
+    """Windows of 16 datagrams, each followed by its 12 repairs in one batch (as the master
+    sends a stream's first round): the loop keeps every repair, counting its bytes, and the
+    first window, which lacks datagrams 3 and 9, is solved there at its last repair, or
+    (that one lost) at the second window's first (the second window's other repairs come
+    after the round is complete: they are not read). Nothing is left to the round."""
     loopback = loopbacks(gro)
-    total, block = 32 * D, 8
+    total, window = 32 * D, 16
     data = stream(total, seed=4)
-    now = new_round(total, block=block)
-    runs = ([range(0, 8)], [range(8, 11), range(12, 16)], [range(16, 24)], [range(24, 32)])
-    sent = 0
-    for b, parts in enumerate(runs):
-        sent += sum(loopback.send(data, list(run), total) for run in parts)
-        sent += loopback.send_parity(data, block, b) if b < 3 else 0
+    now = new_round(total, window=window)
+    sent = sum(loopback.send(data, list(run), total) for run in (range(3), range(4, 9)))
+    sent += loopback.send(data, list(range(10, 16)), total)
+    sent += loopback.send_repairs(data, window, 0, range(11 if last_lost else 12))
+    sent += loopback.send(data, list(range(16, 32)), total)
+    sent += loopback.send_repairs(data, window, 1, range(1)) if last_lost else 0
     loopback.receive(now, sent)
     assert np.array_equal(now.out, data) and now.have.all()
-    assert now.rebuilt == 1 and now.count == 32 and now.received == 31
-    assert loopback.taken == 31 and loopback.handed == 0
+    assert now.rebuilt == 2 and now.count == 32 and now.received == 30
+    assert loopback.taken == 30 and loopback.handed == 0
     assert now.counts.ingress == sent
-
-
-@pytest.mark.parametrize("gro", [True, False])
-def test_column_parity_in_the_loop_rebuilds_a_block_that_lost_two(loopbacks, gro):
-    """Squares of 2 blocks of 8: block 1 lost datagrams 9 and 10; after the square, its
-    columns' parity (as the master sends it in one batch) rebuilds 9 and 10 from column
-    parity and block 1's, in the loop; the last block's parity and the columns, read."""
-    loopback = loopbacks(gro)
-    total, block, depth = 16 * D, 8, 2
-    data = stream(total, seed=5)
-    n = -(-total // D)
-    now = new_round(total, block=block)
-    now.parity = Parity(total, D, block, depth)
-    sent = loopback.send(data, list(range(0, 8)), total) + loopback.send_parity(data, block, 0)
-    sent += loopback.send(data, [8], total) + loopback.send(data, list(range(11, 16)), total)
-    sent += loopback.send_parity(data, block, 1)
-    columns = square_columns(data.reshape(n, D), block)
-    sent += SendBatch(loopback.tx, block, D).send_columns(columns, 0, (JOB, STREAM, 0))
-    loopback.receive(now, sent)
-    assert np.array_equal(now.out, data) and now.have.all()
-    assert now.rebuilt == 2 and now.received == 14 and loopback.handed == 0
 
 
 def test_a_loop_on_a_complete_round_reads_nothing(loopbacks):

@@ -1,6 +1,6 @@
 """Multicast's parity at a receiver (:mod:`~coded_shuffle.distributed.transports.multicast.
-parity`): block parity and column parity over squares of blocks, in any order of arrival,
-rebuild exactly what a peeling decoder can, byte for byte."""
+parity`): the repair datagrams of each window, in any order of arrival, some lost, rebuild
+exactly what the equations in hand determine, byte for byte."""
 
 from __future__ import annotations
 
@@ -17,115 +17,182 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     segment_size,
 )
 from coded_shuffle.distributed.transports.multicast.parity import (
-    FLAG_COLUMN,
+    EQUATIONS,
     FLAG_PARITY,
+    REPAIRS_SHIFT,
+    STRIDE,
     Parity,
-    square_columns,
+    encode,
+    equations,
+    is_repair,
+    repairs,
+    window_edges,
 )
 
 
-def _master(total: int, d: int, block: int, depth: int, seed: int) -> tuple:
-    """The stream (zero padded), its block parities and its column parities, as the master
-    computes them (:func:`square_columns`, one square at a time)."""
+def _stream(total: int, d: int, seed: int) -> np.ndarray:
+    """The master's stream bytes, zero padded to whole datagrams."""
     n = -(-total // d)
     data = np.zeros(n * d, dtype=np.uint8)
     data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
-    rows = data.reshape(n, d)
-    blocks = [np.bitwise_xor.reduce(rows[b : b + block], axis=0) for b in range(0, n, block)]
-    size = depth * block
-    columns = []
-    for lo in range(0, n, size) if depth else ():
-        square = rows[lo : lo + size]
-        columns += list(square_columns(square, block)[: square.shape[0]])
-    return data, blocks, columns
+    return data
 
 
-def _column(c: int, n: int, block: int, depth: int) -> range:
-    """The datagrams (of ``n``) that column ``c`` covers: position ``c % block`` of each
-    block of square ``c // block`` (``depth`` blocks)."""
-    square, position = divmod(c, block)
-    lo = square * depth * block
-    return range(lo + position, min(n, lo + depth * block), block)
+def _members(size: int, count: int) -> np.ndarray:
+    """``(count, size)``: which datagrams of a window of ``size`` each equation holds."""
+    into = np.empty(EQUATIONS, dtype=np.int64)
+    member = np.zeros((count, size), dtype=bool)
+    for i in range(size):
+        member[into[: equations(i, count, into)], i] = True
+    return member
 
 
-def _peeled(lost: set, n: int, block: int, depth: int, got_rows: set, got_columns: set) -> set:
-    """What a peeling decoder leaves missing: while a block or a column whose parity came
-    lacks exactly one datagram, that one is rebuilt."""
-    groups = [range(b * block, min(n, (b + 1) * block)) for b in sorted(got_rows)]
-    groups += [_column(c, n, block, depth) for c in sorted(got_columns)]
-    missing = set(lost)
-    while True:
-        single = [set(g) & missing for g in groups if len(set(g) & missing) == 1]
-        if not single:
-            return missing
-        missing -= set.union(*single)
+def _determined(member: np.ndarray, lost: np.ndarray) -> bool:
+    """Whether equations ``member`` (rows) determine every lost datagram: the rank of their
+    columns at ``lost`` over GF(2) is the number lost (the reference, by elimination on bits
+    packed in Python integers)."""
+    rows = [int("".join("1" if b else "0" for b in r[lost]) or "0", 2) for r in member]
+    rank = 0
+    for bit in reversed(range(int(lost.sum()))):
+        pivot = next((r for r in rows if r >> bit & 1), None)
+        if pivot is None:
+            continue
+        rows = [r ^ pivot if r >> bit & 1 else r for r in rows if r is not pivot]
+        rank += 1
+    return rank == int(lost.sum())
+
+
+def test_the_repairs_are_each_the_xor_of_their_equations_datagrams():
+    """:func:`encode` against its definition; every datagram in 8 distinct equations (half
+    of them where there are fewer than 16), the same for the sender and every receiver (a
+    pure function of place and R)."""
+    d, size, count = 12, 100, 19
+    rows = _stream(size * d, d, seed=1).reshape(size, d)
+    out = np.empty((count, d), dtype=np.uint8)
+    encode(rows, out)
+    member = _members(size, count)
+    assert (member.sum(axis=0) == EQUATIONS).all()
+    for r in range(count):
+        assert np.array_equal(out[r], np.bitwise_xor.reduce(rows[member[r]], axis=0))
+    assert (_members(5, 6).sum(axis=0) == 3).all()  # fewer than 16 equations: half of them
+    assert np.array_equal(_members(size, count), member)
+
+
+def test_repairs_follow_the_loss():
+    """Expected losses, three standard deviations and 10 more; none at no loss; at most 255
+    and the window's size."""
+    assert repairs(2048, 0.01) == 45 and repairs(2048, 0.001) == 17
+    assert repairs(2048, 0.05) == 143 and repairs(2048, 0.2) == 255
+    assert repairs(2048, 0.0) == 0 and repairs(5, 0.01) == 5
+    assert is_repair(FLAG_PARITY | 45 << REPAIRS_SHIFT) and not is_repair(FLAG_PARITY)
 
 
 @st.composite
 def losses(draw):
     d = draw(st.integers(4, 16))
-    block, depth = draw(st.integers(2, 6)), draw(st.sampled_from([0, 2, 3, 4]))
-    total = draw(st.integers(1, 40 * d))
+    window = draw(st.sampled_from([64, 96, 128]))  # at most four windows: the ring keeps all
+    total = draw(st.integers(1, 120 * d))
     n = -(-total // d)
-    lost = draw(st.sets(st.integers(0, n - 1), max_size=n))
-    late = draw(st.booleans())  # parity first, the data after it (a late datagram)
-    return d, block, depth, total, lost, late, draw(st.randoms(use_true_random=False))
+    lost = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    lost &= np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    loss = draw(st.sampled_from([0.01, 0.1, 0.3]))
+    late = draw(st.booleans())  # repairs first, the data after them (a late datagram)
+    return d, window, total, lost, loss, late, draw(st.randoms(use_true_random=False))
 
 
 @given(losses())
-@settings(max_examples=300, deadline=None)
-def test_parity_rebuilds_exactly_what_peeling_can_in_any_order(case):
-    d, block, depth, total, lost, late, rnd = case
-    data, blocks, columns = _master(total, d, block, depth, seed=len(lost))
+@settings(max_examples=200, deadline=None)
+def test_repairs_rebuild_exactly_what_their_equations_determine_in_any_order(case):
+    """Random losses (about a quarter), some repairs lost too, repairs in any order, before
+    or after the data: a window is rebuilt whole where the repairs in hand determine all it
+    lacks (the reference: the rank of their equations at its lost datagrams), else it is left
+    as it was; every datagram held is the master's."""
+    d, window, total, lost, loss, late, rnd = case
+    data = _stream(total, d, seed=int(lost.sum()))
     n = data.size // d
-    parity = Parity(total, d, block, depth)
+    rows = data.reshape(n, d)
+    parity = Parity(total, d, window)
     out, have = np.zeros_like(data), np.zeros(n, dtype=bool)
-    arrivals = [(False, b) for b in range(len(blocks))] + [(True, c) for c in range(len(columns))]
-    arrivals = [a for a in arrivals if rnd.random() < 0.9]  # some parity is lost too
+    arrivals, inhand = [], {}
+    edges = window_edges(n, window)
+    for w in range(edges.size - 1):
+        block = rows[edges[w] : edges[w + 1]]
+        count = repairs(block.shape[0], loss)
+        payloads = np.empty((count, d), dtype=np.uint8)
+        encode(block, payloads)
+        got = [r for r in range(count) if rnd.random() < 0.9]  # some repairs are lost too
+        inhand[w] = (count, got)
+        arrivals += [(w, r, count, payloads[r]) for r in got]
     rnd.shuffle(arrivals)
-    kept = [j for j in range(n) if j not in lost]
 
     def data_in():
-        out.reshape(n, d)[kept] = data.reshape(n, d)[kept]
-        have[kept] = True
+        out.reshape(n, d)[~lost] = rows[~lost]
+        have[~lost] = True
 
     if not late:
         data_in()
-    for column, b in arrivals:
-        parity.receive(b, (columns if column else blocks)[b], out, have, column)
+    for w, r, count, payload in arrivals:
+        parity.receive(w * STRIDE + r, FLAG_PARITY | count << REPAIRS_SHIFT, payload, out, have)
     if late:
         data_in()
-        parity.rebuild_all(out, have)
-    got_rows = {b for c, b in arrivals if not c}
-    got_columns = {b for c, b in arrivals if c and depth}
-    want = _peeled(lost, n, block, depth, got_rows, got_columns)
-    assert set(np.flatnonzero(~have).tolist()) == want
-    assert np.array_equal(out.reshape(n, d)[have], data.reshape(n, d)[have])
+    parity.rebuild_all(out, have)
+    for w, (count, got) in inhand.items():
+        lo, hi = edges[w], edges[w + 1]
+        member = _members(hi - lo, count)[got]
+        whole = _determined(member, lost[lo:hi])
+        assert have[lo:hi].all() == whole, (w, lost[lo:hi].sum(), len(got))
+    assert np.array_equal(out.reshape(n, d)[have], rows[have])
 
 
-@pytest.mark.parametrize("with_columns", [True, False])
-def test_columns_rebuild_a_block_that_lost_two(with_columns):
-    """Squares of 4 blocks of 4: block 1 lost datagrams 4 and 5; column 0 rebuilds 4, then
-    block 1's parity rebuilds 5. Without column parity both stay lost."""
-    d, block, depth, total = 8, 4, 4, 16 * 8
-    data, blocks, columns = _master(total, d, block, depth, seed=3)
-    parity = Parity(total, d, block, depth if with_columns else 0)
-    out, have = data.copy(), np.ones(16, dtype=bool)
-    out[4 * d : 6 * d], have[[4, 5]] = 0, False
-    assert parity.receive(1, blocks[1], out, have) == 0  # lacks two
-    rebuilt = parity.receive(0, columns[0], out, have, column=True)
-    assert rebuilt == (2 if with_columns else 0)
-    assert have.all() == with_columns and np.array_equal(out, data) == with_columns
+def test_a_window_whose_last_repair_is_lost_is_solved_when_the_next_window_begins():
+    """Windows of 16 datagrams, 3 lost in the first; its last repair lost: the first repair
+    of the second window solves it; a window that lost more than it holds repairs for stays
+    as it was."""
+    d, window, total = 8, 16, 32 * 8
+    data = _stream(total, d, seed=5)
+    rows = data.reshape(-1, d)
+    parity = Parity(total, d, window)
+    out, have = data.copy(), np.ones(32, dtype=bool)
+    lost = [3, 9, 12, *range(17, 31)]
+    out.reshape(-1, d)[lost], have[lost] = 0, False
+    count = repairs(window, 0.01)  # 12, the last lost: fewer than the second window lost
+    for w in (0, 1):
+        payloads = np.empty((count, d), dtype=np.uint8)
+        encode(rows[w * window : (w + 1) * window], payloads)
+        flags = FLAG_PARITY | count << REPAIRS_SHIFT
+        got = [
+            parity.receive(w * STRIDE + r, flags, payloads[r], out, have) for r in range(count - 1)
+        ]
+        assert got[0] == (3 if w == 1 else 0) and sum(got) == got[0]  # at window 1's first
+    assert have[:16].all() and not have[17:31].any()
+    assert np.array_equal(out.reshape(-1, d)[have], rows[have])
+
+
+def test_the_last_windows_halve_down_to_a_sixteenth():
+    """Windows of 2,048 but the last ones 1,024, 512, 256, 128 and 128; the first takes what
+    is left over; a stream shorter than the tail has only its last windows."""
+    assert np.diff(window_edges(10550, 2048)).tolist() == [
+        310,
+        *[2048] * 4,
+        1024,
+        512,
+        256,
+        128,
+        128,
+    ]
+    assert np.diff(window_edges(300, 2048)).tolist() == [44, 128, 128]
+    assert np.diff(window_edges(100, 16)).tolist() == [4, *[16] * 6]
+    assert window_edges(0, 2048).tolist() == [0] and window_edges(1, 2048).tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("gro", [True, False])
-def test_column_parity_sent_in_one_batch_arrives_as_column_datagrams(udp_pair, gro):
-    """``SendBatch.send_columns`` over loopback: each datagram carries the column parity
-    flags and its column's number, and its payload byte for byte."""
-    d, k, first = 500, 6, 40
-    columns = np.random.default_rng(4).integers(0, 256, (k, d), dtype=np.uint8)
+def test_repairs_sent_in_one_batch_arrive_as_repair_datagrams(udp_pair, gro):
+    """``SendBatch.send_repairs`` over loopback: each datagram carries the repair flags with
+    its window's count, its own number, and its payload byte for byte."""
+    d, k, first, count = 500, 6, 3 * STRIDE + 40, 45
+    payloads = np.random.default_rng(4).integers(0, 256, (k, d), dtype=np.uint8)
     rx, tx = udp_pair(gro)
-    sent = SendBatch(tx, 16, d).send_columns(columns, first, (7, 9, 0))
+    sent = SendBatch(tx, 16, d).send_repairs(payloads, first, count, (7, 9, 0))
     assert sent == k * (DGRAM_HEADER_BYTES + d)
     reads = np.empty(RECEIVE_BYTES, dtype=np.uint8)
     got = []
@@ -136,5 +203,6 @@ def test_column_parity_sent_in_one_batch_arrives_as_column_datagrams(udp_pair, g
             got.append(reads[at : at + segment].copy())
     heads = np.stack([g[:DGRAM_HEADER_BYTES] for g in got]).view(DGRAM_HEADER).reshape(-1)
     assert heads["seq"].tolist() == list(range(first, first + k))
-    assert (heads["flags"] == FLAG_PARITY | FLAG_COLUMN).all() and (heads["stream"] == 9).all()
-    assert np.array_equal(np.stack([g[DGRAM_HEADER_BYTES:] for g in got]), columns)
+    assert (heads["flags"] == FLAG_PARITY | count << REPAIRS_SHIFT).all()
+    assert (heads["stream"] == 9).all()
+    assert np.array_equal(np.stack([g[DGRAM_HEADER_BYTES:] for g in got]), payloads)

@@ -298,10 +298,10 @@ class Cluster:
 
         A run of datagrams sent with one call (UDP GSO; TCP's TSO alike) crosses veths and the
         bridge as one buffer, which the filter would lose whole (multicast's batch of 32
-        datagrams is a parity block: measured at 1%, 0.35-1.16 MB of repairs a delivery that
-        way, 0.13-0.17 MB frame by frame): the bridge's port to the host cuts every such
-        buffer into its frames first (``gso_max_segs 1``), so that each is lost on its own,
-        as on a wire."""
+        datagrams: measured at 1% with the block parity of then, 0.35-1.16 MB of repairs a
+        delivery that way, 0.13-0.17 MB frame by frame): the bridge's port to the host cuts
+        every such buffer into its frames first (``gso_max_segs 1``), so that each is lost on
+        its own, as on a wire."""
         ns, sink = self.host_ns(i), self.sink_dev(i)
         _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "gso_max_segs", "1")
         _ip("-n", ns, "link", "add", sink, "type", "ifb")

@@ -17,12 +17,13 @@ Two things keep the rate up where receivers lose datagrams:
   a round without more, and stays within ``[rate / 16, rate]`` (:class:`~.pacing.Pace`).
 * **Catching up**: a master that was held up sends what fell due meanwhile at once, up to
   2 MiB of wire bytes, so a busy CPU does not slow the pace.
-* **Parity**: after every ``parity_block`` datagrams of a stream's first round the master
-  sends their XOR, so a receiver that lost one datagram of a block rebuilds it when the
-  parity arrives, without waiting for a repair round; after every ``parity_depth`` blocks, a
-  column parity per position in a block, which rebuilds one of two a block lost
-  (:mod:`~.parity`). Parity is sent while the network loses datagrams (the first stream, and
-  every stream after a lossy one) and not after a clean one.
+* **Parity**: after every window of ``parity_window`` datagrams of a stream's first round
+  (the stream's last windows shorter) the master sends repair datagrams, each the XOR of a
+  pseudo-random part of the window (every datagram is in 8 of them), as many as the loss
+  the receivers reported of the last stream calls for; a receiver that lost a few datagrams
+  of a window solves for them when its repairs arrive, without waiting for a repair round
+  (:mod:`~.parity`). Parity is sent while the network loses datagrams (the first stream,
+  and every stream after a lossy one) and not after a clean one.
 
 Repairs and parity datagrams are counted (:attr:`HostBytes.repairs`, :attr:`HostBytes.parity`),
 and so is the feedback (:attr:`HostBytes.control`, its share of a host's egress). ``drop``
@@ -43,8 +44,9 @@ built). Unless ``group`` and ``port`` are set, they are derived from the identif
 (:func:`~.options.job_group`), so two jobs on one network do not even share a group.
 
 Datagram: ``job u64, stream u32, seq u32, round u16, flags u16`` (20 bytes) + up to
-``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes`` (a parity
-datagram, flag 1: the XOR of block ``seq``'s datagrams, zero-padded, ``datagram_bytes`` long).
+``datagram_bytes`` of the stream's message bytes at offset ``seq * datagram_bytes`` (a repair
+datagram: flag 1, its window's count of repairs in the high byte of the flags, ``seq`` the
+window's number times 256 and its own, ``datagram_bytes`` long: :mod:`~.parity`).
 The messages inside keep their own headers, checked as for every transport; their payloads
 carry no CRC-32 (``digests``): UDP's checksum covers every datagram on the way, the master's
 SHA-256 every worker's batch.
@@ -117,10 +119,15 @@ from coded_shuffle.distributed.transports.multicast.pacing import (
     sleep_until,
 )
 from coded_shuffle.distributed.transports.multicast.parity import (
+    LOSS_PRIOR,
+    STRIDE,
     Parity,
+    encode,
     ending_in,
-    square_columns,
+    repairs,
+    window_edges,
 )
+from coded_shuffle.distributed.transports.multicast.parity import warm as warm_parity
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
 from coded_shuffle.math.worker_program import first_missing
 
@@ -185,8 +192,7 @@ class Multicast(Transport):
         self.datagram_bytes = o.datagram_bytes or default_datagram_bytes(self.mtu)
         self.frame_bytes = wire_bytes(DGRAM_HEADER_BYTES + self.datagram_bytes, self.mtu)
         self.rng = np.random.default_rng([o.seed, peer.rank, 0x6D63])
-        self.parity_block, self.rcvbuf = int(o.parity_block), int(o.rcvbuf_bytes)
-        self.parity_depth = int(o.parity_depth)
+        self.parity_window, self.rcvbuf = int(o.parity_window), int(o.rcvbuf_bytes)
         self.slow = float(o.slow_seconds) if peer.rank == 1 else 0.0
         self.tx = self._open(send=True) if peer.rank == 0 or self.peer_sends else None
         self.sock = self._open(send=False) if peer.rank > 0 else None
@@ -212,6 +218,8 @@ class Multicast(Transport):
             if not (self.drop or self.slow):
                 self.drain = Drain(self.sock, self.reads)
                 self.drain.warm()
+        if self.parity_window:
+            warm_parity()
         self.gather_seconds = 0.0  # a receiver's pause between reads (:class:`_Reader`)
         if self.drain is not None:
             fastest = max(
@@ -225,7 +233,8 @@ class Multicast(Transport):
         self.stream_id = 0
         self.rounds = 0  # repair rounds of the last stream (0: none needed)
         self.pace = Pace(self.rate)  # adapted round by round within [rate/16, rate]
-        self.parity = self.parity_block > 0  # send parity with the next stream
+        # the loss the next stream's parity is sized for (0: none): the last stream's
+        self.loss = LOSS_PRIOR if self.parity_window else 0.0
         self.rebuilt = 0  # datagrams this receiver rebuilt from parity (all streams)
         self.tail: float | None = None  # the latest a datagram came in a drain (None: no drain)
 
@@ -306,8 +315,8 @@ class Multicast(Transport):
         return {
             "rate_bits": self.rate,
             "pace_bits": round(self.pace.bits),
-            "parity_block": self.parity_block if self.parity else 0,
-            "parity_depth": self.parity_depth if self.parity else 0,
+            "parity_window": self.parity_window if self.loss else 0,
+            "parity_loss": self.loss,
             "datagram_bytes": self.datagram_bytes,
             "batch_datagrams": self.batch.capacity if self.batch else 0,
             "gso": bool(self.batch and self.batch.gso),
@@ -375,14 +384,16 @@ class Multicast(Transport):
             resend = self._serve_lanes(data, total, messages, self._groups(stream, keepers))
         else:
             resend = self._serve_one(data, total, messages)
-        self.rounds, sent_now, lossy = 0, n, False
+        self.rounds, sent_now, loss = 0, n, 0.0
         while True:
             self._end_round(self.rounds)
             self._control_round_done(dsts)
             todo, lost = self._union_of_missing(n, dsts)
-            lossy |= self._adapt(lost, sent_now, first=self.rounds == 0)
+            self._adapt(lost, sent_now, first=self.rounds == 0)
+            if self.rounds == 0:  # the share its worst receiver lost
+                loss = min(1.0, lost / n)
             if todo.size == 0:
-                self.parity = self.parity_block > 0 and lossy
+                self.loss = loss if self.parity_window else 0.0
                 return
             self.rounds += 1
             sent = resend(todo, self.rounds)
@@ -416,12 +427,10 @@ class Multicast(Transport):
     ) -> Callable[[np.ndarray, int], int]:
         """Round 0 to the one group, parity beside it; returns how a repair round is sent."""
         pacer = Pacer(self.paced, self.frame_bytes)
-        block = self.parity_block if self.parity else 0
         for ready, done in self._framed(data, total, messages):
             self.counts.egress += self._send(data, np.arange(ready, done), 0, pacer, total)
-            if block:
-                sent = self._send_parity(data, ready, done, block, pacer)
-                sent += self._send_columns(data, ready, done, block, pacer)
+            if self.loss:
+                sent = self._send_repairs(data, ready, done, pacer)
                 self.counts.egress += sent
                 self.counts.parity += sent
         return lambda todo, rnd: self._send(
@@ -473,44 +482,28 @@ class Multicast(Transport):
             lanes.sent(g, batch.size - 1 + last / d)
         return sent
 
-    def _adapt(self, lost: int, sent: int, first: bool) -> bool:
-        """The pace after a round (:meth:`~.pacing.Pace.adapt`); True when any was lost."""
+    def _adapt(self, lost: int, sent: int, first: bool) -> None:
+        """The pace after a round (:meth:`~.pacing.Pace.adapt`)."""
         self.pace.adapt(lost, sent, first)
-        return lost > 0
 
-    def _send_parity(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:
-        """The parity datagram of every block that ends in ``[lo, hi)`` (the last block may be
-        shorter: it ends with the stream)."""
+    def _send_repairs(self, data: np.ndarray, lo: int, hi: int, pacer: Pacer) -> int:
+        """The repair datagrams of every window that ends in ``[lo, hi)`` (the last may be
+        shorter: it ends with the stream), as many as :attr:`loss` calls for
+        (:func:`~.parity.repairs`), a batch per pause as the data's."""
         assert self.batch is not None
-        n, step = data.size // self.datagram_bytes, self.batch.capacity
-        blocks, sent = ending_in(lo, hi, block, n), 0
-        for at in range(0, len(blocks), step):  # a batch of them per pause, as the data's
-            some = blocks[at : at + step]
-            pacer.wait()
-            sent += self.batch.send_parity(data, some, block, (self.job, self.stream_id, 0))
-            pacer.sent(len(some))
-        return sent
-
-    def _send_columns(self, data: np.ndarray, lo: int, hi: int, block: int, pacer: Pacer) -> int:
-        """The column parity of every square (``parity_depth`` blocks) that ends in ``[lo,
-        hi)`` (:mod:`~.parity`; the last may be shorter: it ends with the stream; none for a
-        square of one block, whose columns would be its datagrams again)."""
-        assert self.batch is not None
-        if not self.parity_depth:
-            return 0
-        d = self.datagram_bytes
-        n, size = data.size // d, self.parity_depth * block
+        d, step = self.datagram_bytes, self.batch.capacity
         rows, sent = data.reshape(-1, d), 0
-        for q in ending_in(lo, hi, size, n):
-            end = min(n, (q + 1) * size)
-            if end - q * size <= block:
-                continue
-            columns = square_columns(rows[q * size : end], block)
-            for at in range(0, block, self.batch.capacity):
-                some = columns[at : at + self.batch.capacity]
+        edges = window_edges(rows.shape[0], self.parity_window)
+        head = (self.job, self.stream_id, 0)
+        for w in ending_in(lo, hi, edges):
+            window = rows[edges[w] : edges[w + 1]]
+            count = repairs(window.shape[0], self.loss)
+            out = np.empty((count, d), dtype=np.uint8)
+            encode(window, out)
+            for at in range(0, count, step):
+                some = out[at : at + step]
                 pacer.wait()
-                head = (self.job, self.stream_id, 0)
-                sent += self.batch.send_columns(some, q * block + at, head)
+                sent += self.batch.send_repairs(some, w * STRIDE + at, count, head)
                 pacer.sent(some.shape[0])
         return sent
 
@@ -616,7 +609,7 @@ class Multicast(Transport):
         if keeps is not None and self.peer.rank in self.slow_workers:
             given = np.asarray(keeps, dtype=bool)
             have = ~datagram_keeps(given, sizes, d)[0]  # the others' datagrams never come
-        parity = Parity(total, d, self.parity_block, self.parity_depth)
+        parity = Parity(total, d, self.parity_window)
         handover = Handover(edges, d, given, lambda j: deliver(j, flat[edges[j] : edges[j + 1]]))
         rnd, foreign = 0, self.counts.foreign
         while True:

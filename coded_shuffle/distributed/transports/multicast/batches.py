@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Sequence
 
 import numpy as np
 
 from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_COLUMN, FLAG_PARITY
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, REPAIRS_SHIFT
 
 UDP_SEGMENT, UDP_GRO = 103, 104  # linux/udp.h (the socket module names neither)
 FLAG_END = 2  # a round's last datagram: its header alone, after every datagram of the round
@@ -129,31 +128,18 @@ class SendBatch:
         last = min(d, size - int(seqs[-1]) * d)  # the stream's last datagram may be shorter
         return self._flush(k, (k - 1) * self.segment + DGRAM_HEADER_BYTES + last, to)
 
-    def send_parity(
-        self, data: np.ndarray, blocks: Sequence[int], block: int, stream: tuple[int, int, int]
+    def send_repairs(
+        self, repairs: np.ndarray, first: int, count: int, stream: tuple[int, int, int]
     ) -> int:
-        """The parity datagrams of ``blocks`` (at most ``capacity``; each the XOR of the
-        ``block`` datagrams of ``data``, whole and zero padded, that the block holds) with
-        header ``stream`` and the parity flag, in one call; returns the bytes handed over."""
-        k, d = len(blocks), self.d
-        rows = data.reshape(-1, d)
+        """Repair datagrams ``repairs`` (at most ``capacity`` rows of ``d`` bytes) of a window
+        of ``count`` repairs, numbered ``first``, ``first + 1``, ..., with header ``stream``
+        and the repair flags (:mod:`~.parity`), in one call; returns the bytes handed over."""
+        k = repairs.shape[0]
         head = self.rows["head"][:k]
         head["job"], head["stream"], head["round"] = stream
-        head["seq"], head["flags"] = blocks, FLAG_PARITY
-        payload = self.rows["payload"]
-        for i, b in enumerate(blocks):
-            np.bitwise_xor.reduce(rows[b * block : (b + 1) * block], axis=0, out=payload[i])
-        return self._flush(k, k * self.segment)
-
-    def send_columns(self, columns: np.ndarray, first: int, stream: tuple[int, int, int]) -> int:
-        """Column parity datagrams ``columns`` (at most ``capacity`` rows of ``d`` bytes),
-        numbered ``first``, ``first + 1``, ..., with header ``stream`` and the column parity
-        flags, in one call; returns the bytes handed over."""
-        k = columns.shape[0]
-        head = self.rows["head"][:k]
-        head["job"], head["stream"], head["round"] = stream
-        head["seq"], head["flags"] = np.arange(first, first + k), FLAG_PARITY | FLAG_COLUMN
-        self.rows["payload"][:k] = columns
+        head["seq"] = np.arange(first, first + k)
+        head["flags"] = FLAG_PARITY | count << REPAIRS_SHIFT
+        self.rows["payload"][:k] = repairs
         return self._flush(k, k * self.segment)
 
     def send_end(self, stream: tuple[int, int, int], to: tuple[str, int] | None = None) -> int:

@@ -6,11 +6,11 @@ cost the interpreter tens of microseconds (the call, its control message, the so
 address, the headers' comparison, the copy) on top of the kernel's copy (docs/benchmarks.md,
 "Multicast at the cluster's default MTU"). :class:`Drain` reads (``recvmsg`` through libc,
 never waiting) and takes every read of the common case (this round's data datagrams from the
-stream's sender, full, numbered one after the other, none held yet; this round's parity
-datagrams, blocks' and columns', each kept and what it rebuilds rebuilt:
-:func:`~.parity.keep`) in a numba-compiled loop, until the socket is empty, the round
-holds every datagram, or a read is anything else: that read is left in the buffer for
-:class:`~.receive.Round` to take apart.
+stream's sender, full, numbered one after the other, none held yet; this round's repair
+datagrams, each kept and what it lets its window rebuild rebuilt: :func:`~.parity.keep`) in
+a numba-compiled loop, until the socket is empty, the round holds every datagram, or a read
+is anything else: that read is left in the buffer for :class:`~.receive.Round` to take
+apart.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from coded_shuffle.distributed.transports.multicast.batches import (
     UDP_GRO,
 )
 from coded_shuffle.distributed.transports.multicast.parity import (
-    COLUMN,
-    DEPTH,
-    FLAG_COLUMN,
     FLAG_PARITY,
-    ROW,
+    LOW_FLAGS,
+    REPAIRS_SHIFT,
+    STRIDE,
+    WINDOWS,
     Parity,
     keep,
 )
@@ -108,17 +108,16 @@ def _flags(buf: np.ndarray, at: int, layout: np.ndarray) -> int:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _kind(flags: int, parity: tuple[np.ndarray, ...]) -> int:
-    """What a datagram with ``flags`` is: data (-1), a block's parity (``ROW``), a column's
-    (``COLUMN``), or none of these in this stream (-2: it sends no such parity)."""
-    rows, _, cols, _, dims, _ = parity
+def _kind(flags: int, seq: int, parity: tuple[np.ndarray, ...]) -> int:
+    """What a datagram with ``flags`` and number ``seq`` is: data (-1), a repair of one of
+    this stream's windows (0), or neither (-2: the stream has no such window, or the
+    datagram is another kind)."""
+    dims = parity[3]
     if flags == 0:
         return -1
-    if flags == FLAG_PARITY and rows.shape[0] > 0:
-        return ROW
-    if flags == FLAG_PARITY | FLAG_COLUMN and dims[DEPTH] > 0 and cols.shape[0] > 0:
-        return COLUMN
-    return -2
+    if flags & LOW_FLAGS != FLAG_PARITY or flags >> REPAIRS_SHIFT == 0:
+        return -2
+    return 0 if seq // STRIDE < dims[WINDOWS] else -2
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -134,28 +133,28 @@ def _common(
     """The data datagrams in a read of the common case (-1: it is not), after checking every
     header (laid out as ``layout`` says: :func:`header_layout`) against ``head`` (this
     round's, sequence number and flags aside): data datagrams not held yet, numbered one
-    after the other, and parity datagrams of this stream's kinds (``parity``: the round's,
-    :attr:`~.parity.Parity.arrays`), numbered within their kind's."""
+    after the other, and repair datagrams of this stream's windows (``parity``: the round's,
+    :attr:`~.parity.Parity.arrays`)."""
     hb = layout[HEADER_BYTES]
     d = segment - hb
     k = nbytes // segment
     if d <= 0 or k * segment != nbytes or k > GRO_MAX_SEGMENTS or k == 0:
         return -1
-    _, rows_held, _, cols_held, _, _ = parity
     first, data = -1, 0
     for i in range(k):
         at = i * segment
         for b in range(hb):
             if layout[MASK + b] and buf[at + b] != head[b]:
                 return -1
-        seq, kind = _u32(buf, at + layout[SEQ_AT]), _kind(_flags(buf, at, layout), parity)
+        seq = _u32(buf, at + layout[SEQ_AT])
+        kind = _kind(_flags(buf, at, layout), seq, parity)
         if kind == -1:  # data
             if first < 0:
                 first = seq
             if seq != first + data or seq >= have.size or have[seq]:
                 return -1
             data += 1
-        elif kind == -2 or seq >= (rows_held.size if kind == ROW else cols_held.size):
+        elif kind == -2:
             return -1
     return data
 
@@ -210,13 +209,12 @@ def _drain(
                 out[seq * d : (seq + 1) * d] = buf[at + hb : at + segment]
                 have[seq] = True
         state[TAKEN] += k
-        for i in range(nbytes // segment):  # after the data: a block may now lack one
+        for i in range(nbytes // segment):  # after the data: its window may lack fewer
             at = i * segment
-            kind = _kind(_flags(buf, at, layout), parity)
-            if kind < 0:
+            flags, seq = _flags(buf, at, layout), _u32(buf, at + layout[SEQ_AT])
+            if _kind(flags, seq, parity) < 0:
                 continue
-            index, payload = _u32(buf, at + layout[SEQ_AT]), buf[at + hb : at + segment]
-            state[REBUILT] += keep(kind, index, payload, out, have, parity)
+            state[REBUILT] += keep(seq, flags, buf[at + hb : at + segment], out, have, parity)
         state[INGRESS] += nbytes
     state[STATUS] = DONE
 

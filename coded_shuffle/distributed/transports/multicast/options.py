@@ -86,12 +86,9 @@ class MulticastOptions:
     """Debug: receivers discard this share of datagrams (repairs run), in [0, 1)."""
     grace_seconds: float = 0.02
     """After "round sent", how long a receiver drains its socket, >= 0."""
-    parity_block: int = 32
-    """Datagrams per parity datagram while receivers lose datagrams, >= 2; 0: no parity."""
-    parity_depth: int = 32
-    """Blocks per square of column parity (with ``parity_block``): after every square, one
-    parity datagram per position in a block, the XOR of that position in each of its blocks,
-    which rebuilds one of two a block lost (:mod:`~.parity`), >= 2; 0: block parity alone."""
+    parity_window: int = 2048
+    """Datagrams per window of repair datagrams while receivers lose datagrams (as many
+    repairs as the last stream's loss calls for, :mod:`~.parity`), 16..65536; 0: no parity."""
     rcvbuf_bytes: int = RCVBUF_BYTES
     """A receiver's socket buffer, 4096..1 GiB."""
     seed: int = 0
@@ -131,10 +128,10 @@ class MulticastOptions:
             raise UsageError(f"{name('drop')}={self.drop} out of range [0, 1)")
         if float(self.grace_seconds) < 0:
             raise UsageError(f"{name('grace_seconds')}={self.grace_seconds} must be >= 0")
-        if int(self.parity_block) == 1 or int(self.parity_block) < 0:
-            raise UsageError(f"{name('parity_block')}={self.parity_block} out of range (0 or >= 2)")
-        if int(self.parity_depth) == 1 or int(self.parity_depth) < 0:
-            raise UsageError(f"{name('parity_depth')}={self.parity_depth} out of range (0 or >= 2)")
+        if int(self.parity_window) != 0 and not 16 <= int(self.parity_window) <= 65536:
+            raise UsageError(
+                f"{name('parity_window')}={self.parity_window} out of range (0 or 16..65536)"
+            )
         if not 4096 <= int(self.rcvbuf_bytes) <= 1 << 30:
             raise UsageError(f"{name('rcvbuf_bytes')}={self.rcvbuf_bytes} out of range 4096..2^30")
         if not 0.0 <= float(self.slow_seconds) <= 0.1:

@@ -3,7 +3,7 @@
 A read holds one datagram or a run of them that the kernel coalesced (``UDP_GRO``,
 :mod:`.batches`); a run is taken apart with array operations over its headers, a single
 datagram by a plain header unpack. The common read (this round's data datagrams, full,
-numbered one after the other, none held yet, and parity datagrams of blocks already whole) is
+numbered one after the other, none held yet, and repair datagrams) is
 taken by :mod:`.drain`'s compiled loop before it gets here, except where a debug knob is set.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from coded_shuffle.costs.wire import DGRAM_HEADER, DGRAM_HEADER_BYTES
 from coded_shuffle.distributed.transports.base import HostBytes
 from coded_shuffle.distributed.transports.multicast.batches import FLAG_END, headers, payloads
-from coded_shuffle.distributed.transports.multicast.parity import FLAG_COLUMN, FLAG_PARITY, Parity
+from coded_shuffle.distributed.transports.multicast.parity import FLAG_PARITY, Parity, is_repair
 
 
 @dataclass
@@ -81,7 +81,7 @@ class Round:
         self.counts.ingress += nbytes
         payload = buffer[DGRAM_HEADER_BYTES:nbytes]
         if flags & FLAG_PARITY:
-            self._parity(seq, payload, bool(flags & FLAG_COLUMN))
+            self._parity(seq, flags, payload)
         elif seq < self.have.size and not self.have[seq]:
             self.out[seq * self.d : seq * self.d + payload.size] = payload
             self.have[seq] = True
@@ -124,7 +124,7 @@ class Round:
 
     def _in_order(self, buffer: np.ndarray, nbytes: int, segment: int) -> bool:
         """The common run, taken whole: this round's datagrams, full, one after the other,
-        none held yet, and the parity datagrams among them (False, having taken nothing, for
+        none held yet, and the repair datagrams among them (False, having taken nothing, for
         any other run)."""
         k, d = nbytes // segment, self.d
         if k * segment != nbytes or self.debug.drop or self.debug.slow:
@@ -136,7 +136,7 @@ class Round:
         if not (
             (raw == self.prefix).all()
             and (head["round"] == self.rnd).all()
-            and (data | (flags == FLAG_PARITY)).all()
+            and (data | is_repair(flags)).all()
         ):
             return False
         seq = head["seq"][data]
@@ -148,8 +148,8 @@ class Round:
             return False
         body = payloads(buffer, k, segment, d)
         self._keep(first, body if m == k else body[data], nbytes)
-        for i in np.flatnonzero(~data):  # after the data: a block may now lack one
-            self._parity(int(head["seq"][i]), body[i])
+        for i in np.flatnonzero(~data):  # after the data: its window may lack fewer
+            self._parity(int(head["seq"][i]), int(flags[i]), body[i])
         return True
 
     def _any(self, buffer: np.ndarray, nbytes: int, segment: int) -> None:
@@ -175,10 +175,9 @@ class Round:
         sizes[-1] = nbytes - (k - 1) * segment
         self.counts.ingress += int(sizes[now].sum())
         self._data(buffer, head["seq"], now & ~parity, sizes, segment)
-        for i in np.flatnonzero(now & parity):  # after the data: a block may now lack one
+        for i in np.flatnonzero(now & parity):  # after the data: its window may lack fewer
             start = i * segment + DGRAM_HEADER_BYTES
-            column = bool(flags[i] & FLAG_COLUMN)
-            self._parity(int(head["seq"][i]), buffer[start : i * segment + sizes[i]], column)
+            self._parity(int(head["seq"][i]), int(flags[i]), buffer[start : i * segment + sizes[i]])
 
     def _data(
         self,
@@ -208,8 +207,8 @@ class Round:
         self.count += seq.size
         self.received += seq.size
 
-    def _parity(self, block: int, payload: np.ndarray, column: bool = False) -> None:
-        rebuilt = self.parity.receive(block, payload, self.out, self.have, column)
+    def _parity(self, seq: int, flags: int, payload: np.ndarray) -> None:
+        rebuilt = self.parity.receive(seq, flags, payload, self.out, self.have)
         self.rebuilt += rebuilt
         self.count += rebuilt
 
