@@ -427,10 +427,11 @@ class Multicast(Transport):
     ) -> Callable[[np.ndarray, int], int]:
         """Round 0 to the one group, parity beside it; returns how a repair round is sent."""
         pacer = Pacer(self.paced, self.frame_bytes)
+        edges = window_edges(data.size // self.datagram_bytes, self.parity_window)
         for ready, done in self._framed(data, total, messages):
             self.counts.egress += self._send(data, np.arange(ready, done), 0, pacer, total)
             if self.loss:
-                sent = self._send_repairs(data, ready, done, pacer)
+                sent = self._send_repairs(data, edges, ready, done, pacer)
                 self.counts.egress += sent
                 self.counts.parity += sent
         return lambda todo, rnd: self._send(
@@ -486,14 +487,15 @@ class Multicast(Transport):
         """The pace after a round (:meth:`~.pacing.Pace.adapt`)."""
         self.pace.adapt(lost, sent, first)
 
-    def _send_repairs(self, data: np.ndarray, lo: int, hi: int, pacer: Pacer) -> int:
-        """The repair datagrams of every window that ends in ``[lo, hi)`` (the last may be
-        shorter: it ends with the stream), as many as :attr:`loss` calls for
+    def _send_repairs(
+        self, data: np.ndarray, edges: np.ndarray, lo: int, hi: int, pacer: Pacer
+    ) -> int:
+        """The repair datagrams of every window (``edges``: :func:`~.parity.window_edges`)
+        that ends in ``[lo, hi)``, as many as :attr:`loss` calls for
         (:func:`~.parity.repairs`), a batch per pause as the data's."""
         assert self.batch is not None
         d, step = self.datagram_bytes, self.batch.capacity
         rows, sent = data.reshape(-1, d), 0
-        edges = window_edges(rows.shape[0], self.parity_window)
         head = (self.job, self.stream_id, 0)
         for w in ending_in(lo, hi, edges):
             window = rows[edges[w] : edges[w + 1]]

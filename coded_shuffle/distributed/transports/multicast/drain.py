@@ -112,7 +112,7 @@ def _kind(flags: int, seq: int, parity: tuple[np.ndarray, ...]) -> int:
     """What a datagram with ``flags`` and number ``seq`` is: data (-1), a repair of one of
     this stream's windows (0), or neither (-2: the stream has no such window, or the
     datagram is another kind)."""
-    dims = parity[3]
+    _, _, _, dims, _ = parity
     if flags == 0:
         return -1
     if flags & LOW_FLAGS != FLAG_PARITY or flags >> REPAIRS_SHIFT == 0:

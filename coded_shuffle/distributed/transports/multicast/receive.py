@@ -3,8 +3,8 @@
 A read holds one datagram or a run of them that the kernel coalesced (``UDP_GRO``,
 :mod:`.batches`); a run is taken apart with array operations over its headers, a single
 datagram by a plain header unpack. The common read (this round's data datagrams, full,
-numbered one after the other, none held yet, and repair datagrams) is
-taken by :mod:`.drain`'s compiled loop before it gets here, except where a debug knob is set.
+numbered one after the other, none held yet, and repair datagrams) is taken by
+:mod:`.drain`'s compiled loop before it gets here, except where a debug knob is set.
 """
 
 from __future__ import annotations
