@@ -94,16 +94,20 @@ def _report_ends(status, ranks: list[Forked], parent: subprocess.Popen) -> None:
 def load_own_loop_imports() -> None:
     """What every rank of an own loop would load for itself, for a process that forks ranks to
     load once: torch's distributed package, the library, scipy's solvers (a rank's plan may
-    solve a program: 0.3 s of CPU a rank) and the codec's compiled kernel, warmed (numba's CPU
-    target set up and the kernel loaded from its cache: most of a second a process). Warming
-    runs the serial kernel only, so that no numba thread exists at the fork."""
+    solve a program: 0.3 s of CPU a rank), the codec's compiled kernel, warmed (numba's CPU
+    target set up and the kernel loaded from its cache: most of a second a process), and
+    ``multicast``'s compiled receive loop and parity (where the cache is empty, 14 s of CPU
+    that every rank of the first multicast job would spend). Warming runs serial code only,
+    so that no numba thread exists at the fork."""
     import scipy.optimize  # noqa: F401
     import torch.distributed  # noqa: F401
 
     from coded_shuffle.codec import kernel
     from coded_shuffle.distributed.shuffle import CodedShuffle  # noqa: F401
+    from coded_shuffle.distributed.transports import multicast
 
     kernel.warm()
+    multicast.warm()
 
 
 def _serve(spec: dict) -> None:

@@ -138,6 +138,16 @@ log = logging.getLogger("coded_shuffle")
 __all__ = ["Multicast", "MulticastCost", "MulticastOptions", "MulticastUnavailable"]
 
 
+def warm() -> None:
+    """Compiles (or loads from numba's cache) the transport's compiled parts, a receiver's
+    loop (:meth:`~.drain.Drain.warm`) and the parity (:func:`~.parity.warm`): for a process
+    that forks ranks to load once (:func:`~coded_shuffle.tools.ranks.load_own_loop_imports`),
+    where each rank would otherwise compile or load them itself."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        Drain(sock, np.empty(RECEIVE_BYTES, dtype=np.uint8)).warm()
+    warm_parity()
+
+
 class MulticastCost(BroadcastCost):
     """``R_c`` in full datagrams once, on any topology, paced at ``pace_share`` of the
     slowest NIC, the master's or a worker's: every receiver takes the whole stream. Where some

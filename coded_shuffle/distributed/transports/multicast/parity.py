@@ -48,7 +48,7 @@ LOSS_PRIOR = 0.01  # the loss assumed for a job's first stream, before any repor
 RING = 4  # windows whose repairs a receiver keeps at once (the latest ones)
 WINDOW, COUNT, TRIED, SOLVED = range(4)  # a ring entry's fields
 N, TOTAL, WINDOWS = range(3)  # a stream's dimensions: datagrams, bytes, windows
-SMALLEST = 16  # datagrams of the stream's last window, at least (a sixteenth of a window)
+SMALLEST = 16  # the stream's last two windows: a sixteenth of a window, at least this many
 
 
 def repairs(size: int, loss: float) -> int:
