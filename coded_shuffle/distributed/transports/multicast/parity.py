@@ -148,18 +148,24 @@ def solve(entry: int, out: np.ndarray, have: np.ndarray, code: tuple[np.ndarray,
     window, count = meta[entry, WINDOW], meta[entry, COUNT]
     lo, hi, d = edges[window], edges[window + 1], store.shape[1]
     if hi == n:  # the stream's last datagram: zero past the stream, as the master's
-        for x in range(dims[TOTAL], n * d):
-            out[x] = 0
+        out[dims[TOTAL] : n * d] = 0
     rows = out[: n * d].reshape(n, d)  # row views: the loops below then run as vectors
-    column = np.full(hi - lo, -1, dtype=np.int64)
-    lacking = np.flatnonzero(~have[lo:hi])
-    column[lacking] = np.arange(lacking.size)
-    row = np.full(count, -1, dtype=np.int64)
-    inhand = np.flatnonzero(held[entry, :count])
-    row[inhand] = np.arange(inhand.size)
-    m, h = lacking.size, inhand.size
+    column = np.empty(hi - lo, dtype=np.int64)  # each lacking datagram's unknown
+    lacking, m = np.empty(hi - lo, dtype=np.int64), 0  # each unknown's datagram
+    for i in range(hi - lo):
+        column[i] = -1 if have[lo + i] else m
+        if not have[lo + i]:
+            lacking[m] = i
+            m += 1
+    row, h = np.empty(count, dtype=np.int64), 0
+    for r in range(count):  # each repair in hand's equation
+        row[r] = h if held[entry, r] else -1
+        h += held[entry, r]
     a = np.zeros((h, m), dtype=np.uint8)
-    b = store[entry * STRIDE + inhand]  # a copy: the syndromes
+    b = np.empty((h, d), dtype=np.uint8)  # the syndromes
+    for r in range(count):
+        if row[r] >= 0:
+            b[row[r]] = store[entry * STRIDE + r]
     into = np.empty(EQUATIONS, dtype=np.int64)
     for i in range(hi - lo):
         for j in range(equations(i, count, into)):
