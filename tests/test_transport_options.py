@@ -111,7 +111,11 @@ def test_rates_in_tc_units(text, bits):
     assert parse_rate(format_rate(bits)) == bits
 
 
-@pytest.mark.parametrize("text", ["400mb", "fast", "", "-3mbit", "1kbit"])
+@pytest.mark.parametrize(
+    "text",
+    ["400mb", "fast", "", "-3mbit", "1kbit"],
+    ids=["400mb", "fast", "empty", "-3mbit", "1kbit"],
+)
 def test_bad_rates_are_one_usage_error(text):
     with pytest.raises(UsageError, match="rate"):
         parse_rate(text)
