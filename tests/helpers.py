@@ -137,3 +137,11 @@ def deliver(name: str, old: np.ndarray, new: np.ndarray, k: int, point_bytes: in
         kept = store.updated(work, [nxt.caches[worker]])
         assert torch.equal(kept.caches[0], expected)
     return plan, delivery
+
+
+def stream_bytes(total: int, d: int, seed: int = 0) -> np.ndarray:
+    """A stream of ``total`` random bytes, zero padded to whole datagrams of ``d`` (as a
+    multicast master keeps it)."""
+    data = np.zeros(-(-total // d) * d, dtype=np.uint8)
+    data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
+    return data

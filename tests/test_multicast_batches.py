@@ -38,16 +38,10 @@ from coded_shuffle.distributed.transports.multicast.parity import (
 )
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Handover, Round
 from coded_shuffle.math.worker_program import first_missing
+from tests.helpers import stream_bytes
 
 JOB, STREAM = 0x1234_5678_9ABC_DEF0, 7
 D = 100  # stream bytes per datagram in the synthetic runs
-
-
-def stream_bytes(total: int, d: int = D, seed: int = 0) -> np.ndarray:
-    """A stream of ``total`` bytes, zero padded to whole datagrams (as the master keeps it)."""
-    data = np.zeros(-(-total // d) * d, dtype=np.uint8)
-    data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
-    return data
 
 
 def run_of(
@@ -123,7 +117,7 @@ def test_a_round_takes_any_runs_of_datagrams_apart_into_their_slots(total, order
     """Every datagram, in order (the runs taken whole) or in any order, in runs of any
     length (a repeated one among them): the stream byte for byte, each counted once,
     nothing late or foreign."""
-    data = stream_bytes(total)
+    data = stream_bytes(total, D)
     n = data.size // D
     seqs = list(range(n))
     if shuffled:
@@ -150,7 +144,7 @@ def test_runs_in_order_with_gaps_held_or_late_datagrams_come_out_byte_for_byte()
     a run with a gap, one with a held datagram, another round's and the short last one: the
     stream comes out byte for byte, each datagram counted once."""
     total = 30 * D
-    data = stream_bytes(total, seed=3)
+    data = stream_bytes(total, D, seed=3)
     segment = DGRAM_HEADER_BYTES + D
     r = new_round(total)
     for lo in range(0, 12, 4):
@@ -167,7 +161,7 @@ def test_runs_in_order_with_gaps_held_or_late_datagrams_come_out_byte_for_byte()
 
 def test_a_round_drops_strangers_and_later_streams_and_counts_late_ones():
     total = 10 * D
-    data = stream_bytes(total)
+    data = stream_bytes(total, D)
     r = new_round(total, rnd=1)
     segment = DGRAM_HEADER_BYTES + D
     r.take(*run_of(data, [0, 1, 2], total, job=JOB + 1), segment)  # another job's
@@ -241,7 +235,7 @@ def test_repairs_in_an_in_order_run_rebuild_what_their_window_lacks():
     master sends them while the network loses datagrams); datagrams 3 and 20 never arrive:
     their windows' repairs rebuild them, and the stream is whole."""
     total, window, count = 16 * 3 * D - 37, 16, 6
-    data = stream_bytes(total)
+    data = stream_bytes(total, D)
     n = data.size // D
     r = new_round(total, window=window)
     segment = DGRAM_HEADER_BYTES + D

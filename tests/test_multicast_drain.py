@@ -34,6 +34,7 @@ from coded_shuffle.distributed.transports.multicast.parity import (
     repairs,
 )
 from coded_shuffle.distributed.transports.multicast.receive import Debug, Round
+from tests.helpers import stream_bytes
 
 JOB, STREAM, D = 0x0BAD_F00D_1234_5678, 3, 1000
 
@@ -89,12 +90,6 @@ def loopbacks(udp_pair) -> Callable[[bool], Loopback]:
     return lambda gro=True: Loopback(*udp_pair(gro))
 
 
-def stream(total: int, seed: int = 0) -> np.ndarray:
-    data = np.zeros(-(-total // D) * D, dtype=np.uint8)
-    data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
-    return data
-
-
 def new_round(total: int, rnd: int = 0, window: int = 0) -> Round:
     n = -(-total // D)
     out, have = np.zeros(n * D, dtype=np.uint8), np.zeros(n, dtype=bool)
@@ -109,7 +104,7 @@ def test_the_loop_takes_a_whole_stream_byte_for_byte(loopbacks, gro):
     the drain says the round is complete."""
     loopback = loopbacks(gro)
     total = 40 * D - 321
-    data = stream(total)
+    data = stream_bytes(total, D)
     sent = sum(loopback.send(data, list(range(i, min(40, i + 16))), total) for i in (0, 16, 32))
     now = new_round(total)
     loopback.receive(now, sent)
@@ -126,7 +121,7 @@ def test_a_rounds_end_ends_it_and_an_earlier_rounds_end_is_neither_late_nor_coun
     counts nothing late, and counts the bytes of its own end only."""
     loopback = loopbacks(gro)
     total = 20 * D
-    data = stream(total)
+    data = stream_bytes(total, D)
     sent = loopback.send(data, list(range(10)), total, rnd=1)
     sent += loopback.send(data, list(range(11, 20)), total, rnd=1)
     batch = SendBatch(loopback.tx, 1, D)
@@ -145,7 +140,7 @@ def test_a_stranger_another_round_and_held_datagrams_are_left_to_the_round(loopb
     so the round stays open)."""
     loopback = loopbacks()
     total = 20 * D
-    data = stream(total, seed=1)
+    data = stream_bytes(total, D, seed=1)
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         stranger.connect(loopback.rx.getsockname())
@@ -178,7 +173,7 @@ def test_repairs_are_taken_in_the_loop_and_rebuild_what_their_window_lacks(
     after the round is complete: they are not read). Nothing is left to the round."""
     loopback = loopbacks(gro)
     total, window = 32 * D, 16
-    data = stream(total, seed=4)
+    data = stream_bytes(total, D, seed=4)
     now = new_round(total, window=window)
     sent = sum(loopback.send(data, list(run), total) for run in (range(3), range(4, 9)))
     sent += loopback.send(data, list(range(10, 16)), total)
@@ -196,7 +191,7 @@ def test_a_loop_on_a_complete_round_reads_nothing(loopbacks):
     """A round that holds every datagram: DONE at once, the socket left as it was."""
     loopback = loopbacks()
     total = 4 * D
-    data = stream(total, seed=2)
+    data = stream_bytes(total, D, seed=2)
     now = new_round(total)
     now.have[:] = True
     now.count = 4
@@ -219,7 +214,7 @@ def test_any_runs_end_as_the_round_alone_would_take_them(loopbacks, runs):
     comes: the round stays open until every read is in)."""
     loopback = loopbacks()
     total = 30 * D - 17
-    data = stream(total, seed=3)
+    data = stream_bytes(total, D, seed=3)
     now = new_round(total, rnd=1)
     sent, held, late = 0, set(), 0
     for start, length, rnd in runs:

@@ -28,14 +28,7 @@ from coded_shuffle.distributed.transports.multicast.parity import (
     repairs,
     window_edges,
 )
-
-
-def _stream(total: int, d: int, seed: int) -> np.ndarray:
-    """The master's stream bytes, zero padded to whole datagrams."""
-    n = -(-total // d)
-    data = np.zeros(n * d, dtype=np.uint8)
-    data[:total] = np.random.default_rng(seed).integers(0, 256, total, dtype=np.uint8)
-    return data
+from tests.helpers import stream_bytes
 
 
 def _members(size: int, count: int) -> np.ndarray:
@@ -67,7 +60,7 @@ def test_the_repairs_are_each_the_xor_of_their_equations_datagrams():
     of them where there are fewer than 16), the same for the sender and every receiver (a
     pure function of place and R)."""
     d, size, count = 12, 100, 19
-    rows = _stream(size * d, d, seed=1).reshape(size, d)
+    rows = stream_bytes(size * d, d, seed=1).reshape(size, d)
     out = np.empty((count, d), dtype=np.uint8)
     encode(rows, out)
     member = _members(size, count)
@@ -108,7 +101,7 @@ def test_repairs_rebuild_exactly_what_their_equations_determine_in_any_order(cas
     lacks (the reference: the rank of their equations at its lost datagrams), else it is left
     as it was; every datagram held is the master's."""
     d, window, total, lost, loss, late, rnd = case
-    data = _stream(total, d, seed=int(lost.sum()))
+    data = stream_bytes(total, d, seed=int(lost.sum()))
     n = data.size // d
     rows = data.reshape(n, d)
     parity = Parity(total, d, window)
@@ -149,7 +142,7 @@ def test_a_window_whose_last_repair_is_lost_is_solved_when_the_next_window_begin
     of the second window solves it; a window that lost more than it holds repairs for stays
     as it was."""
     d, window, total = 8, 16, 32 * 8
-    data = _stream(total, d, seed=5)
+    data = stream_bytes(total, d, seed=5)
     rows = data.reshape(-1, d)
     parity = Parity(total, d, window)
     out, have = data.copy(), np.ones(32, dtype=bool)

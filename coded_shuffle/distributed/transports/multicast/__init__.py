@@ -399,7 +399,7 @@ class Multicast(Transport):
             self._end_round(self.rounds)
             self._control_round_done(dsts)
             todo, lost = self._union_of_missing(n, dsts)
-            self._adapt(lost, sent_now, first=self.rounds == 0)
+            self.pace.adapt(lost, sent_now, first=self.rounds == 0)
             if self.rounds == 0:  # the share its worst receiver lost
                 loss = min(1.0, lost / n)
             if todo.size == 0:
@@ -492,10 +492,6 @@ class Multicast(Transport):
             last = min(d, size - int(batch[-1]) * d)  # the stream's last datagram may be short
             lanes.sent(g, batch.size - 1 + last / d)
         return sent
-
-    def _adapt(self, lost: int, sent: int, first: bool) -> None:
-        """The pace after a round (:meth:`~.pacing.Pace.adapt`)."""
-        self.pace.adapt(lost, sent, first)
 
     def _send_repairs(
         self, data: np.ndarray, edges: np.ndarray, lo: int, hi: int, pacer: Pacer

@@ -211,9 +211,10 @@ def _drain(
         state[TAKEN] += k
         for i in range(nbytes // segment):  # after the data: its window may lack fewer
             at = i * segment
-            flags, seq = _flags(buf, at, layout), _u32(buf, at + layout[SEQ_AT])
-            if _kind(flags, seq, parity) < 0:
-                continue
+            flags = _flags(buf, at, layout)
+            if flags == 0:
+                continue  # data; :func:`_common` found every other datagram a repair
+            seq = _u32(buf, at + layout[SEQ_AT])
             state[REBUILT] += keep(seq, flags, buf[at + hb : at + segment], out, have, parity)
         state[INGRESS] += nbytes
     state[STATUS] = DONE

@@ -277,13 +277,13 @@ class Parity:
     the datagrams they rebuild."""
 
     def __init__(self, total: int, d: int, window: int) -> None:
-        self.n, self.d, self.total, self.window = -(-total // d), d, total, window
+        self.d, n = d, -(-total // d)
         rooms = RING if window else 0
         store = np.zeros((rooms * STRIDE, d), dtype=np.uint8)
         held = np.zeros((rooms, STRIDE), dtype=bool)
         meta = np.full((rooms, 4), -1, dtype=np.int64)
-        edges = window_edges(self.n, window)
-        dims = np.array([self.n, total, edges.size - 1], dtype=np.int64)
+        edges = window_edges(n, window)
+        dims = np.array([n, total, edges.size - 1], dtype=np.int64)
         self.arrays = (store, held, meta, dims, edges)
 
     def receive(
